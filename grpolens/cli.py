@@ -1,0 +1,77 @@
+"""The ``grpolens`` command line.
+
+Each command lives in ``grpolens/commands/<name>.py`` and registers itself through ``register(app)``;
+the list below is the only place that names them. Command modules import only light modules at
+import time (typer, pathlib): ``grpolens --help`` must not pay for polars, torch, dash or plotly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+#: Every command module, in the order ``--help`` lists them. A test checks each one is documented.
+COMMAND_MODULES = [
+    "validate",
+    "synth",
+    "recompute",
+    "metrics",
+]
+
+app = typer.Typer(
+    name="grpolens",
+    help="Token-level offline analysis of GRPO-family RL training runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"grpolens.commands.{_name}").register(app)
+
+
+def _print_error(message: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: runs the app, turning user errors into one line and an exit code."""
+    from grpolens.errors import UserError
+    from grpolens.format import RunFormatError
+
+    try:
+        app(args=argv, standalone_mode=False)
+    except UserError as e:
+        _print_error(e.message)
+        sys.exit(e.exit_code)
+    except RunFormatError as e:
+        _print_error(str(e))
+        sys.exit(2)
+    except typer.Exit as e:  # raised by commands to set their exit code
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        _print_error("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        _print_error("interrupted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors come through here in non-standalone mode
+        import click
+
+        if isinstance(e, click.exceptions.UsageError):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,49 @@
+"""``grpolens recompute RUN``: recompute every metric per step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def recompute_cmd(
+    run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory [default: RUN/grpolens, or RUN/grpolens/<profile>]."),
+    profile: str = typer.Option("grpolens", "--profile", "-p", help="Names and reductions: grpolens, trl, twinkle, maxent, xtuner, verl."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Step range A:B (inclusive; either end optional) or one step N."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config key: key=value (JSON value; a.b=v for nested). Repeatable."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON or TOML file of config overrides (applied before --set)."),
+    full: bool = typer.Option(False, "--full", help="Ignore the per-step cache and recompute every step."),
+    last: int = typer.Option(5, "--last", help="Steps shown in the summary table."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
+) -> None:
+    """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
+
+    Writes metrics.parquet (one row per step) and metrics.jsonl (one JSON object per step).
+    """
+    from rich.console import Console
+
+    from grpolens.compute import parse_overrides, recompute
+    from grpolens.ui import progress_bar, summary_table
+
+    console = Console(stderr=True)
+    overrides = parse_overrides(set_)
+    with progress_bar(console, "recompute", enabled=not quiet) as tick:
+        res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
+                        incremental=not full, progress=tick, result=True)
+    if quiet:
+        return
+    for note in res.notes:
+        console.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
+    out_console = Console()
+    out_console.print(summary_table(res.metrics, last=last))
+    console.print(
+        f"{len(res.computed_steps)} step(s) computed, {len(res.reused_steps)} reused from cache -> "
+        f"{res.out_dir / 'metrics.parquet'}", highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recompute")(recompute_cmd)

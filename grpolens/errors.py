@@ -1,0 +1,16 @@
+"""Errors that are the user's to fix. The CLI prints them as one precise line and exits non-zero;
+it never shows a traceback for them."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: a missing file, an unknown option value, a malformed rules file...
+
+    ``exit_code`` follows the CLI convention: 2 for bad input or usage, 1 for "problems found".
+    """
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code

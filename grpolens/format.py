@@ -1,0 +1,365 @@
+"""The grpolens run format, version 1: the one place that knows paths, schemas and the manifest.
+
+A *run* is a directory::
+
+    RUN/
+      grpolens.json                                   manifest (format, version, config, ...)
+      tokens/step=<step:08d>/rank=<rank:05d>[-<part:04d>].parquet
+      samples/step=<step:08d>/rank=<rank:05d>[-<part:04d>].parquet
+      grpolens/                                       everything grpolens derives (metrics, sidecars, ...)
+
+Every reader and writer in the package goes through this module; ``docs/run-format.md`` is the
+human-readable version of the same contract and a test keeps the two in step.
+
+Two promises the writer makes and readers rely on (they make streaming reductions cheap):
+
+* the rows of one loss call (step, rank, micro_batch) are never split across two part files;
+* within a tokens shard, rows are ordered by (micro_batch, sample_id, pos), so each sequence of
+  a loss call is one contiguous run of rows.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+FORMAT_NAME = "grpolens-run"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "grpolens.json"
+TOKENS = "tokens"
+SAMPLES = "samples"
+TABLES = (TOKENS, SAMPLES)
+#: Directory inside a run where grpolens writes what it derives.
+DERIVED_DIR = "grpolens"
+REWARD_PREFIX = "reward/"
+
+
+class RunFormatError(ValueError):
+    """A run (or a file in it) does not follow the format. ``path`` names the file at fault."""
+
+    def __init__(self, path: os.PathLike | str, message: str, column: str | None = None):
+        self.path = str(path)
+        self.column = column
+        where = f"{self.path}" + (f" (column {column!r})" if column else "")
+        super().__init__(f"{where}: {message}")
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    nullable: bool
+    doc: str
+
+
+TOKEN_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int64(), False, "optimizer step the loss call belongs to"),
+    Column("rank", pa.int32(), False, "data-parallel rank that computed it"),
+    Column("micro_batch", pa.int32(), False, "index of the loss call within (step, rank), from 0"),
+    Column("sample_id", pa.int64(), False, "completion id, unique within the run; kept when the completion is reused"),
+    Column("pos", pa.int32(), False, "token position in the completion, from 0"),
+    Column("token_id", pa.int32(), True, "sampled token id"),
+    Column("logp", pa.float32(), False, "log-prob under the current policy at this loss call"),
+    Column("old_logp", pa.float32(), True, "behaviour (old) policy log-prob; null: on-policy, ratio 1"),
+    Column("ref_logp", pa.float32(), True, "reference policy log-prob"),
+    Column("rollout_logp", pa.float32(), True, "the inference engine's log-prob of the sampled token"),
+    Column("advantage", pa.float32(), False, "advantage applied to this token"),
+    Column("mask", pa.bool_(), False, "the token counts in the loss"),
+    Column("entropy", pa.float32(), True, "policy entropy at this position"),
+)
+
+SAMPLE_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int64(), False, "optimizer step during which the completion was generated"),
+    Column("rank", pa.int32(), False, "data-parallel rank that generated it"),
+    Column("sample_id", pa.int64(), False, "joins tokens.sample_id"),
+    Column("group_id", pa.int64(), False, "prompt group: completions of one prompt share it"),
+    Column("prompt_len", pa.int32(), True, "prompt tokens"),
+    Column("completion_len", pa.int32(), False, "completion tokens generated"),
+    Column("truncated", pa.bool_(), False, "generation stopped at the length limit without EOS"),
+    Column("reward", pa.float64(), True, "total (weighted) reward; null when nothing could score it"),
+    Column("advantage", pa.float32(), True, "the completion's advantage"),
+    Column("prompt", pa.string(), True, "prompt text (optional, untrusted)"),
+    Column("completion", pa.string(), True, "completion text (optional, untrusted)"),
+)
+#: Per-reward-function columns: ``reward/<name>``, float64, nullable, raw (unweighted) value.
+REWARD_COLUMN_TYPE = pa.float64()
+
+#: Columns a file must contain (the others are optional and may be absent altogether).
+REQUIRED = {
+    TOKENS: ("step", "rank", "micro_batch", "sample_id", "pos", "logp", "advantage", "mask"),
+    SAMPLES: ("step", "rank", "sample_id", "group_id", "completion_len", "truncated"),
+}
+COLUMNS = {TOKENS: TOKEN_COLUMNS, SAMPLES: SAMPLE_COLUMNS}
+KEY = {
+    TOKENS: ("step", "rank", "micro_batch", "sample_id", "pos"),
+    SAMPLES: ("sample_id",),
+}
+
+#: Algorithm settings that metrics depend on, with the defaults grpolens assumes when a run's
+#: manifest does not say. ``None`` means "not set" (e.g. no delta clamp).
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "loss_type": "grpo",
+    "epsilon": 0.2,
+    "epsilon_high": None,  # None: same as epsilon
+    "delta": None,
+    "beta": 0.0,
+    "importance_sampling_level": "token",
+    "temperature": 1.0,
+    "max_completion_length": None,
+    "num_generations": None,
+    "gradient_accumulation_steps": 1,
+    "steps_per_generation": None,
+    "num_iterations": 1,
+    "scale_rewards": "group",
+    "use_bias_correction_kl": False,
+    "reward_weights": None,
+    "sapo_temperature_pos": 1.0,
+    "sapo_temperature_neg": 1.05,
+    "rollout_is": None,  # {level, mode, lower, upper, veto_lower, veto_upper}
+}
+
+
+def column_types(table: str) -> dict[str, pa.DataType]:
+    return {c.name: c.type for c in COLUMNS[table]}
+
+
+def arrow_schema(table: str, present: Iterable[str]) -> pa.Schema:
+    """Schema for the columns ``present`` (in canonical order; ``reward/*`` columns last)."""
+    present = list(present)
+    types = column_types(table)
+    fields = [pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS[table] if c.name in present]
+    if table == SAMPLES:
+        fields += [pa.field(n, REWARD_COLUMN_TYPE, nullable=True) for n in sorted(present) if n.startswith(REWARD_PREFIX)]
+    unknown = [n for n in present if n not in types and not (table == SAMPLES and n.startswith(REWARD_PREFIX))]
+    fields += [pa.field(n, pa.float64(), nullable=True) for n in unknown]
+    return pa.schema(fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+# ---------------------------------------------------------------------------------------------
+
+_SHARD_RE = re.compile(r"^rank=(\d{5})(?:-(\d{4}))?\.parquet$")
+_STEP_RE = re.compile(r"^step=(\d{8})$")
+
+
+def shard_relpath(table: str, step: int, rank: int, part: int | None = None) -> str:
+    if step < 0 or rank < 0:
+        raise ValueError(f"step and rank must be >= 0, got step={step} rank={rank}")
+    suffix = "" if part is None else f"-{part:04d}"
+    return f"{table}/step={step:08d}/rank={rank:05d}{suffix}.parquet"
+
+
+@dataclass(frozen=True, order=True)
+class Shard:
+    step: int
+    rank: int
+    part: int
+    path: Path = field(compare=False)
+    table: str = field(compare=False, default=TOKENS)
+
+
+def parse_shard_path(path: Path, table: str) -> Shard | None:
+    m = _SHARD_RE.match(path.name)
+    s = _STEP_RE.match(path.parent.name)
+    if not m or not s:
+        return None
+    part = int(m.group(2)) if m.group(2) is not None else -1
+    return Shard(int(s.group(1)), int(m.group(1)), part, path, table)
+
+
+def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int] | None = None) -> list[Shard]:
+    """All shards of ``table`` in ``run``, sorted by (step, rank, part). Stray files are ignored
+    here (``grpolens validate`` reports them)."""
+    root = Path(run) / table
+    if not root.is_dir():
+        return []
+    wanted = None if steps is None else set(steps)
+    out = []
+    for step_dir in root.iterdir():
+        s = _STEP_RE.match(step_dir.name)
+        if not s or not step_dir.is_dir():
+            continue
+        if wanted is not None and int(s.group(1)) not in wanted:
+            continue
+        for f in step_dir.iterdir():
+            shard = parse_shard_path(f, table)
+            if shard is not None:
+                out.append(shard)
+    return sorted(out)
+
+
+def list_steps(run: os.PathLike | str, table: str = TOKENS) -> list[int]:
+    root = Path(run) / table
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for d in root.iterdir() if (m := _STEP_RE.match(d.name)) and d.is_dir())
+
+
+def derived_dir(run: os.PathLike | str) -> Path:
+    return Path(run) / DERIVED_DIR
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes
+# ---------------------------------------------------------------------------------------------
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_table(path: os.PathLike | str, table: pa.Table, compression: str = "zstd") -> None:
+    """Write a Parquet file atomically: temp file in the same directory, fsync, rename."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pq.write_table(table, f, compression=compression)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Manifest:
+    run_name: str
+    world_size: int = 1
+    trainer: dict[str, Any] = field(default_factory=lambda: {"name": None, "version": None})
+    config: dict[str, Any] = field(default_factory=dict)
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    extra: dict[str, Any] = field(default_factory=dict)  # unknown top-level keys, kept on rewrite
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        d = {
+            "format": self.format,
+            "version": self.version,
+            "run_name": self.run_name,
+            "created": self.created,
+            "world_size": self.world_size,
+            "trainer": self.trainer,
+            "config": self.config,
+        }
+        d.update(self.extra)
+        return d
+
+    def resolved_config(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The manifest config over :data:`CONFIG_DEFAULTS`, then ``overrides`` on top."""
+        cfg = dict(CONFIG_DEFAULTS)
+        cfg.update(self.config)
+        if overrides:
+            cfg.update(overrides)
+        return cfg
+
+
+def write_manifest(run: os.PathLike | str, manifest: Manifest) -> Path:
+    path = Path(run) / MANIFEST_NAME
+    atomic_write_bytes(path, (json.dumps(manifest.to_json(), indent=2, sort_keys=False, default=str) + "\n").encode())
+    return path
+
+
+def read_manifest(run: os.PathLike | str) -> Manifest:
+    """Read and check ``RUN/grpolens.json``; raises :class:`RunFormatError` naming the problem."""
+    path = Path(run) / MANIFEST_NAME
+    if not Path(run).exists():
+        raise RunFormatError(run, "run directory does not exist")
+    if not Path(run).is_dir():
+        raise RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
+    if not path.exists():
+        raise RunFormatError(path, "manifest missing: a run directory must contain grpolens.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFormatError(path, f"manifest unreadable: {e}") from None
+    except json.JSONDecodeError as e:
+        raise RunFormatError(path, f"manifest is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise RunFormatError(path, "manifest must be a JSON object")
+    if data.get("format") != FORMAT_NAME:
+        raise RunFormatError(path, f"'format' must be {FORMAT_NAME!r}, got {data.get('format')!r}")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunFormatError(path, f"'version' must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise RunFormatError(
+            path, f"format version {version} is newer than this grpolens understands ({FORMAT_VERSION}); upgrade grpolens"
+        )
+    if version < 1:
+        raise RunFormatError(path, f"format version {version} is not valid")
+    config = data.get("config", {})
+    if not isinstance(config, dict):
+        raise RunFormatError(path, "'config' must be a JSON object")
+    trainer = data.get("trainer") or {"name": None, "version": None}
+    if not isinstance(trainer, dict):
+        raise RunFormatError(path, "'trainer' must be a JSON object with 'name' and 'version'")
+    world_size = data.get("world_size", 1)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise RunFormatError(path, f"'world_size' must be a positive integer, got {world_size!r}")
+    known = {"format", "version", "run_name", "created", "world_size", "trainer", "config"}
+    return Manifest(
+        run_name=str(data.get("run_name") or Path(run).resolve().name),
+        world_size=world_size,
+        trainer=trainer,
+        config=config,
+        created=str(data.get("created", "")),
+        extra={k: v for k, v in data.items() if k not in known},
+        format=data["format"],
+        version=version,
+    )
+
+
+def is_run(path: os.PathLike | str) -> bool:
+    return (Path(path) / MANIFEST_NAME).is_file()

@@ -1,0 +1,54 @@
+"""Data health: what was stored, what counted, what was not finite.
+
+Non-finite values are counted here and excluded from every other family (each family's valid
+mask requires the values it uses to be finite), so one NaN never silently poisons a step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.partials import producer
+from grpolens.metrics.registry import Metric, register
+
+NONFINITE_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy")
+
+
+@producer(
+    "health",
+    merge={"health.masked": "sum", **{f"health.nonfinite.{c}": "sum" for c in NONFINITE_COLUMNS}},
+)
+def _health(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    out = {"health.masked": b.count(b.mask)}
+    for c in NONFINITE_COLUMNS:
+        if c in b.present or c in ("logp", "advantage"):
+            out[f"health.nonfinite.{c}"] = b.count(b.mask & ~np.isfinite(b.cols[c]))
+        else:
+            out[f"health.nonfinite.{c}"] = np.zeros(b.n_seq)
+    return out
+
+
+def _count_sequences(sd) -> float | None:
+    return float(sd.n_seq)
+
+
+register(Metric(
+    "health/tokens", "health", "Token rows stored for the step (masked or not; padding is never stored).",
+    kind="sum", num="seq_tokens",
+))
+register(Metric(
+    "health/masked_tokens", "health", "Tokens that count in the loss (mask = true).",
+    kind="sum", num="health.masked",
+))
+register(Metric(
+    "health/sequences", "health", "Sequences seen in the step's loss calls (a completion reused in two loss calls counts twice).",
+    kind="custom", fn=_count_sequences,
+))
+for _c in NONFINITE_COLUMNS:
+    register(Metric(
+        f"health/nonfinite/{_c}", "health",
+        f"Masked tokens whose `{_c}` is NaN or ±inf; they are excluded from every metric that uses `{_c}`.",
+        kind="sum", num=f"health.nonfinite.{_c}",
+        requires=() if _c in ("logp", "advantage") else (_c,),
+    ))

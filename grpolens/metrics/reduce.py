@@ -1,0 +1,141 @@
+"""From one step's per-sequence partials to metric values, under each profile's aggregation rule.
+
+The same partial sums give every trainer's number; only the grouping differs:
+
+``pooled``     Σ num / Σ den over the whole step (every token of every rank and micro-batch
+               weighs the same). grpolens' default, Twinkle's and verl's global-batch rule.
+``trl_slot``   TRL >= 1.9: per micro-batch *slot* (one loss call on all ranks together)
+               Σ num / max(Σ den, 1), then the plain mean over the step's slots.
+``pack_mean``  xtuner: per pack (rank, micro_batch) Σ num / (Σ den + 1e-8), then the mean over
+               packs that had a valid token.
+
+Values are plain Python floats or ``None`` ("nothing to average"), never a made-up 0, except
+where a profile reproduces a trainer that logs 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from grpolens.metrics.registry import Metric
+
+#: Default grouping of token means per profile (a metric may override it for one profile).
+TOKEN_MEAN_RULE = {
+    "grpolens": "pooled",
+    "trl": "trl_slot",
+    "twinkle": "pooled",
+    "maxent": "pooled",
+    "xtuner": "pack_mean",
+    "verl": "pooled",
+}
+
+
+@dataclass
+class StepData:
+    """Everything a step's metrics are computed from."""
+
+    step: int
+    seqs: dict[str, np.ndarray]
+    cfg: dict
+    profile: str = "grpolens"
+    samples: Any = None  # polars.DataFrame of samples generated at this step, or None
+    present: set[str] = field(default_factory=set)  # token columns present in the run
+    extra: dict[str, Any] = field(default_factory=dict)  # step-level partials (histograms, ...)
+
+    @property
+    def n_seq(self) -> int:
+        return len(self.seqs.get("sample_id", ()))
+
+    def col(self, name: str) -> np.ndarray:
+        c = self.seqs.get(name)
+        return np.zeros(self.n_seq) if c is None else c
+
+    def groups(self, by: tuple[str, ...]) -> tuple[np.ndarray, int]:
+        """Integer group ids of each sequence for a grouping, and the number of groups."""
+        key = ("_groups",) + by
+        if key not in self.extra:
+            if self.n_seq == 0:
+                self.extra[key] = (np.zeros(0, dtype=np.int64), 0)
+            else:
+                stacked = np.stack([self.seqs[k] for k in by], axis=1)
+                _, inv = np.unique(stacked, axis=0, return_inverse=True)
+                inv = inv.reshape(-1)
+                self.extra[key] = (inv, int(inv.max()) + 1)
+        return self.extra[key]
+
+
+def _f(x) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
+def grouped_ratio(sd: StepData, num: str, den: str, rule: str) -> float | None:
+    s, c = sd.col(num), sd.col(den)
+    if rule == "pooled":
+        tot = c.sum()
+        return _f(s.sum() / tot) if tot > 0 else None
+    if rule == "trl_slot":
+        g, n = sd.groups(("micro_batch",))
+        if n == 0:
+            return None
+        gs, gc = np.bincount(g, s, n), np.bincount(g, c, n)
+        return _f(np.mean(gs / np.maximum(gc, 1.0)))
+    if rule == "pack_mean":
+        g, n = sd.groups(("rank", "micro_batch"))
+        if n == 0:
+            return None
+        gs, gc = np.bincount(g, s, n), np.bincount(g, c, n)
+        valid = gc > 0
+        return _f(np.mean(gs[valid] / (gc[valid] + 1e-8))) if valid.any() else None
+    raise ValueError(f"unknown grouping rule {rule!r}")
+
+
+def seq_fraction_extreme(sd: StepData, num: str, den: str, which: str, rule: str) -> float | None:
+    s, c = sd.col(num), sd.col(den)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(c > 0, s / np.where(c > 0, c, 1.0), np.nan)
+    pick = np.nanmin if which == "min" else np.nanmax
+    if rule == "trl_slot":
+        g, n = sd.groups(("micro_batch",))
+        vals = []
+        for k in range(n):
+            f = frac[g == k]
+            if np.isfinite(f).any():
+                vals.append(pick(f))
+        return _f(np.mean(vals)) if vals else None
+    if not np.isfinite(frac).any():
+        return None
+    return _f(pick(frac))
+
+
+def compute(metric: Metric, sd: StepData) -> float | None:
+    """The value of ``metric`` at one step under ``sd.profile``."""
+    kind = metric.profile_kind.get(sd.profile, metric.kind)
+    rule = TOKEN_MEAN_RULE.get(sd.profile, "pooled")
+    if kind == "custom":
+        return metric.fn(sd)
+    if kind in ("token_mean", "pooled", "trl_slot", "pack_mean"):
+        return grouped_ratio(sd, metric.num, metric.den, rule if kind == "token_mean" else kind)
+    if sd.n_seq == 0:
+        return None
+    x = sd.col(metric.num)
+    if kind == "max":
+        v = np.max(x)
+        return None if not np.isfinite(v) and v < 0 else _f(v)
+    if kind == "min":
+        v = np.min(x)
+        return None if not np.isfinite(v) and v > 0 else _f(v)
+    if kind == "sum":
+        return _f(x.sum())
+    if kind == "seq_mean":
+        c = sd.col(metric.den)
+        ok = c > 0
+        return _f(np.mean(x[ok] / c[ok])) if ok.any() else None
+    if kind in ("seq_frac_min", "seq_frac_max"):
+        return seq_fraction_extreme(sd, metric.num, metric.den, kind[-3:], rule)
+    raise ValueError(f"metric {metric.name}: unknown kind {kind!r}")

@@ -1,0 +1,114 @@
+"""The metric registry: one entry per metric, the single source for names, docs and reducers.
+
+A :class:`Metric` says *what* is computed (its definition, the partial columns it reduces, the
+config keys and token columns it depends on) and *under which name* each trainer profile logs it.
+Built-in families register here exactly as a plugin would (``register(Metric(...))``);
+``grpolens metrics`` and ``docs/metrics.md`` are generated from this table, and a test fails when a
+metric has no doc.
+
+Reduction kinds (how a step value comes out of the per-sequence partial table, see
+:mod:`grpolens.metrics.reduce`):
+
+``token_mean``   Σ num / Σ den over the step's sequences (den: a token count)
+``seq_mean``     mean over sequences of a per-sequence value ``num`` (sequences with den > 0)
+``max``/``min``  extreme of partial column ``num`` over the step
+``seq_frac_min``/``seq_frac_max``  extreme over sequences of num/den (TRL's low_min/high_max)
+``sum``          Σ num
+``custom``       ``fn(ctx) -> float | None`` for anything else (losses, reward quantiles, ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PROFILES = ("grpolens", "trl", "twinkle", "maxent", "xtuner", "verl")
+KINDS = ("token_mean", "seq_mean", "max", "min", "seq_frac_min", "seq_frac_max", "sum", "custom")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    family: str
+    doc: str
+    kind: str
+    num: str | None = None
+    den: str | None = None
+    fn: Callable[..., Any] | None = None
+    #: token/sample columns the metric needs; absent from the run -> metric is skipped (said once)
+    requires: tuple[str, ...] = ()
+    #: config keys the value depends on (documentation and cache invalidation)
+    config: tuple[str, ...] = ()
+    #: profile -> the name that profile logs it under; a profile without an entry does not log it
+    names: dict[str, str] = field(default_factory=dict)
+    #: config predicate: the metric exists only when it returns True (e.g. clip metrics not under CISPO)
+    when: Callable[[dict], bool] | None = None
+    #: per-profile override of the reduction, e.g. {"trl": "trl_slot_mean"}
+    profile_kind: dict[str, str] = field(default_factory=dict)
+    #: where the value comes from: "tokens" (per-token shards) or "samples"
+    source: str = "tokens"
+    #: the logged value is the running total over steps (TRL's ``num_tokens``)
+    cumulative: bool = False
+
+    def name_in(self, profile: str) -> str | None:
+        if profile == "grpolens":
+            return self.name
+        return self.names.get(profile)
+
+    def applies(self, cfg: dict) -> bool:
+        return self.when is None or bool(self.when(cfg))
+
+
+REGISTRY: dict[str, Metric] = {}
+
+
+def register(metric: Metric) -> Metric:
+    if metric.kind not in KINDS:
+        raise ValueError(f"metric {metric.name}: unknown kind {metric.kind!r}")
+    if metric.kind == "custom" and metric.fn is None:
+        raise ValueError(f"metric {metric.name}: custom metrics need fn")
+    if metric.kind != "custom" and metric.num is None:
+        raise ValueError(f"metric {metric.name}: kind {metric.kind} needs num")
+    if metric.name in REGISTRY:
+        raise ValueError(f"metric {metric.name} registered twice")
+    unknown = set(metric.names) - set(PROFILES)
+    if unknown:
+        raise ValueError(f"metric {metric.name}: unknown profiles {sorted(unknown)}")
+    REGISTRY[metric.name] = metric
+    return metric
+
+
+def load_builtins() -> dict[str, Metric]:
+    """Import every built-in family module (each registers its metrics on import)."""
+    from grpolens.metrics import FAMILY_MODULES
+    import importlib
+
+    for mod in FAMILY_MODULES:
+        importlib.import_module(f"grpolens.metrics.{mod}")
+    return REGISTRY
+
+
+def resolve(name: str) -> Metric:
+    """Find a metric by canonical name or by any profile's name for it (``kl``, ``train/entropy``...).
+
+    Raises KeyError listing close matches when nothing fits.
+    """
+    load_builtins()
+    if name in REGISTRY:
+        return REGISTRY[name]
+    hits = [m for m in REGISTRY.values() if name in m.names.values()]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        # The same trainer name used by two profiles for different quantities: prefer the first
+        # profile in PROFILES order that uses it, which is deterministic and documented.
+        for p in PROFILES:
+            for m in hits:
+                if m.names.get(p) == name:
+                    return m
+    import difflib
+
+    every = list(REGISTRY) + [n for m in REGISTRY.values() for n in m.names.values()]
+    close = difflib.get_close_matches(name, every, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise KeyError(f"unknown metric {name!r}{hint}")

@@ -1,0 +1,202 @@
+"""Random padded loss calls, a plain writer for them, and reference reductions.
+
+Metric tests build data as *padded* arrays (B, T) per loss call -- the shape trainers hold --
+compute the published formula on those arrays with numpy, and compare with what grpolens
+recomputes from a run written to disk. The run is written here directly with pyarrow (not with
+grpolens' writer), so the writer and the engine are tested independently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from grpolens import format as fmt
+
+
+@dataclass
+class LossCall:
+    step: int
+    rank: int
+    micro_batch: int
+    sample_ids: np.ndarray          # (B,)
+    lengths: np.ndarray             # (B,) stored tokens per row; positions >= length are padding
+    logp: np.ndarray                # (B, T) float32 values held in float64
+    mask: np.ndarray                # (B, T) bool, False beyond length
+    advantages: np.ndarray          # (B,)
+    old: np.ndarray | None = None
+    ref: np.ndarray | None = None
+    rollout: np.ndarray | None = None
+    entropy: np.ndarray | None = None
+    token_ids: np.ndarray | None = None
+
+    @property
+    def valid(self) -> np.ndarray:
+        """Stored (non-padding) positions."""
+        T = self.logp.shape[1]
+        return np.arange(T)[None, :] < self.lengths[:, None]
+
+    @property
+    def adv_tok(self) -> np.ndarray:
+        return np.broadcast_to(self.advantages[:, None], self.logp.shape)
+
+
+def f32(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float64)
+
+
+def random_calls(
+    rng: np.random.Generator,
+    steps=(0, 1),
+    ranks=2,
+    micro_batches=2,
+    batch=4,
+    max_len=9,
+    old=True,
+    ref=True,
+    rollout=True,
+    entropy=True,
+    spread=0.3,
+    nonfinite=0.0,
+    all_masked_row=True,
+    zero_adv=True,
+    single_token=True,
+) -> list[LossCall]:
+    """Ragged random loss calls with the edge cases metric tests need."""
+    calls = []
+    sid = 0
+    for step in steps:
+        for rank in range(ranks):
+            for mb in range(micro_batches):
+                B, T = batch, max_len
+                lengths = rng.integers(1, T + 1, size=B)
+                if single_token:
+                    lengths[0] = 1
+                logp = f32(-rng.exponential(1.0, size=(B, T)))
+                valid = np.arange(T)[None, :] < lengths[:, None]
+                mask = valid & (rng.random((B, T)) > 0.15)
+                if all_masked_row and B > 1:
+                    mask[1] = False
+                adv = f32(rng.normal(size=B))
+                if zero_adv and B > 2:
+                    adv[2] = 0.0
+                c = LossCall(step, rank, mb, np.arange(sid, sid + B), lengths, logp, mask, adv)
+                sid += B
+                if old:
+                    c.old = f32(logp + rng.normal(scale=spread, size=(B, T)))
+                if ref:
+                    c.ref = f32(logp + rng.normal(scale=spread, size=(B, T)))
+                if rollout:
+                    c.rollout = f32((c.old if old else logp) + rng.normal(scale=spread / 3, size=(B, T)))
+                if entropy:
+                    c.entropy = f32(rng.uniform(0.0, 3.0, size=(B, T)))
+                c.token_ids = rng.integers(0, 50, size=(B, T))
+                if nonfinite > 0:
+                    for arr in (c.logp, c.old, c.ref, c.rollout, c.entropy):
+                        if arr is not None:
+                            bad = rng.random((B, T)) < nonfinite
+                            arr[bad] = rng.choice([np.nan, np.inf, -np.inf], size=bad.sum())
+                calls.append(c)
+    return calls
+
+
+def call_table(c: LossCall) -> pa.Table:
+    v = c.valid
+    B, T = c.logp.shape
+    rows = np.nonzero(v)
+    n = len(rows[0])
+    cols = {
+        "step": pa.array(np.full(n, c.step), pa.int64()),
+        "rank": pa.array(np.full(n, c.rank), pa.int32()),
+        "micro_batch": pa.array(np.full(n, c.micro_batch), pa.int32()),
+        "sample_id": pa.array(c.sample_ids[rows[0]], pa.int64()),
+        "pos": pa.array(rows[1], pa.int32()),
+        "token_id": pa.array(c.token_ids[rows] if c.token_ids is not None else np.zeros(n), pa.int32()),
+        "logp": pa.array(c.logp[rows], pa.float32()),
+    }
+    for name, arr in (("old_logp", c.old), ("ref_logp", c.ref), ("rollout_logp", c.rollout)):
+        if arr is not None:
+            cols[name] = pa.array(arr[rows], pa.float32())
+    cols["advantage"] = pa.array(c.adv_tok[rows], pa.float32())
+    cols["mask"] = pa.array(c.mask[rows], pa.bool_())
+    if c.entropy is not None:
+        cols["entropy"] = pa.array(c.entropy[rows], pa.float32())
+    return pa.table(cols)
+
+
+def write_run(path: Path, calls: list[LossCall], config: dict | None = None, samples: dict[int, pa.Table] | None = None,
+              parts: int = 1, rng: np.random.Generator | None = None) -> Path:
+    """Write calls as a run. ``parts > 1`` splits each (step, rank) into that many part files at
+    loss-call boundaries (random when ``rng`` is given)."""
+    path.mkdir(parents=True, exist_ok=True)
+    manifest = {"format": "grpolens-run", "version": 1, "run_name": path.name, "created": "2026-01-01T00:00:00+00:00",
+                "world_size": max(c.rank for c in calls) + 1 if calls else 1,
+                "trainer": {"name": "tests", "version": "0"}, "config": config or {}}
+    (path / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+    by_key: dict[tuple[int, int], list[LossCall]] = {}
+    for c in calls:
+        by_key.setdefault((c.step, c.rank), []).append(c)
+    for (step, rank), cs in by_key.items():
+        tables = [call_table(c) for c in sorted(cs, key=lambda c: c.micro_batch)]
+        if parts <= 1:
+            groups = [tables]
+        else:
+            cuts = sorted(set((rng.integers(1, len(tables), size=parts - 1) if rng is not None else
+                               np.linspace(0, len(tables), parts + 1)[1:-1].astype(int)).tolist()))
+            bounds = [0, *cuts, len(tables)]
+            groups = [tables[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+        for i, g in enumerate(groups):
+            t = pa.concat_tables(g, promote_options="default")
+            t = t.sort_by([("micro_batch", "ascending"), ("sample_id", "ascending"), ("pos", "ascending")])
+            rel = fmt.shard_relpath(fmt.TOKENS, step, rank, None if len(groups) == 1 else i)
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(t, path / rel)
+    for step, t in (samples or {}).items():
+        rel = fmt.shard_relpath(fmt.SAMPLES, step, 0)
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, path / rel)
+    return path
+
+
+# -- reference reductions on padded arrays -----------------------------------------------------
+
+def pooled(calls: list[LossCall], step: int, x_fn, valid_fn) -> float | None:
+    """Σ x over valid tokens / Σ valid over all of a step's calls (None when nothing is valid)."""
+    num = den = 0.0
+    for c in calls:
+        if c.step != step:
+            continue
+        v = valid_fn(c)
+        with np.errstate(all="ignore"):
+            x = x_fn(c)
+        num += np.where(v, x, 0.0).sum()
+        den += v.sum()
+    return num / den if den > 0 else None
+
+
+def trl_slot_mean(calls: list[LossCall], step: int, x_fn, valid_fn) -> float | None:
+    """TRL >= 1.9: per micro-batch slot Σ over ranks / max(count, 1), then mean over slots."""
+    slots = sorted({c.micro_batch for c in calls if c.step == step})
+    vals = []
+    for mb in slots:
+        num = den = 0.0
+        for c in calls:
+            if c.step == step and c.micro_batch == mb:
+                v = valid_fn(c)
+                with np.errstate(all="ignore"):
+                    x = x_fn(c)
+                num += np.where(v, x, 0.0).sum()
+                den += v.sum()
+        vals.append(num / max(den, 1.0))
+    return float(np.mean(vals)) if vals else None
+
+
+def approx(a, b, rel=1e-9, abs_=1e-12) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= abs_ + rel * abs(b)
