@@ -1,0 +1,101 @@
+"""The recompute command and API around the engine: options, incremental runs, bad input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+import grpolens
+from grpolens.compute import parse_overrides, parse_steps, recompute
+from grpolens.errors import UserError
+from tests.refdata import random_calls, write_run
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "grpolens.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture
+def run(tmp_path):
+    rng = np.random.default_rng(7)
+    return write_run(tmp_path / "run", random_calls(rng, steps=(0, 1, 2)))
+
+
+def test_outputs_written_atomically_and_consistent(run):
+    df = recompute(run)
+    out = run / "grpolens"
+    on_disk = pl.read_parquet(out / "metrics.parquet")
+    assert on_disk.equals(df)
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [0, 1, 2]
+    assert not [p for p in out.rglob("*.tmp")]
+
+
+def test_incremental_reads_only_new_steps(run, tmp_path):
+    first = recompute(run, result=True)
+    assert first.computed_steps == [0, 1, 2] and first.reused_steps == []
+    again = recompute(run, result=True)
+    assert again.computed_steps == [] and again.reused_steps == [0, 1, 2]
+    assert again.metrics.equals(first.metrics)
+    # the run grows by one step: only that step is read
+    rng = np.random.default_rng(8)
+    write_run(run, random_calls(rng, steps=(3,)))
+    grown = recompute(run, result=True)
+    assert grown.computed_steps == [3] and grown.reused_steps == [0, 1, 2]
+    assert grown.metrics.height == 4
+    full = recompute(run, incremental=False, write=False)
+    assert grown.metrics.equals(full)
+    # a config change invalidates the cache
+    changed = recompute(run, overrides={"epsilon": 0.1}, result=True)
+    assert changed.reused_steps == []
+
+
+def test_steps_selection(run):
+    df = recompute(run, steps="1:2", write=False)
+    assert df["step"].to_list() == [1, 2]
+    assert recompute(run, steps="2", write=False)["step"].to_list() == [2]
+    with pytest.raises(UserError, match="no steps"):
+        recompute(run, steps="10:20", write=False)
+
+
+def test_option_parsing():
+    assert parse_steps("3:") == (3, None)
+    assert parse_steps(":4") == (None, 4)
+    with pytest.raises(UserError, match="--steps"):
+        parse_steps("a:b")
+    with pytest.raises(UserError, match="after end"):
+        parse_steps("5:2")
+    assert parse_overrides(["epsilon_high=0.28", "loss_type=dapo", "rollout_is.upper=2"]) == {
+        "epsilon_high": 0.28, "loss_type": "dapo", "rollout_is": {"upper": 2}}
+    with pytest.raises(UserError, match="key=value"):
+        parse_overrides(["epsilon"])
+
+
+def test_cli_recompute_and_errors(run, tmp_path):
+    r = _cli("recompute", run, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert (run / "grpolens" / "metrics.parquet").is_file()
+    r = _cli("recompute", run, "--set", "epsilon=abc")
+    assert r.returncode == 2 and "epsilon" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("recompute", tmp_path / "nope")
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("recompute", run, "--profile", "wandb")
+    assert r.returncode == 2 and "--profile" in r.stderr
+    r = _cli("recompute", run, "--profile", "trl", "--quiet")
+    assert r.returncode == 0 and (run / "grpolens" / "trl" / "metrics.jsonl").is_file()
+
+
+def test_broken_shard_is_a_user_error_and_nothing_is_written(run):
+    shard = next((run / "tokens").rglob("*.parquet"))
+    shard.write_bytes(shard.read_bytes()[:50])
+    r = _cli("recompute", run)
+    assert r.returncode == 2
+    assert str(shard.name) in r.stderr and "Traceback" not in r.stderr
+    assert not (run / "grpolens" / "metrics.parquet").exists()
+
+
+def test_python_api_is_lazy_and_exported():
+    assert grpolens.recompute is recompute
