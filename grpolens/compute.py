@@ -27,7 +27,7 @@ from grpolens import format as fmt
 from grpolens.errors import UserError
 from grpolens.format import RunFormatError
 from grpolens.metrics import reduce
-from grpolens.metrics.engine import SequencePartials, iter_steps
+from grpolens.metrics.engine import VISITORS, SequencePartials, iter_steps
 from grpolens.metrics.registry import PROFILES, REGISTRY, Metric, load_builtins
 from grpolens.metrics.config import check_config
 
@@ -147,9 +147,24 @@ def read_samples(run: Path, step: int) -> pl.DataFrame | None:
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def metrics_for(profile: str, cfg: dict) -> list[Metric]:
+def sample_columns(run: Path) -> set[str]:
+    """Every column name in the run's samples shards (Parquet footers only). Template metrics
+    (``rewards/<name>/*``) are expanded over these, so the output has the same columns whatever
+    ``--steps`` selects."""
+    cols: set[str] = set()
+    for sh in fmt.list_shards(run, fmt.SAMPLES):
+        try:
+            cols.update(pq.read_schema(sh.path).names)
+        except Exception as e:  # noqa: BLE001
+            raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
+    return cols
+
+
+def metrics_for(profile: str, cfg: dict, columns: Iterable[str] = ()) -> list[Metric]:
+    """The metrics ``profile`` logs under ``cfg``, templates expanded over the run's sample ``columns``."""
     load_builtins()
-    return [m for m in REGISTRY.values() if m.name_in(profile) is not None and m.applies(cfg)]
+    columns = list(columns)
+    return [c for m in REGISTRY.values() if m.name_in(profile) is not None and m.applies(cfg) for c in m.expand(columns)]
 
 
 def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
@@ -234,7 +249,7 @@ def recompute(
     if not sel:
         raise UserError(f"--steps: no steps of the run fall in {lo}:{hi} (the run has steps {all_steps[0]}..{all_steps[-1]})")
 
-    metrics = metrics_for(profile, cfg)
+    metrics = metrics_for(profile, cfg, sample_columns(run))
     out_dir = Path(out) if out is not None else default_out_dir(run, profile)
     chash = _config_hash(cfg, profile)
 
@@ -259,7 +274,7 @@ def recompute(
     todo = [s for s in sel if s not in cached_rows]
 
     seqv = SequencePartials(cfg)
-    visitors = [seqv, *(extra_visitors or [])]
+    visitors = [seqv, *(factory(cfg) for factory in VISITORS.values()), *(extra_visitors or [])]
     rows: dict[int, dict] = dict(cached_rows)
     present_any: set[str] = set()
     done = 0

@@ -116,9 +116,10 @@ def call_table(c: LossCall) -> pa.Table:
         "micro_batch": pa.array(np.full(n, c.micro_batch), pa.int32()),
         "sample_id": pa.array(c.sample_ids[rows[0]], pa.int64()),
         "pos": pa.array(rows[1], pa.int32()),
-        "token_id": pa.array(c.token_ids[rows] if c.token_ids is not None else np.zeros(n), pa.int32()),
         "logp": pa.array(c.logp[rows], pa.float32()),
     }
+    if c.token_ids is not None:
+        cols["token_id"] = pa.array(c.token_ids[rows], pa.int32())
     for name, arr in (("old_logp", c.old), ("ref_logp", c.ref), ("rollout_logp", c.rollout)):
         if arr is not None:
             cols[name] = pa.array(arr[rows], pa.float32())

@@ -8,4 +8,5 @@ Where to look for a metric: its family module has the formula (producer) and the
 FAMILY_MODULES = [
     "health",
     "entropy",
+    "diversity",
 ]

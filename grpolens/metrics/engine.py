@@ -37,6 +37,23 @@ class Visitor(Protocol):
     def combine(self, step: int, pieces: list[Any]) -> Any: ...
 
 
+#: Visitors every recompute runs, registered by families like producers are: name -> factory(cfg).
+#: Their combined piece for a step is available to metrics as ``sd.extra["pieces"][name]``.
+VISITORS: dict[str, Callable[[dict], "Visitor"]] = {}
+
+
+def visitor(name: str):
+    """Decorator registering a visitor factory ``factory(cfg) -> Visitor`` run by every recompute."""
+
+    def deco(factory):
+        if name in VISITORS:
+            raise ValueError(f"visitor {name} registered twice")
+        VISITORS[name] = factory
+        return factory
+
+    return deco
+
+
 class SequencePartials:
     """The per-sequence partial table of each step (see :mod:`grpolens.metrics.partials`)."""
 

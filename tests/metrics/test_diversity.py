@@ -1,0 +1,99 @@
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import grpolens
+from grpolens.metrics.diversity import distinct_n, group_diversity, jaccard_distance
+from tests.refdata import random_calls, write_run
+
+
+def ref_group(completions):
+    """Reference written from MaxEnt-GRPO's definitions, independently of the module."""
+    joined = sum((list(c) for c in completions), [])
+    out = {}
+    for n in (1, 2):
+        grams = [tuple(joined[i:i + n]) for i in range(len(joined) - n + 1)]
+        out[f"distinct_{n}"] = len(set(grams)) / len(grams) if grams else 0.0
+    pairs = list(itertools.combinations(completions, 2))
+    d = []
+    for a, b in pairs:
+        a, b = set(a), set(b)
+        d.append(0.0 if not (a | b) else 1 - len(a & b) / len(a | b))
+    out["jaccard"] = float(np.mean(d)) if d else 0.0
+    return out
+
+
+def test_worked_example():
+    g = group_diversity([["a", "b", "c"], ["a", "b", "d"]])
+    assert g == pytest.approx({"distinct_1": 4 / 6, "distinct_2": 4 / 5, "jaccard": 0.5})
+
+
+def test_edge_cases():
+    assert distinct_n([], 1) == 0.0 and distinct_n(["a"], 2) == 0.0
+    assert jaccard_distance([["a"]]) == 0.0
+    assert jaccard_distance([[], []]) == 0.0
+    assert jaccard_distance([["a"], ["b"]]) == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_groups_against_reference(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        g = [list(rng.integers(0, 6, size=rng.integers(0, 7))) for _ in range(rng.integers(1, 5))]
+        assert group_diversity(g) == pytest.approx(ref_group(g))
+
+
+def _samples(calls, groups_of, texts=None):
+    sids = np.concatenate([c.sample_ids for c in calls])
+    cols = {
+        "step": pa.array(np.zeros(len(sids)), pa.int64()),
+        "rank": pa.array(np.zeros(len(sids)), pa.int32()),
+        "sample_id": pa.array(sids, pa.int64()),
+        "group_id": pa.array([groups_of(s) for s in sids], pa.int64()),
+        "completion_len": pa.array(np.ones(len(sids)), pa.int32()),
+        "truncated": pa.array(np.zeros(len(sids), bool)),
+    }
+    if texts is not None:
+        cols["completion"] = pa.array([texts(s) for s in sids], pa.string())
+    return pa.table(cols)
+
+
+def test_step_values_use_token_ids_across_ranks(tmp_path):
+    rng = np.random.default_rng(5)
+    calls = random_calls(rng, steps=(0,), ranks=2, micro_batches=1, batch=3)
+    groups_of = lambda s: int(s) % 2  # groups straddle both ranks
+    run = write_run(tmp_path / "run", calls, samples={0: _samples(calls, groups_of)})
+    df = grpolens.recompute(run, write=False)
+    seqs = {}
+    for c in calls:
+        for i, sid in enumerate(c.sample_ids):
+            seqs[int(sid)] = list(c.token_ids[i, : c.lengths[i]])
+    groups = {}
+    for sid, toks in seqs.items():
+        groups.setdefault(groups_of(sid), []).append(toks)
+    vals = [ref_group(g) for g in groups.values()]
+    sizes = np.array([len(g) for g in groups.values()], float)
+    for key in ("distinct_1", "distinct_2", "jaccard"):
+        assert df[f"diversity/{key}"][0] == pytest.approx(np.mean([v[key] for v in vals]))
+        micro = sum(v[key] * s for v, s in zip(vals, sizes)) / sizes.sum()
+        assert df[f"diversity/{key}_micro"][0] == pytest.approx(micro)
+    maxent = grpolens.recompute(run, profile="maxent", write=False)
+    assert maxent["train/completions/diversity/jaccard"][0] == pytest.approx(df["diversity/jaccard"][0])
+
+
+def test_text_fallback_and_no_samples(tmp_path):
+    rng = np.random.default_rng(6)
+    calls = random_calls(rng, steps=(0, 1), ranks=1, micro_batches=1, batch=2)
+    for c in calls:
+        c.token_ids = None
+    texts = {0: "a b c", 1: "a b d"}
+    run = write_run(tmp_path / "run", calls,
+                    samples={0: _samples(calls[:1], lambda s: 0, texts=lambda s: texts[int(s)])})
+    df = grpolens.recompute(run, write=False)
+    sids = calls[0].sample_ids
+    ref = ref_group([texts[int(s)].split() for s in sids])
+    for key in ("distinct_1", "distinct_2", "jaccard"):
+        assert df.filter(df["step"] == 0)[f"diversity/{key}"][0] == pytest.approx(ref[key])
+    assert df.filter(df["step"] == 1)["diversity/jaccard"][0] is None  # no samples at step 1
