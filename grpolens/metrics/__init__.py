@@ -8,5 +8,7 @@ Where to look for a metric: its family module has the formula (producer) and the
 FAMILY_MODULES = [
     "health",
     "entropy",
+    "rewards",
+    "completions",
     "diversity",
 ]

@@ -15,15 +15,25 @@ Reduction kinds (how a step value comes out of the per-sequence partial table, s
 ``seq_frac_min``/``seq_frac_max``  extreme over sequences of num/den (TRL's low_min/high_max)
 ``sum``          Σ num
 ``custom``       ``fn(ctx) -> float | None`` for anything else (losses, reward quantiles, ...)
+
+Templates: some metrics exist once per *sample column* whose name is only known from the run
+(``reward/<name>``, one per reward function). Such a metric is registered once as a template with
+``per_column="reward/"`` and :data:`PLACEHOLDER` in its name and profile names
+(``rewards/<name>/mean``); the catalogue lists the template, and :meth:`Metric.expand` turns it
+into one ordinary custom metric per matching column of the run (``rewards/accuracy/mean``, whose
+``fn(sd)`` is the template's ``fn(sd, "reward/accuracy")``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Callable, Iterable
 
 PROFILES = ("grpolens", "trl", "twinkle", "maxent", "xtuner", "verl")
 KINDS = ("token_mean", "seq_mean", "max", "min", "seq_frac_min", "seq_frac_max", "sum", "custom")
+#: Stands for the column-derived part of a template metric's names (see the module doc).
+PLACEHOLDER = "<name>"
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class Metric:
     source: str = "tokens"
     #: the logged value is the running total over steps (TRL's ``num_tokens``)
     cumulative: bool = False
+    #: template over sample columns with this prefix (e.g. "reward/"); ``fn(sd, column)``
+    per_column: str | None = None
 
     def name_in(self, profile: str) -> str | None:
         if profile == "grpolens":
@@ -57,6 +69,20 @@ class Metric:
 
     def applies(self, cfg: dict) -> bool:
         return self.when is None or bool(self.when(cfg))
+
+    def expand(self, columns: Iterable[str]) -> list[Metric]:
+        """The concrete metrics of a run: a template gives one per column ``per_column + key``
+        among ``columns`` (sorted by key; none when the run has no such column), with
+        :data:`PLACEHOLDER` replaced by ``key``; any other metric is itself."""
+        if self.per_column is None:
+            return [self]
+        keys = sorted({c[len(self.per_column):] for c in columns if c.startswith(self.per_column)} - {""})
+        return [
+            replace(self, name=self.name.replace(PLACEHOLDER, k), per_column=None,
+                    names={p: n.replace(PLACEHOLDER, k) for p, n in self.names.items()},
+                    fn=partial(self.fn, column=self.per_column + k))
+            for k in keys
+        ]
 
 
 REGISTRY: dict[str, Metric] = {}
@@ -71,6 +97,9 @@ def register(metric: Metric) -> Metric:
         raise ValueError(f"metric {metric.name}: kind {metric.kind} needs num")
     if metric.name in REGISTRY:
         raise ValueError(f"metric {metric.name} registered twice")
+    if metric.per_column is not None and (
+            metric.kind != "custom" or not all(PLACEHOLDER in n for n in (metric.name, *metric.names.values()))):
+        raise ValueError(f"metric {metric.name}: a template must be custom and have {PLACEHOLDER} in every name")
     unknown = set(metric.names) - set(PROFILES)
     if unknown:
         raise ValueError(f"metric {metric.name}: unknown profiles {sorted(unknown)}")

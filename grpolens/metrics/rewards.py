@@ -1,0 +1,257 @@
+"""Rewards, prompt groups and advantages, from the ``samples`` table (one row per completion).
+
+Every value here is over the completions *generated* at the step (all ranks together: TRL and
+MaxEnt-GRPO gather before they log). A step without samples gives null, which is TRL's "key
+absent at this step". Rewards that are null, NaN or ±inf are excluded from every statistic and
+counted (``reward/nonfinite``, ``rewards/<name>/nonfinite``). Two standard deviations are kept
+apart because trainers disagree:
+
+* *sample* std, ÷(n−1) (Bessel; null for fewer than 2 values): TRL's ``nanstd``;
+* *population* std, ÷n (0 for one value): MaxEnt-GRPO's ``_mean_std``.
+
+Quantiles use numpy's ``linear`` method (Hyndman–Fan type 7) on float64, which is MaxEnt-GRPO's
+``_quantile_stats``; its keys are ``f"p{int(q*100):02d}"`` (:func:`quantile_key`), so q=1 is
+``p100`` and a q like 0.29 would read ``p28``.
+
+Trainer profiles reproduce what the trainer logs when nothing is left to average: MaxEnt-GRPO logs
+0.0 for the mean, the population std and the zero-advantage fraction; TRL and grpolens log null.
+Assumed, as in TRL's default, one generation round per optimizer step: with several rounds in a
+step TRL logs the mean of the rounds' values, which the samples table cannot separate.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from grpolens.format import REWARD_PREFIX
+from grpolens.metrics.registry import PLACEHOLDER, Metric, register
+
+QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+#: TRL's ``torch.isclose(std, 0)``: |std| <= atol + rtol·0.
+ZERO_STD_ATOL = 1e-8
+#: MaxEnt-GRPO's zero-advantage test: |a| < 1e-8 for every advantage of the group.
+ZERO_ADV_TOL = 1e-8
+
+
+def quantile_key(q: float) -> str:
+    """MaxEnt-GRPO's key for quantile ``q``, truncation included (0.29 -> ``p28``)."""
+    return f"p{int(q * 100):02d}"
+
+
+# -- per-step sample columns (cached in the step's StepData) ----------------------------------
+
+def sample_values(sd, column: str) -> np.ndarray | None:
+    """float64 values of a samples column, null -> NaN; None when the step has no samples or the
+    column is absent from them."""
+    key = ("samples", column)
+    if key not in sd.extra:
+        df = sd.samples
+        if df is None or df.height == 0 or column not in df.columns:
+            sd.extra[key] = None
+        else:
+            import polars as pl
+
+            sd.extra[key] = df[column].cast(pl.Float64).fill_null(float("nan")).to_numpy().astype(np.float64)
+    return sd.extra[key]
+
+
+def finite_values(sd, column: str) -> np.ndarray | None:
+    x = sample_values(sd, column)
+    return None if x is None else x[np.isfinite(x)]
+
+
+def group_index(sd) -> tuple[np.ndarray, int] | None:
+    """Dense group index of each sample (by ``group_id``) and the number of groups."""
+    key = ("samples", "_group_index")
+    if key not in sd.extra:
+        g = sample_values(sd, "group_id")
+        if g is None:
+            sd.extra[key] = None
+        else:
+            _, inv = np.unique(g, return_inverse=True)
+            inv = inv.reshape(-1)
+            sd.extra[key] = (inv, int(inv.max()) + 1)
+    return sd.extra[key]
+
+
+# -- statistics (one definition each) ---------------------------------------------------------
+
+def _maxent_zero(sd, value: float | None) -> float | None:
+    """MaxEnt-GRPO logs 0.0 where there is nothing to average; everyone else null."""
+    return 0.0 if value is None and sd.profile == "maxent" else value
+
+
+def mean(x: np.ndarray | None) -> float | None:
+    return float(np.mean(x)) if x is not None and x.size else None
+
+
+def std_sample(x: np.ndarray | None) -> float | None:
+    return float(np.std(x, ddof=1)) if x is not None and x.size > 1 else None
+
+
+def std_population(x: np.ndarray | None) -> float | None:
+    return float(np.std(x, ddof=0)) if x is not None and x.size else None
+
+
+def quantile(x: np.ndarray | None, q: float) -> float | None:
+    return float(np.quantile(x, q, method="linear")) if x is not None and x.size else None
+
+
+def nonfinite_count(sd, column: str) -> float | None:
+    x = sample_values(sd, column)
+    return None if x is None else float(np.count_nonzero(~np.isfinite(x)))
+
+
+# -- groups -----------------------------------------------------------------------------------
+
+def frac_reward_zero_std(sd) -> float | None:
+    """TRL: the fraction of completions whose group's reward std is zero (``isclose(σ, 0)``).
+
+    σ is the sample std of the group's finite rewards (NaN, hence not zero, with fewer than two),
+    or of the whole step's rewards under ``scale_rewards="batch"``; with ``num_generations=1`` TRL
+    sets σ = 0. Every completion of the group counts, unscorable ones too."""
+    r = sample_values(sd, "reward")
+    gi = group_index(sd)
+    if r is None or gi is None:
+        return None
+    inv, n_groups = gi
+    ok = np.isfinite(r)
+    if sd.cfg.get("scale_rewards") == "batch":
+        if r.size == 1:  # TRL: zeros_like when the batch holds one completion
+            return 1.0
+        s = std_sample(r[ok])
+        return float(s is not None and s <= ZERO_STD_ATOL)
+    if sd.cfg.get("num_generations") == 1:  # TRL: zeros_like, no std of one value
+        return 1.0
+    n = np.bincount(inv, weights=ok, minlength=n_groups)
+    s1 = np.bincount(inv, weights=np.where(ok, r, 0.0), minlength=n_groups)
+    mu = s1 / np.maximum(n, 1)
+    dev = np.where(ok, r - mu[inv], 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.bincount(inv, weights=dev * dev, minlength=n_groups) / (n - 1)
+    zero = (n > 1) & (np.sqrt(np.where(n > 1, var, 0.0)) <= ZERO_STD_ATOL)
+    return float(np.mean(zero[inv]))
+
+
+def frac_zero_advantage_groups(sd) -> float | None:
+    """MaxEnt-GRPO: the fraction of groups all of whose finite advantages satisfy |a| < 1e-8
+    (groups without a finite advantage are not counted)."""
+    a = sample_values(sd, "advantage")
+    gi = group_index(sd)
+    if a is None or gi is None:
+        return None
+    inv, n_groups = gi
+    ok = np.isfinite(a)
+    has = np.bincount(inv, weights=ok, minlength=n_groups) > 0
+    big = np.bincount(inv, weights=ok & (np.abs(np.where(ok, a, 0.0)) >= ZERO_ADV_TOL), minlength=n_groups) > 0
+    if not has.any():
+        return _maxent_zero(sd, None)
+    return float(np.count_nonzero(has & ~big) / np.count_nonzero(has))
+
+
+def _n_samples(sd) -> float | None:
+    return float(sd.samples.height) if sd.samples is not None else None
+
+
+def _n_groups(sd) -> float | None:
+    gi = group_index(sd)
+    return float(gi[1]) if gi is not None else (0.0 if sd.samples is not None else None)
+
+
+# -- registry ---------------------------------------------------------------------------------
+
+def _stat(stat: Callable, column: str | None = None, maxent_zero: bool = False, **kw) -> Callable:
+    """fn(sd[, column]) applying ``stat`` to the finite values of a samples column."""
+    def fn(sd, column: str = column):
+        x = finite_values(sd, column)
+        if x is None:  # no samples, or the column is absent: nothing was logged
+            return None
+        v = stat(x, **kw)
+        return _maxent_zero(sd, v) if maxent_zero else v
+    return fn
+
+
+_FAM = "rewards"
+_S = dict(kind="custom", source="samples")
+
+register(Metric(
+    "reward/mean", _FAM, "Mean total (weighted) reward `reward` over the step's completions with a finite reward.",
+    fn=_stat(mean, "reward", maxent_zero=True), requires=("reward",),
+    names={"trl": "reward", "maxent": "train/reward"}, **_S))
+register(Metric(
+    "reward/std", _FAM, "Sample standard deviation (÷(n−1), Bessel) of the finite total rewards over the whole "
+    "step (not per group); null with fewer than 2. TRL's `nanstd`.",
+    fn=_stat(std_sample, "reward"), requires=("reward",), names={"trl": "reward_std"}, **_S))
+register(Metric(
+    "reward/std_pop", _FAM, "Population standard deviation (÷n) of the finite total rewards over the step; "
+    "0 for one value. MaxEnt-GRPO's `reward_std`.",
+    fn=_stat(std_population, "reward", maxent_zero=True), requires=("reward",),
+    names={"maxent": "train/reward_std"}, **_S))
+for _q in QUANTILES:
+    _k = quantile_key(_q)
+    register(Metric(
+        f"reward/{_k}", _FAM, f"Quantile q={_q:g} of the finite total rewards, linear interpolation "
+        "(numpy `linear`, type 7); null when none.",
+        fn=_stat(quantile, "reward", q=_q), requires=("reward",), names={"maxent": f"train/reward_{_k}"}, **_S))
+register(Metric(
+    "reward/count", _FAM, "Completions of the step with a finite total reward (those the reward statistics use).",
+    fn=lambda sd: None if (x := finite_values(sd, "reward")) is None else float(x.size), requires=("reward",), **_S))
+register(Metric(
+    "reward/nonfinite", _FAM, "Completions whose total reward is null (unscorable), NaN or ±inf: excluded from "
+    "every reward statistic.",
+    fn=lambda sd: nonfinite_count(sd, "reward"), requires=("reward",), **_S))
+register(Metric(
+    "reward/frac_zero_std", _FAM, "Fraction of completions whose prompt group has zero reward std, "
+    "`isclose(σ, 0)` (|σ| ≤ 1e-8), σ = sample std of the group's finite rewards (not zero with fewer than 2); "
+    "σ of the whole step under `scale_rewards=batch`; every completion zero with `num_generations=1`. "
+    "Equals the fraction of groups when groups have equal size. TRL's rule.",
+    fn=frac_reward_zero_std, requires=("reward",), config=("scale_rewards", "num_generations"),
+    names={"trl": "frac_reward_zero_std"}, **_S))
+register(Metric(
+    "advantage/frac_zero_groups", _FAM, "Fraction of prompt groups whose finite advantages all satisfy "
+    "|a| < 1e-8 (groups with no finite advantage not counted). MaxEnt-GRPO's `frac_reward_zero_std`: by "
+    "advantages, so it equals `reward/frac_zero_std` only when advantages are group-centred.",
+    fn=frac_zero_advantage_groups, requires=("advantage",), names={"maxent": "train/frac_reward_zero_std"}, **_S))
+register(Metric(
+    "samples/count", _FAM, "Completions generated at the step (rows of the samples table, all ranks).",
+    fn=_n_samples, **_S))
+register(Metric(
+    "samples/groups", _FAM, "Prompt groups generated at the step (distinct `group_id`).",
+    fn=_n_groups, **_S))
+for _name, _fn, _doc in (
+    ("mean", mean, "Mean"),
+    ("std", std_sample, "Sample standard deviation (÷(n−1); null with fewer than 2)"),
+    ("min", lambda x: float(np.min(x)) if x is not None and x.size else None, "Minimum"),
+    ("max", lambda x: float(np.max(x)) if x is not None and x.size else None, "Maximum"),
+):
+    register(Metric(
+        f"advantage/{_name}", _FAM, f"{_doc} of the completions' finite advantages (samples table, one per completion).",
+        fn=_stat(_fn, "advantage"), requires=("advantage",), **_S))
+
+# Per reward function: one column ``reward/<name>`` each (raw, unweighted), templates expanded per run.
+_P = dict(per_column=REWARD_PREFIX, **_S)
+_N = PLACEHOLDER
+register(Metric(
+    f"rewards/{_N}/mean", _FAM, f"Mean of reward function {_N}'s finite raw (unweighted) values "
+    "(completions it did not score are excluded). TRL `nanmean`.",
+    fn=_stat(mean, maxent_zero=True), names={"trl": f"rewards/{_N}/mean", "maxent": f"train/rewards/{_N}/mean"}, **_P))
+register(Metric(
+    f"rewards/{_N}/std", _FAM, f"Sample std (÷(n−1)) of reward function {_N}'s finite raw values; null with "
+    "fewer than 2. TRL `nanstd`.",
+    fn=_stat(std_sample), names={"trl": f"rewards/{_N}/std"}, **_P))
+register(Metric(
+    f"rewards/{_N}/std_pop", _FAM, f"Population std (÷n) of reward function {_N}'s finite raw values. "
+    "MaxEnt-GRPO's per-reward `std`.",
+    fn=_stat(std_population, maxent_zero=True), names={"maxent": f"train/rewards/{_N}/std"}, **_P))
+for _q in QUANTILES:
+    _k = quantile_key(_q)
+    register(Metric(
+        f"rewards/{_N}/{_k}", _FAM, f"Quantile q={_q:g} of reward function {_N}'s finite raw values "
+        "(numpy `linear`).",
+        fn=_stat(quantile, q=_q), names={"maxent": f"train/rewards/{_N}/{_k}"}, **_P))
+register(Metric(
+    f"rewards/{_N}/nonfinite", _FAM, f"Completions for which reward function {_N} gave null, NaN or ±inf "
+    "(excluded from its statistics).",
+    fn=lambda sd, column: nonfinite_count(sd, column), **_P))
