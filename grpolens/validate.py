@@ -1,0 +1,429 @@
+"""Check a run against the format contract and report every problem at once.
+
+:func:`validate_run` streams the run one Parquet file at a time, reading only the columns a check
+needs, in record batches, so its memory is bounded by one batch plus one integer per completion
+(the set of sample ids, for the tokens→samples join). Problems are *errors* (the run breaks the
+contract; analysis may be wrong or fail) or *warnings* (suspicious but analysable: non-finite
+log-probs, token rows without a samples row, leftover temporary files).
+
+Other commands call :func:`validate_run` and then :meth:`Report.raise_for_errors` to fail fast
+with the same messages ``grpolens validate`` prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from grpolens import format as fmt
+
+ERROR, WARNING = "error", "warning"
+_BATCH_ROWS = 1 << 20
+_TMP_RE = re.compile(r"^\..+\.tmp$")  # what format.atomic_write_* leaves behind when killed
+_FLOAT_TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy")
+_ORDER = ("micro_batch", "sample_id", "pos")
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str  # ERROR or WARNING
+    path: str  # relative to the run ("." for the run itself)
+    column: str | None
+    message: str
+
+    def __str__(self) -> str:
+        col = f" (column {self.column!r})" if self.column else ""
+        return f"{self.severity}: {self.path}{col}: {self.message}"
+
+
+@dataclass
+class Report:
+    run: Path
+    problems: list[Problem] = field(default_factory=list)
+    files: dict[str, int] = field(default_factory=lambda: {fmt.TOKENS: 0, fmt.SAMPLES: 0})
+    rows: dict[str, int] = field(default_factory=lambda: {fmt.TOKENS: 0, fmt.SAMPLES: 0})
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def raise_for_errors(self) -> None:
+        """Raise :class:`~grpolens.format.RunFormatError` for the first error (naming how many more)."""
+        errors = self.errors
+        if not errors:
+            return
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more problems: run `grpolens validate {self.run}`)" if len(errors) > 1 else ""
+        raise fmt.RunFormatError(self.run / first.path, first.message + more, column=first.column)
+
+
+def validate_run(run: os.PathLike | str) -> Report:
+    """Check ``run``; a path that is not a directory raises :class:`~grpolens.format.RunFormatError`."""
+    run = Path(run)
+    if not run.exists():
+        raise fmt.RunFormatError(run, "run directory does not exist")
+    if not run.is_dir():
+        raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
+    return _Validator(run).run()
+
+
+def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if actual.equals(expected):
+        return True
+    if pa.types.is_dictionary(actual):
+        return _same_type(actual.value_type, expected)
+    strings = (pa.types.is_string, pa.types.is_large_string, getattr(pa.types, "is_string_view", lambda t: False))
+    return any(f(expected) for f in strings) and any(f(actual) for f in strings)
+
+
+def _ints(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    if col.null_count:
+        col = col.fill_null(-1)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+class _NonFinite:
+    """Run-wide count of NaN / +inf / -inf per float column, to report once per column."""
+
+    def __init__(self):
+        self.counts: dict[str, list] = {}
+
+    def add(self, column: str, values: pa.Array, path: str) -> None:
+        a = values.fill_null(0).to_numpy(zero_copy_only=False) if values.null_count else values.to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(a)
+        if not bad.any():
+            return
+        c = self.counts.setdefault(column, [0, 0, 0, 0, path, set()])
+        c[0] += int(np.isnan(a).sum())
+        c[1] += int(np.isposinf(a).sum())
+        c[2] += int(np.isneginf(a).sum())
+        c[3] += int(bad.sum())
+        c[5].add(path)
+
+    def problems(self) -> list[Problem]:
+        out = []
+        for column, (nan, pinf, ninf, total, first, files) in self.counts.items():
+            out.append(Problem(WARNING, first, column, (
+                f"{total:,} non-finite values ({nan:,} NaN, {pinf:,} +inf, {ninf:,} -inf) in {len(files)} "
+                f"file(s), first in this one; metrics skip or propagate them")))
+        return out
+
+
+class _Validator:
+    def __init__(self, run: Path):
+        self.root = run
+        self.report = Report(run)
+        self.world_size: int | None = None
+        self.nonfinite = _NonFinite()
+        self.sample_ids: list[np.ndarray] = []  # per samples file
+        self.sample_id_files: list[str] = []
+        # (step, rank) -> [(rel path, set of micro_batches, part)]
+        self.parts: dict[tuple[int, int], list[tuple[str, set[int], int]]] = {}
+        self.orphans = [0, 0, None, None]  # rows, ids, first file, first id
+
+    def add(self, severity: str, path: Path | str, message: str, column: str | None = None) -> None:
+        rel = path if isinstance(path, str) else (os.path.relpath(path, self.root) if path != self.root else ".")
+        self.report.problems.append(Problem(severity, str(rel).replace(os.sep, "/"), column, message))
+
+    # -- the whole run -------------------------------------------------------------------------
+    def run(self) -> Report:
+        self.check_manifest()
+        self.check_layout()
+        for shard in fmt.list_shards(self.root, fmt.SAMPLES):  # first: tokens are joined against them
+            self.check_file(shard, fmt.SAMPLES)
+        self.check_sample_ids()
+        for shard in fmt.list_shards(self.root, fmt.TOKENS):
+            self.check_file(shard, fmt.TOKENS)
+        self.check_parts()
+        self.report.problems += self.nonfinite.problems()
+        rows, ids, first_file, first_id = self.orphans
+        if rows:
+            self.add(WARNING, first_file, (
+                f"{rows:,} token rows reference {ids:,} sample_id(s) with no samples row (first: {first_id} "
+                f"in this file); per-sample metrics (rewards, lengths) will miss them"), column="sample_id")
+        if self.report.files[fmt.TOKENS] == 0:
+            self.add(ERROR, fmt.TOKENS, "no token shards: expected tokens/step=<8 digits>/rank=<5 digits>.parquet")
+        elif self.report.files[fmt.SAMPLES] == 0:
+            self.add(WARNING, fmt.SAMPLES, "no samples shards: rewards, lengths and groups are unknown to analysis")
+        return self.report
+
+    def check_manifest(self) -> None:
+        try:
+            manifest = fmt.read_manifest(self.root)
+        except fmt.RunFormatError as e:
+            self.add(ERROR, Path(e.path), e.message, e.column)
+            return
+        self.world_size = manifest.world_size
+
+    def check_layout(self) -> None:
+        """Every entry must be part of the layout; readers silently skip the rest."""
+        allowed = {fmt.MANIFEST_NAME, fmt.DERIVED_DIR, *fmt.TABLES}
+        for entry in sorted(self.root.iterdir()):
+            if entry.name in fmt.TABLES:
+                if not entry.is_dir():
+                    self.add(ERROR, entry, f"'{entry.name}' must be a directory")
+                else:
+                    self.check_table_dir(entry)
+            elif entry.name not in allowed:
+                kind = "leftover temporary file from an interrupted write" if _TMP_RE.match(entry.name) else \
+                    "not part of the run layout (ignored by grpolens)"
+                self.add(WARNING, entry, kind)
+
+    def check_table_dir(self, table_dir: Path) -> None:
+        for step_dir in sorted(table_dir.iterdir()):
+            if not (fmt._STEP_RE.match(step_dir.name) and step_dir.is_dir()):
+                self.add(ERROR, step_dir, "stray entry: expected a directory step=<8 digits>; readers ignore it")
+                continue
+            entries = sorted(step_dir.iterdir())
+            if not entries:
+                self.add(WARNING, step_dir, "empty step directory")
+            for f in entries:
+                if fmt._SHARD_RE.match(f.name) and f.is_file():
+                    continue
+                if _TMP_RE.match(f.name):
+                    self.add(WARNING, f, "leftover temporary file from an interrupted write (safe to delete)")
+                else:
+                    self.add(ERROR, f, "stray file: expected rank=<5 digits>[-<4 digits>].parquet; readers ignore it")
+
+    # -- one file ------------------------------------------------------------------------------
+    def check_file(self, shard: fmt.Shard, table: str) -> None:
+        import pyarrow.parquet as pq
+
+        rel = os.path.relpath(shard.path, self.root).replace(os.sep, "/")
+        self.report.files[table] += 1
+        if self.world_size is not None and shard.rank >= self.world_size:
+            self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
+        try:
+            pf = pq.ParquetFile(shard.path)
+            schema = pf.schema_arrow
+        except Exception as e:  # pyarrow raises several types for truncated/garbage files
+            self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
+            return
+        self.report.rows[table] += pf.metadata.num_rows
+        usable = self.check_schema(rel, schema, table)
+        try:
+            if table == fmt.TOKENS:
+                self.check_token_rows(rel, shard, pf, usable)
+            else:
+                self.check_sample_rows(rel, shard, pf, usable)
+        except Exception as e:  # a corrupt page shows up only when read
+            self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
+
+    def check_schema(self, rel: str, schema: pa.Schema, table: str) -> set[str]:
+        """Report missing and mistyped columns; return the names that are present with the right type."""
+        types = fmt.column_types(table)
+        names = set(schema.names)
+        for name in fmt.REQUIRED[table]:
+            if name not in names:
+                self.add(ERROR, rel, f"required column missing (expected {types[name]})", column=name)
+        usable = set()
+        for f in schema:
+            expected = types.get(f.name)
+            if expected is None and table == fmt.SAMPLES and f.name.startswith(fmt.REWARD_PREFIX):
+                expected = fmt.REWARD_COLUMN_TYPE
+            if expected is None:
+                continue  # extra columns are allowed
+            if _same_type(f.type, expected):
+                usable.add(f.name)
+            else:
+                self.add(ERROR, rel, f"column has type {f.type}, expected {expected}", column=f.name)
+        return usable
+
+    def _null_checks(self, rel: str, batch: pa.RecordBatch, table: str, nulls: dict[str, int]) -> None:
+        nullable = {c.name: c.nullable for c in fmt.COLUMNS[table]}
+        for name in batch.schema.names:
+            if nullable.get(name) is False:
+                nulls[name] = nulls.get(name, 0) + batch.column(name).null_count
+
+    def _report_nulls(self, rel: str, nulls: dict[str, int]) -> None:
+        for name, n in nulls.items():
+            if n:
+                self.add(ERROR, rel, f"{n:,} null values in a non-nullable column", column=name)
+
+    def _check_path_agrees(self, rel: str, shard: fmt.Shard, values: dict[str, np.ndarray], bad: dict[str, list]) -> None:
+        for name, expected in (("step", shard.step), ("rank", shard.rank)):
+            if name in values:
+                wrong = values[name] != expected
+                if wrong.any():
+                    b = bad.setdefault(name, [0, None])
+                    b[0] += int(wrong.sum())
+                    b[1] = b[1] if b[1] is not None else int(values[name][wrong][0])
+
+    def _report_path_disagreement(self, rel: str, shard: fmt.Shard, bad: dict[str, list]) -> None:
+        for name, (n, example) in bad.items():
+            self.add(ERROR, rel, f"{n:,} rows hold {name}={example} (or another value) but the path says "
+                                 f"{name}={getattr(shard, name)}", column=name)
+
+    def check_token_rows(self, rel: str, shard: fmt.Shard, pf, usable: set[str]) -> None:
+        wanted = [c for c in ("step", "rank", *_ORDER) if c in usable]
+        floats = [c for c in _FLOAT_TOKEN_COLUMNS if c in usable]
+        others = [c for c in ("advantage", "mask") if c in usable and c not in floats]
+        columns = wanted + floats + others
+        nulls: dict[str, int] = {}
+        bad_path: dict[str, list] = {}
+        can_order = all(c in usable for c in _ORDER)
+        last = None  # the previous batch's last (micro_batch, sample_id, pos)
+        unsorted_at = None
+        dups = 0
+        row0 = 0
+        micro_batches: set[int] = set()
+        negatives: set[str] = set()
+        for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+            self._null_checks(rel, batch, fmt.TOKENS, nulls)
+            vals = {c: _ints(batch.column(c)) for c in wanted}
+            self._check_path_agrees(rel, shard, vals, bad_path)
+            for c in _ORDER:
+                if c in vals and len(vals[c]) and vals[c].min() < 0 and batch.column(c).null_count == 0:
+                    negatives.add(c)
+            for c in floats:
+                self.nonfinite.add(c, batch.column(c), rel)
+            if "micro_batch" in vals:
+                mb = vals["micro_batch"]
+                heads = np.flatnonzero(np.r_[True, mb[1:] != mb[:-1]]) if len(mb) else mb
+                micro_batches.update(np.unique(mb[heads]).tolist())
+            if can_order and batch.num_rows:
+                keys = [vals[c] for c in _ORDER]
+                if last is not None:
+                    keys = [np.r_[l, k] for l, k in zip(last, keys)]
+                d = [k[1:] - k[:-1] for k in keys]
+                lt = d[0] < 0
+                lt |= (d[0] == 0) & ((d[1] < 0) | ((d[1] == 0) & (d[2] < 0)))
+                if unsorted_at is None and lt.any():
+                    unsorted_at = row0 + int(np.argmax(lt)) + (0 if last is not None else 1)
+                dups += int(((d[0] == 0) & (d[1] == 0) & (d[2] == 0)).sum())
+                last = [k[-1:] for k in keys]
+            if "sample_id" in vals:
+                self._join_samples(rel, vals["sample_id"])
+            row0 += batch.num_rows
+        self._report_nulls(rel, nulls)
+        self._report_path_disagreement(rel, shard, bad_path)
+        for c in sorted(negatives):
+            self.add(ERROR, rel, "negative values (must be >= 0)", column=c)
+        if unsorted_at is not None:
+            self.add(ERROR, rel, f"rows are not sorted by (micro_batch, sample_id, pos) as the writer promises "
+                                 f"(first out of order at row {unsorted_at:,})")
+            dups = _count_duplicates(pf, list(_ORDER))  # adjacent comparison undercounts when unsorted
+        if dups:
+            self.add(ERROR, rel, f"{dups:,} duplicate (step, rank, micro_batch, sample_id, pos) keys")
+        self.parts.setdefault((shard.step, shard.rank), []).append((rel, micro_batches, shard.part))
+
+    def _join_samples(self, rel: str, sample_id: np.ndarray) -> None:
+        if not self.sample_ids or not len(sample_id):
+            return
+        known = self._known_ids
+        heads = np.flatnonzero(np.r_[True, sample_id[1:] != sample_id[:-1]])
+        runs = np.diff(np.r_[heads, len(sample_id)])
+        ids = sample_id[heads]
+        idx = np.minimum(np.searchsorted(known, ids), len(known) - 1)
+        missing = known[idx] != ids
+        if missing.any():
+            o = self.orphans
+            o[0] += int(runs[missing].sum())
+            o[1] += len(np.unique(ids[missing]))
+            if o[2] is None:
+                o[2], o[3] = rel, int(ids[missing][0])
+
+    def check_sample_rows(self, rel: str, shard: fmt.Shard, pf, usable: set[str]) -> None:
+        non_null = {c.name for c in fmt.SAMPLE_COLUMNS if not c.nullable}
+        columns = [c for c in usable if c in non_null]
+        nulls: dict[str, int] = {}
+        bad_path: dict[str, list] = {}
+        ids = []
+        for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+            self._null_checks(rel, batch, fmt.SAMPLES, nulls)
+            vals = {c: _ints(batch.column(c)) for c in ("step", "rank") if c in usable}
+            self._check_path_agrees(rel, shard, vals, bad_path)
+            if "sample_id" in usable:
+                col = batch.column("sample_id")
+                ids.append(col.drop_null().to_numpy().astype(np.int64) if col.null_count else _ints(col))
+        self._report_nulls(rel, nulls)
+        self._report_path_disagreement(rel, shard, bad_path)
+        if ids:
+            self.sample_ids.append(np.concatenate(ids))
+            self.sample_id_files.append(rel)
+
+    # -- across files --------------------------------------------------------------------------
+    def check_sample_ids(self) -> None:
+        """sample_id is unique within the run; prepare the sorted id set for the tokens join."""
+        if not self.sample_ids:
+            self._known_ids = np.zeros(0, np.int64)
+            return
+        ids = np.concatenate(self.sample_ids)
+        file_of = np.repeat(np.arange(len(self.sample_ids)), [len(a) for a in self.sample_ids])
+        order = np.argsort(ids, kind="stable")
+        s = ids[order]
+        dup = np.flatnonzero(s[1:] == s[:-1])
+        if len(dup):
+            first = order[dup[0] + 1]
+            self.add(ERROR, self.sample_id_files[file_of[first]], (
+                f"{len(dup):,} duplicate sample_id values across the samples table (first: {s[dup[0]]}, "
+                f"also in {self.sample_id_files[file_of[order[dup[0]]]]}); sample_id must be unique in a run"),
+                column="sample_id")
+        self._known_ids = np.unique(s)
+
+    _known_ids: np.ndarray
+
+    def check_parts(self) -> None:
+        """A loss call (step, rank, micro_batch) must not be split across part files."""
+        for (step, rank), parts in sorted(self.parts.items()):
+            seen: dict[int, str] = {}
+            split: dict[int, list[str]] = {}
+            for rel, mbs, _ in sorted(parts, key=lambda p: p[2]):
+                for mb in sorted(mbs):
+                    if mb in seen:
+                        split.setdefault(mb, [seen[mb]]).append(rel)
+                    else:
+                        seen[mb] = rel
+            for mb, files in sorted(split.items()):
+                self.add(ERROR, files[-1], f"micro_batch {mb} of step {step} rank {rank} is split across part files "
+                                           f"{', '.join(files)}; the writer keeps a loss call in one part",
+                         column="micro_batch")
+            if split:
+                self._cross_part_duplicates(step, rank, sorted(split), [p[0] for p in parts])
+
+    def _cross_part_duplicates(self, step: int, rank: int, mbs: list[int], files: list[str]) -> None:
+        import pyarrow.parquet as pq
+
+        keys, owner = [], []
+        for i, rel in enumerate(files):
+            try:
+                t = pq.read_table(self.root / rel, columns=list(_ORDER), filters=[("micro_batch", "in", mbs)])
+            except Exception:
+                continue  # already reported as unreadable or mistyped
+            keys.append([_ints(t.column(c)) for c in _ORDER])
+            owner.append(np.full(t.num_rows, i))
+        if not keys:
+            return
+        k = [np.concatenate([x[j] for x in keys]) for j in range(3)]
+        who = np.concatenate(owner)
+        order = np.lexsort(k[::-1])
+        k = [a[order] for a in k]
+        who = who[order]
+        same = (k[0][1:] == k[0][:-1]) & (k[1][1:] == k[1][:-1]) & (k[2][1:] == k[2][:-1]) & (who[1:] != who[:-1])
+        if same.any():
+            self.add(ERROR, files[0], f"{int(same.sum()):,} duplicate (step, rank, micro_batch, sample_id, pos) keys "
+                                      f"across the part files of step {step} rank {rank}")
+
+
+def _count_duplicates(pf, columns: list[str]) -> int:
+    t = pf.read(columns=columns)
+    k = [_ints(t.column(c)) for c in columns]
+    order = np.lexsort(k[::-1])
+    k = [a[order] for a in k]
+    same = np.ones(max(len(k[0]) - 1, 0), bool)
+    for a in k:
+        same &= a[1:] == a[:-1]
+    return int(same.sum())

@@ -1,0 +1,316 @@
+"""``grpolens validate``: every listed problem is found, on broken copies of a good synthetic run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from grpolens import format as fmt
+from grpolens.cli import main
+from grpolens.synth import synth_run
+from grpolens.validate import ERROR, WARNING, validate_run
+
+TOK = "tokens/step=00000001/rank=00000.parquet"
+SMP = "samples/step=00000001/rank=00000.parquet"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return synth_run(tmp_path_factory.mktemp("good") / "run", steps=3, ranks=2, micro_batches=2, groups=2,
+                     generations=3, max_len=16, seed=1, texts=True)
+
+
+@pytest.fixture
+def run(good, tmp_path):
+    return shutil.copytree(good, tmp_path / "run")
+
+
+def _rewrite(path, fn):
+    t = pq.read_table(path)
+    pq.write_table(fn(t), path)
+
+
+def _only(report, severity=ERROR):
+    probs = [p for p in report.problems if p.severity == severity]
+    assert len(probs) == 1, report.problems
+    return probs[0]
+
+
+def _cli(args) -> int:
+    try:
+        main(args)
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def test_good_run_is_clean(good):
+    report = validate_run(good)
+    assert report.problems == [] and report.ok
+    assert report.files == {"tokens": 6, "samples": 6}
+    n = sum(pq.ParquetFile(s.path).metadata.num_rows for s in fmt.list_shards(good))
+    assert report.rows["tokens"] == n and report.rows["samples"] == 3 * 2 * 2 * 3
+
+
+# -- manifest ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("breakit, message", [
+    (lambda p: p.unlink(), "manifest missing"),
+    (lambda p: p.write_text("{oops"), "not valid JSON"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "version": 99})), "newer than this grpolens"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "world_size": "two"})), "world_size"),
+])
+def test_manifest_problems(run, breakit, message):
+    breakit(run / fmt.MANIFEST_NAME)
+    p = _only(validate_run(run))
+    assert p.path == fmt.MANIFEST_NAME and message in p.message
+
+
+def test_rank_outside_world_size(run):
+    m = json.loads((run / fmt.MANIFEST_NAME).read_text())
+    (run / fmt.MANIFEST_NAME).write_text(json.dumps({**m, "world_size": 1}))
+    probs = validate_run(run).errors
+    assert len(probs) == 6 and all("world_size 1" in p.message and "rank=00001" in p.path for p in probs)
+
+
+# -- columns ----------------------------------------------------------------------------------
+
+def test_missing_required_column(run):
+    _rewrite(run / TOK, lambda t: t.drop_columns(["logp"]))
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (TOK, "logp") and "required column missing" in p.message
+
+
+@pytest.mark.parametrize("table, column, to", [
+    (TOK, "pos", pa.int64()), (TOK, "mask", pa.int8()), (TOK, "entropy", pa.float64()),
+    (SMP, "group_id", pa.int32()), (SMP, "reward/format", pa.float32()), (SMP, "prompt", pa.binary()),
+])
+def test_mistyped_column(run, table, column, to):
+    _rewrite(run / table, lambda t: t.set_column(t.schema.get_field_index(column), column, t.column(column).cast(to)))
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (table, column) and f"type {to}" in p.message
+
+
+def test_large_string_text_is_accepted(run):
+    _rewrite(run / SMP, lambda t: t.set_column(t.schema.get_field_index("prompt"), "prompt",
+                                               t.column("prompt").cast(pa.large_string())))
+    assert validate_run(run).problems == []
+
+
+@pytest.mark.parametrize("table, column", [(TOK, "advantage"), (TOK, "sample_id"), (SMP, "truncated")])
+def test_nulls_in_non_nullable_column(run, table, column):
+    def null_two(t):
+        i = t.schema.get_field_index(column)
+        mask = np.zeros(t.num_rows, bool)
+        mask[[0, 3]] = True
+        col = pc.if_else(pa.array(mask), pa.scalar(None, t.schema.field(i).type), t.column(column))
+        return t.set_column(i, pa.field(column, t.schema.field(i).type, nullable=True), col)
+    _rewrite(run / table, null_two)
+    report = validate_run(run)
+    nulls = [p for p in report.errors if "null values" in p.message]
+    assert len(nulls) == 1 and (nulls[0].path, nulls[0].column) == (table, column) and "2 null" in nulls[0].message
+
+
+# -- keys and order -----------------------------------------------------------------------------
+
+def test_duplicate_keys_in_sorted_file(run):
+    def dup(t):  # rows 5, 6, 7 each twice in a row: still sorted, 3 duplicates
+        return t.take(np.r_[np.arange(5), 5, 5, 6, 6, 7, 7, np.arange(8, t.num_rows)])
+    _rewrite(run / TOK, dup)
+    p = _only(validate_run(run))
+    assert p.path == TOK and p.message.startswith("3 duplicate")
+
+
+def test_duplicate_keys_appended_unsorted(run):
+    _rewrite(run / TOK, lambda t: pa.concat_tables([t, t.slice(0, 4)]))
+    msgs = sorted(p.message for p in validate_run(run).errors)
+    assert len(msgs) == 2
+    assert msgs[0].startswith("4 duplicate") and "not sorted" in msgs[1]
+
+
+def test_unsorted_file(run):
+    def swap(t):  # exchange two adjacent rows of one sequence
+        idx = np.arange(t.num_rows)
+        idx[[2, 3]] = idx[[3, 2]]
+        return t.take(idx)
+    _rewrite(run / TOK, swap)
+    p = _only(validate_run(run))
+    assert p.path == TOK and "not sorted by (micro_batch, sample_id, pos)" in p.message and "row 3" in p.message
+
+
+def test_unsorted_across_record_batches(run, monkeypatch):
+    import grpolens.validate as v
+
+    monkeypatch.setattr(v, "_BATCH_ROWS", 5)  # the out-of-order pair straddles a batch boundary
+    _rewrite(run / TOK, lambda t: t.take(np.r_[np.arange(5), 6, 5, np.arange(7, t.num_rows)]))
+    p = _only(validate_run(run))
+    assert "row 6" in p.message
+
+
+def test_duplicate_sample_ids(run):
+    src = run / SMP
+    dst = run / "samples/step=00000002/rank=00000.parquet"
+    _rewrite(dst, lambda t: pa.concat_tables([t, pq.read_table(src).slice(0, 2).set_column(
+        0, t.schema.field(0), pa.array([2, 2], pa.int64()))]))
+    p = _only(validate_run(run))
+    assert p.column == "sample_id" and p.message.startswith("2 duplicate sample_id")
+
+
+# -- joins, non-finite values -----------------------------------------------------------------
+
+def test_token_rows_without_samples_row_is_a_warning(run):
+    rows = pq.ParquetFile(run / TOK).metadata.num_rows
+    (run / SMP).unlink()
+    report = validate_run(run)
+    assert report.ok
+    w = _only(report, WARNING)
+    assert (w.path, w.column) == (TOK, "sample_id") and w.message.startswith(f"{rows:,} token rows reference 6 ")
+    assert _cli(["validate", str(run)]) == 0
+
+
+def test_run_without_samples_is_a_warning(run):
+    shutil.rmtree(run / "samples")
+    report = validate_run(run)
+    assert report.ok and "no samples shards" in _only(report, WARNING).message
+
+
+def test_non_finite_values_counted_per_column(run):
+    def poison(t):
+        cols = {}
+        for name, bad in (("logp", [np.nan, np.inf, -np.inf]), ("ref_logp", [np.nan])):
+            a = t.column(name).to_numpy().copy()
+            a[: len(bad)] = bad
+            cols[name] = pa.array(a, pa.float32())
+        for name, a in cols.items():
+            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), a)
+        return t
+    _rewrite(run / TOK, poison)
+    _rewrite(run / "tokens/step=00000002/rank=00001.parquet", poison)
+    report = validate_run(run)
+    assert report.ok
+    by_col = {p.column: p for p in report.warnings}
+    assert set(by_col) == {"logp", "ref_logp"}
+    assert by_col["logp"].message.startswith("6 non-finite values (2 NaN, 2 +inf, 2 -inf) in 2 file(s)")
+    assert by_col["ref_logp"].message.startswith("2 non-finite values (2 NaN, 0 +inf, 0 -inf)")
+    assert by_col["logp"].path == TOK
+
+
+# -- files and layout -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_unreadable_or_truncated_parquet(run, damage):
+    p = run / TOK
+    data = p.read_bytes()
+    p.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"PAR1 not really", "empty": b""}[damage])
+    err = _only(validate_run(run))
+    assert err.path == TOK and "unreadable or truncated Parquet file" in err.message
+
+
+def test_corrupt_data_page_is_reported_not_raised(run):
+    p = run / TOK
+    data = bytearray(p.read_bytes())
+    for i in range(8, len(data) // 2):  # scribble over the column chunks, keep the footer
+        data[i] = (data[i] * 7 + 13) % 256
+    p.write_bytes(bytes(data))
+    report = validate_run(run)  # whatever pyarrow makes of it, it is a problem and not an exception
+    assert any(p.path == TOK and p.severity == ERROR for p in report.problems)
+
+
+def test_stray_files(run):
+    (run / "tokens/step=00000001/notes.txt").write_text("x")
+    (run / "tokens/step=00000001/rank=1.parquet").write_bytes(b"")
+    (run / "tokens/misc").mkdir()
+    (run / "samples/step=00000001/sub").mkdir()
+    (run / "tokens/step=00000001/.rank=00000.parquet.abc123.tmp").write_bytes(b"")
+    (run / "README.txt").write_text("hi")
+    report = validate_run(run)
+    errs = sorted(p.path for p in report.errors)
+    assert errs == ["samples/step=00000001/sub", "tokens/misc", "tokens/step=00000001/notes.txt",
+                    "tokens/step=00000001/rank=1.parquet"]
+    assert sorted(p.path for p in report.warnings) == ["README.txt", "tokens/step=00000001/.rank=00000.parquet.abc123.tmp"]
+    assert "interrupted write" in report.warnings[-1].message or "interrupted write" in report.warnings[0].message
+
+
+def test_no_token_shards(run):
+    shutil.rmtree(run / "tokens")
+    assert "no token shards" in _only(validate_run(run)).message
+
+
+@pytest.mark.parametrize("column", ["step", "rank"])
+def test_content_disagrees_with_path(run, column):
+    def shift(t):
+        i = t.schema.get_field_index(column)
+        return t.set_column(i, t.schema.field(i), pc.add(t.column(column), pa.scalar(1, t.schema.field(i).type)))
+    _rewrite(run / TOK, shift)
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (TOK, column) and f"{column}={2 if column == 'step' else 1}" in p.message
+    assert f"path says {column}={1 if column == 'step' else 0}" in p.message
+
+
+def test_micro_batch_split_across_parts(run):
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+    mb0 = int(np.sum(t.column("micro_batch").to_numpy() == 0))
+    pq.write_table(t.slice(0, mb0 // 2), run / "tokens/step=00000001/rank=00000-0000.parquet")
+    pq.write_table(t.slice(mb0 // 2), run / "tokens/step=00000001/rank=00000-0001.parquet")
+    p = _only(validate_run(run))
+    assert p.column == "micro_batch" and "micro_batch 0 of step 1 rank 0 is split" in p.message
+
+
+def test_parts_repeating_a_loss_call_are_split_and_duplicated(run):
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+    pq.write_table(t, run / "tokens/step=00000001/rank=00000-0000.parquet")
+    pq.write_table(t, run / "tokens/step=00000001/rank=00000-0001.parquet")
+    msgs = [p.message for p in validate_run(run).errors]
+    assert sum("is split across part files" in m for m in msgs) == 2  # micro-batches 0 and 1
+    assert any(m.startswith(f"{t.num_rows} duplicate") and "across the part files" in m for m in msgs)
+
+
+def test_parts_that_keep_loss_calls_whole_are_fine(run):
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+    mb0 = int(np.sum(t.column("micro_batch").to_numpy() == 0))
+    pq.write_table(t.slice(0, mb0), run / "tokens/step=00000001/rank=00000.parquet")  # unsuffixed + later part
+    pq.write_table(t.slice(mb0), run / "tokens/step=00000001/rank=00000-0001.parquet")
+    assert validate_run(run).problems == []
+
+
+def test_every_problem_is_reported_at_once(run):
+    (run / fmt.MANIFEST_NAME).unlink()
+    _rewrite(run / TOK, lambda t: t.drop_columns(["mask"]))
+    (run / "tokens/step=00000002/rank=00001.parquet").write_bytes(b"junk")
+    (run / "tokens/step=00000000/stray.bin").write_bytes(b"")
+    report = validate_run(run)
+    assert len(report.errors) == 4
+    assert {p.path for p in report.errors} == {fmt.MANIFEST_NAME, TOK, "tokens/step=00000002/rank=00001.parquet",
+                                               "tokens/step=00000000/stray.bin"}
+    with pytest.raises(fmt.RunFormatError, match=r"and 3 more problems"):
+        report.raise_for_errors()
+
+
+# -- the command --------------------------------------------------------------------------------
+
+def test_cli_exit_codes_and_output(run, tmp_path, capsys):
+    assert _cli(["validate", str(run)]) == 0
+    assert "OK" in capsys.readouterr().err
+    _rewrite(run / TOK, lambda t: t.drop_columns(["advantage"]))
+    (run / "[bold]x.txt").write_text("")  # names are shown verbatim, not as markup
+    assert _cli(["validate", str(run)]) == 1
+    out = capsys.readouterr()
+    assert "advantage" in out.out and "FAILED" in out.err and "[bold]x.txt" in out.out
+    assert _cli(["validate", "--json", str(run)]) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {"severity": ERROR, "path": TOK, "column": "advantage",
+            "message": "required column missing (expected float)"} in lines
+    assert _cli(["validate", str(tmp_path / "nope")]) == 2
+    (tmp_path / "file").write_text("")
+    assert _cli(["validate", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "not a directory" in err and "Traceback" not in err
