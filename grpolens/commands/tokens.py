@@ -1,0 +1,119 @@
+"""``grpolens tokens RUN --step N``: the worst tokens of a step, each in its completion's context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def tokens_cmd(
+    run: Path = typer.Argument(..., help="Run directory."),
+    step: int = typer.Option(..., "--step", "-s", help="Step to inspect (only its shards are read)."),
+    sample: Optional[int] = typer.Option(None, "--sample", help="Show this completion (sample_id) token by token."),
+    by: str = typer.Option("kl", "--by", help="Score: kl, mismatch, ratio, entropy, adv_ratio."),
+    top: int = typer.Option(10, "--top", "-k", help="How many tokens to list."),
+    context: int = typer.Option(3, "--context", help="Completions shown in full, in order of their worst token."),
+) -> None:
+    """List the step's top-K tokens by a score across all ranks and micro-batches, then show
+    the completions they belong to with every token coloured by the score."""
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from grpolens import drilldown, format as fmt
+    from grpolens.decode import make_decoder
+    from grpolens.errors import UserError
+
+    if by not in drilldown.SCORES:
+        raise UserError(f"--by: unknown score {by!r}; choose one of {', '.join(drilldown.SCORES)}")
+    if top < 1:
+        raise UserError("--top must be >= 1")
+    manifest = fmt.read_manifest(run)
+    steps = fmt.list_steps(run, fmt.TOKENS)
+    if step not in steps:
+        near = f" (the run has steps {steps[0]}..{steps[-1]})" if steps else " (the run has no token shards)"
+        raise UserError(f"--step: no token shards for step {step} in {run}{near}")
+    b = drilldown.load_step(run, step)
+    need = drilldown.SCORES[by]
+    if not b.has(*need):
+        raise UserError(f"--by {by}: the run has no {', '.join(need)} column at step {step}")
+    decode, source = make_decoder(run, manifest.resolved_config())
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
+        console = Console(width=max(console.width, 140))
+
+    if sample is not None:
+        cols = drilldown.completion_tokens(b, sample, by)
+        if cols is None:
+            raise UserError(f"--sample: sample {sample} has no tokens at step {step}")
+        _show_completion(console, cols, decode, by, title=f"sample {sample} at step {step}")
+        return
+
+    df = drilldown.top_k(b, by, top)
+    if df.height == 0:
+        console.print(f"step {step}: no masked token with a finite {by} score")
+        return
+    df = df.sort("score", descending=True)
+    from rich import box
+
+    t = Table(title=f"step {step}: top {df.height} tokens by {by} (of {int(b.mask.sum())} masked tokens; tokens as {source})",
+              box=box.SIMPLE_HEAD, padding=(0, 1))
+    for c in ("#", "rank/mb", "sample", "pos", "token", by, "logp", "old", "ref", "rollout", "ratio", "adv"):
+        t.add_column(c, justify="left" if c in ("token", "rank/mb") else "right", no_wrap=True)
+    from rich.text import Text
+
+    from grpolens.safe_text import printable
+
+    for i, r in enumerate(df.iter_rows(named=True), 1):
+        tok = Text(printable(decode(r["token_id"]), keep_newlines=False)) if r["token_id"] >= 0 else Text("—")
+        t.add_row(str(i), f"{r['rank']}/{r['micro_batch']}", str(r["sample_id"]), str(r["pos"]), tok,
+                  *[_short(r[k]) for k in ("score", "logp", "old_logp", "ref_logp", "rollout_logp", "ratio", "advantage")])
+    console.print(t)
+    seen: list[int] = []
+    for sid in df["sample_id"].to_list():
+        if sid not in seen:
+            seen.append(sid)
+    for sid in seen[:context]:
+        cols = drilldown.completion_tokens(b, sid, by)
+        _show_completion(console, cols, decode, by, title=f"sample {sid}")
+    console.print(f"[dim]grpolens tokens {run} --step {step} --sample ID --by {by}  shows any completion in full[/]")
+
+
+def _short(v) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "—"
+    return f"{v:.4g}"
+
+
+def _show_completion(console, cols, decode, by: str, title: str) -> None:
+    """Each token of a completion on a background whose intensity follows the score."""
+    import numpy as np
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from grpolens.safe_text import printable
+
+    s = cols["score"]
+    finite = s[np.isfinite(s)]
+    hi = float(np.max(finite)) if finite.size else 0.0
+    text = Text()
+    for tid, score, m in zip(cols["token_id"], s, cols["mask"]):
+        piece = printable(decode(int(tid)) if tid >= 0 else "·")
+        if not m:
+            style = "dim strike"
+        elif np.isfinite(score) and hi > 0:
+            level = min(1.0, float(score) / hi)
+            red = int(80 + 175 * level)
+            style = f"on rgb({red},{int(60 * (1 - level))},{int(60 * (1 - level))})"
+        else:
+            style = ""
+        text.append(piece, style=style)
+        text.append(" " if piece and not piece.endswith((" ", "\n")) else "")
+    console.print(Panel(text, title=f"{title} — coloured by {by} (max {hi:.4g}); struck-through tokens are masked",
+                        title_align="left"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tokens")(tokens_cmd)

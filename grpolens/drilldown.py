@@ -1,0 +1,153 @@
+"""From a step to the tokens behind it: per-token scores, mergeable top-K, completion context.
+
+Scores (higher = worse), over masked tokens whose inputs are finite:
+
+``kl``         k3 estimate of KL(π‖π_ref) at the token: e^x − x − 1, x = ref_logp − logp
+``mismatch``   |old_logp − rollout_logp|: trainer vs inference engine
+``ratio``      |logp − old_logp|: how far the policy moved from the behaviour policy
+``entropy``    the policy entropy at the position
+``adv_ratio``  |A|·|π/π_old − 1|: ratio drift weighted by how much the token matters
+
+Top-K is mergeable: the K best of a union are among the K best of each part, so each shard
+keeps its own K and a step keeps the K best of its shards' rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from grpolens import format as fmt
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.engine import read_tokens, visitor
+
+SCORES = {
+    "kl": ("ref_logp",),
+    "mismatch": ("rollout_logp",),
+    "ratio": ("old_logp",),
+    "entropy": ("entropy",),
+    "adv_ratio": ("old_logp",),
+}
+DEFAULT_TOP_K = 32
+TOP_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "pos")
+
+
+def token_scores(b: TokenBatch, by: str) -> np.ndarray | None:
+    """Per-token score ``by`` (NaN where the token is masked out or an input is not finite)."""
+    if by not in SCORES:
+        raise ValueError(f"unknown score {by!r}; choose one of {', '.join(SCORES)}")
+    if not b.has(*SCORES[by]):
+        return None
+    c = b.cols
+    with np.errstate(all="ignore"):
+        if by == "kl":
+            x = c["ref_logp"] - b.logp
+            s = np.exp(x) - x - 1.0
+        elif by == "mismatch":
+            s = np.abs(b.old - c["rollout_logp"])
+        elif by == "ratio":
+            s = np.abs(b.log_ratio)
+        elif by == "entropy":
+            s = c["entropy"].copy()
+        else:
+            s = np.abs(b.adv) * np.abs(b.ratio - 1.0)
+    return np.where(b.mask & np.isfinite(s), s, np.nan)
+
+
+def token_frame(b: TokenBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """The stored columns (plus the ratio) of the tokens at ``idx``."""
+    out = {k: b.cols[k][idx] for k in TOP_COLUMNS}
+    out["token_id"] = b.cols["token_id"][idx] if "token_id" in b.present else np.full(len(idx), -1)
+    for k in ("logp", "old_logp", "ref_logp", "rollout_logp", "entropy", "advantage"):
+        out[k] = b.cols[k][idx] if (k in b.present or k in ("logp", "advantage")) else np.full(len(idx), np.nan)
+    out["ratio"] = b.ratio[idx]
+    out["mask"] = b.mask[idx]
+    return out
+
+
+def top_k(b: TokenBatch, by: str, k: int) -> pl.DataFrame:
+    s = token_scores(b, by)
+    if s is None:
+        return pl.DataFrame()
+    ok = np.flatnonzero(~np.isnan(s))
+    if len(ok) > k:
+        ok = ok[np.argpartition(-s[ok], k - 1)[:k]]
+    cols = token_frame(b, ok)
+    cols["score"] = s[ok]
+    cols["by"] = np.full(len(ok), by)
+    return pl.DataFrame(cols)
+
+
+def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
+    """The K highest scores per (step, by); ties broken by position keys so results are stable."""
+    if df.height == 0:
+        return df
+    return (df.sort(["step", "by", "score", *TOP_COLUMNS], descending=[False, False, True, False, False, False, False, False])
+              .group_by(["step", "by"], maintain_order=True).head(k))
+
+
+@dataclass
+class TopTokens:
+    """Visitor collecting the top-K tokens of each step for every available score."""
+
+    k: int = DEFAULT_TOP_K
+    name: str = "top_tokens"
+    collect: bool = True
+
+    def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
+        frames = [top_k(batch, by, self.k) for by in SCORES]
+        frames = [f for f in frames if f.height]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+    def combine(self, step: int, pieces: list[pl.DataFrame]) -> pl.DataFrame:
+        pieces = [p for p in pieces if p.height]
+        if not pieces:
+            return pl.DataFrame()
+        return keep_top(pl.concat(pieces, how="diagonal_relaxed"), self.k)
+
+    def finish(self, run: Path, out_dir: Path, by_step: dict[int, pl.DataFrame], kept_steps: set[int]) -> None:
+        """Write ``top_tokens.parquet``: fresh rows for recomputed steps, earlier rows for the rest."""
+        path = out_dir / "top_tokens.parquet"
+        frames = [f for f in by_step.values() if f.height]
+        if path.is_file() and kept_steps:
+            old = pl.read_parquet(path)
+            frames.insert(0, old.filter(pl.col("step").is_in(sorted(kept_steps))))
+        if not frames:
+            return
+        df = pl.concat(frames, how="diagonal_relaxed").sort(["step", "by", "score"], descending=[False, False, True])
+        fmt.atomic_write_table(path, df.to_arrow())
+
+
+@visitor("top_tokens")
+def _top_tokens(cfg: dict) -> TopTokens:
+    return TopTokens(int(cfg.get("top_k_tokens") or DEFAULT_TOP_K))
+
+
+# ---------------------------------------------------------------------------------------------
+# One step, on demand (``grpolens tokens``): reads only that step's shards
+# ---------------------------------------------------------------------------------------------
+
+def load_step(run: Path, step: int) -> TokenBatch | None:
+    shards = fmt.list_shards(run, fmt.TOKENS, steps=[step])
+    if not shards:
+        return None
+    import pyarrow as pa
+
+    tables = [read_tokens(sh.path) for sh in shards]
+    return TokenBatch.from_arrow(pa.concat_tables(tables, promote_options="default"))
+
+
+def completion_tokens(b: TokenBatch, sample_id: int, by: str) -> dict[str, np.ndarray] | None:
+    """Every stored token of one completion (its first loss call of the step), with the score."""
+    seq = np.flatnonzero(b.seq_keys["sample_id"] == sample_id)
+    if len(seq) == 0:
+        return None
+    i = seq[0]
+    idx = np.arange(b.starts[i], b.starts[i] + b.lengths[i])
+    cols = token_frame(b, idx)
+    s = token_scores(b, by)
+    cols["score"] = s[idx] if s is not None else np.full(len(idx), np.nan)
+    return cols

@@ -1,0 +1,25 @@
+"""Model-generated text is untrusted: make it safe to show in a terminal.
+
+Rich markup is never parsed from it (callers append it to :class:`rich.text.Text` as plain
+text), and control characters -- terminal escape sequences above all -- are shown as visible
+escapes instead of being sent to the terminal.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, keep_newlines: bool = True) -> str:
+    """Replace control and bidi-override characters by ``\\xNN`` / ``\\uNNNN`` escapes."""
+
+    def esc(m: re.Match) -> str:
+        c = ord(m.group(0))
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+    out = _CONTROL.sub(esc, text)
+    if not keep_newlines:
+        out = out.replace("\n", "⏎").replace("\t", "⇥")
+    return out
