@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "synth",
     "recompute",
     "metrics",
+    "tokens",
 ]
 
 app = typer.Typer(

@@ -286,6 +286,7 @@ def recompute(
             progress(done, len(todo))
 
     tok_todo = [s for s in todo if s in set(token_steps)]
+    collected: dict[str, dict[int, Any]] = {}  # visitor name -> step -> piece (visitors with collect=True)
     computed: set[int] = set()
     for res in iter_steps(run, tok_todo, visitors, on_step=tick):
         seq_df, present = res.pieces[seqv.name]
@@ -295,6 +296,9 @@ def recompute(
         sd.extra["pieces"] = res.pieces
         rows[res.step] = step_values(sd, metrics)
         computed.add(res.step)
+        for v in visitors:
+            if getattr(v, "collect", False):
+                collected.setdefault(v.name, {})[res.step] = res.pieces[v.name]
         if on_step:
             on_step(res.step, res.pieces)
     for s in todo:
@@ -318,6 +322,11 @@ def recompute(
         fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         fmt.atomic_write_table(cache_path, raw.to_arrow())
+        kept = set(cached_rows)
+        for v in visitors:
+            if getattr(v, "collect", False) and hasattr(v, "finish"):
+                v.finish(run, out_dir, collected.get(v.name, {}), kept)
+        # the state goes last: if anything above fails, the next run recomputes these steps
         state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sel}}
         fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
     if result:

@@ -12,3 +12,8 @@ FAMILY_MODULES = [
     "completions",
     "diversity",
 ]
+
+#: Other modules that register producers or visitors (imported after the families).
+EXTRA_MODULES = [
+    "grpolens.drilldown",
+]
