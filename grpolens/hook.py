@@ -223,17 +223,21 @@ class GRPOLensHook:
                              " (packed inputs need cu_seqlens or position_ids)")
         n_tok = logp.numel()
 
+        token_shapes = {(n_tok,), (1, n_tok)} if packed else {shape}  # packed: (N,) and (1, N) mix freely
+
         def per_token(x, name):
             t = _as_tensor(x, name)
-            if tuple(t.shape) != shape:
+            if tuple(t.shape) not in token_shapes:
                 raise ValueError(f"log_loss_call: {name} must have the shape of logp {shape}, got {tuple(t.shape)}")
-            return t
+            return t.reshape(shape)
 
         adv = _as_tensor(advantages, "advantages")
         seq_adv = tuple(adv.shape) == (n_seq,)
-        if not seq_adv and tuple(adv.shape) != shape:
-            raise ValueError(f"log_loss_call: advantages must be ({n_seq},) per sequence or {shape} per token, "
-                             f"got {tuple(adv.shape)}")
+        if not seq_adv:
+            if tuple(adv.shape) not in token_shapes:
+                raise ValueError(f"log_loss_call: advantages must be ({n_seq},) per sequence or {shape} per token, "
+                                 f"got {tuple(adv.shape)}")
+            adv = adv.reshape(shape)
         floats = {"logp": logp}
         for name, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp),
                         ("entropy", entropy)):
@@ -249,10 +253,7 @@ class GRPOLensHook:
             if tuple(cu_t.shape) != (n_seq + 1,):
                 raise ValueError(f"log_loss_call: cu_seqlens must be ({n_seq + 1},) for {n_seq} sequences, got {tuple(cu_t.shape)}")
         if position_ids is not None:
-            pid_t = _as_tensor(position_ids, "position_ids")
-            if pid_t.numel() != n_tok or pid_t.dim() > 2:
-                raise ValueError(f"log_loss_call: position_ids must have the shape of logp {shape}, got {tuple(pid_t.shape)}")
-            ints["position_ids"] = pid_t.reshape(shape)
+            ints["position_ids"] = per_token(position_ids, "position_ids")
 
         # Training thread: a few copies into blocks, all asynchronous on CUDA.
         device = logp.device
