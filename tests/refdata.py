@@ -201,3 +201,115 @@ def approx(a, b, rel=1e-9, abs_=1e-12) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return abs(a - b) <= abs_ + rel * abs(b)
+
+
+# -- samples tables (one row per generated completion) ------------------------------------------
+
+@dataclass
+class Samples:
+    """One step's completions as plain numpy columns (NaN marks a null float).
+
+    ``rewards[name]`` are the raw per-function values; ``reward`` the total; ``reward_null`` /
+    ``fn_null[name]`` mark rows written as Parquet *null* (the others may hold NaN or ±inf)."""
+
+    step: int
+    rank: np.ndarray
+    sample_id: np.ndarray
+    group_id: np.ndarray
+    completion_len: np.ndarray
+    truncated: np.ndarray
+    prompt_len: np.ndarray | None          # float, NaN = null; None = column absent
+    reward: np.ndarray | None
+    reward_null: np.ndarray
+    advantage: np.ndarray | None
+    rewards: dict[str, np.ndarray] = field(default_factory=dict)
+    fn_null: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def table(self, rows: np.ndarray | None = None) -> pa.Table:
+        """The Parquet table of these samples (``rows``: a subset, e.g. one rank's)."""
+        r = np.arange(len(self.sample_id)) if rows is None else rows
+
+        def fl(x, null, typ=pa.float64()):
+            return pa.array(x[r], typ, mask=null[r])
+
+        cols = {
+            "step": pa.array(np.full(len(r), self.step), pa.int64()),
+            "rank": pa.array(self.rank[r], pa.int32()),
+            "sample_id": pa.array(self.sample_id[r], pa.int64()),
+            "group_id": pa.array(self.group_id[r], pa.int64()),
+        }
+        if self.prompt_len is not None:
+            p = self.prompt_len[r]
+            cols["prompt_len"] = pa.array(np.nan_to_num(p).astype(np.int32), pa.int32(), mask=np.isnan(p))
+        cols["completion_len"] = pa.array(self.completion_len[r], pa.int32())
+        cols["truncated"] = pa.array(self.truncated[r], pa.bool_())
+        if self.reward is not None:
+            cols["reward"] = fl(self.reward, self.reward_null)
+        if self.advantage is not None:
+            cols["advantage"] = pa.array(self.advantage[r], pa.float32())
+        for name in sorted(self.rewards):
+            cols[f"reward/{name}"] = fl(self.rewards[name], self.fn_null[name])
+        return pa.table(cols)
+
+
+def random_samples(
+    rng: np.random.Generator,
+    step: int,
+    groups: int = 6,
+    generations: int = 4,
+    ranks: int = 2,
+    reward_fns=("accuracy", "format"),
+    max_len: int = 40,
+    nonfinite: float = 0.1,
+    single_sample_group: bool = True,
+    equal_group: bool = True,
+    unscored_group: bool = True,
+    first_id: int = 0,
+) -> Samples:
+    """Random prompt groups with ragged lengths and the edge cases reward metrics need: null,
+    NaN and ±inf rewards, a group of one completion, a group whose rewards are all equal, a group
+    nothing could score. Completions reaching ``max_len`` are truncated; a few shorter ones too
+    (no EOS for another reason), so EOS-based and length-based rules differ."""
+    sizes = [generations] * groups
+    if single_sample_group and groups > 1:
+        sizes[-1] = 1
+    gid = np.repeat(np.arange(groups) + 100 * step, sizes)
+    n = len(gid)
+    clen = rng.integers(1, max_len + 1, size=n)
+    clen[rng.random(n) < 0.25] = max_len
+    trunc = (clen >= max_len) | (rng.random(n) < 0.05)
+    plen = np.repeat(rng.integers(3, 30, size=groups), sizes).astype(float)  # one prompt per group
+    rewards = {name: np.round(rng.random(n) * 4) / 4 for name in reward_fns}  # ties are common
+    fn_null = {name: rng.random(n) < nonfinite for name in reward_fns}
+    total = sum(rewards.values()) if reward_fns else rng.normal(size=n)
+    total = np.asarray(total, dtype=float)
+    null = rng.random(n) < nonfinite
+    if nonfinite > 0 and n > 3:
+        total[rng.integers(n)] = np.nan
+        total[rng.integers(n)] = rng.choice([np.inf, -np.inf])
+    if equal_group and groups > 1:
+        total[gid == gid[0]] = 0.75
+        null[gid == gid[0]] = False
+    if unscored_group and groups > 2:
+        null[gid == np.unique(gid)[1]] = True
+    adv = rng.normal(size=n).astype(np.float32).astype(float)
+    adv[gid == gid[0]] = 0.0  # an all-equal group has zero advantages
+    return Samples(step, rng.integers(0, ranks, size=n), np.arange(first_id, first_id + n), gid, clen, trunc,
+                   plen, total, null, adv, rewards, fn_null)
+
+
+def write_samples(path: Path, samples: list[Samples], ranks: bool = True) -> None:
+    """Write each step's samples, one shard per rank that generated some (``ranks=False``: one)."""
+    for s in samples:
+        for rank in (np.unique(s.rank) if ranks else [None]):
+            rows = None if rank is None else np.nonzero(s.rank == rank)[0]
+            rel = fmt.shard_relpath(fmt.SAMPLES, s.step, 0 if rank is None else int(rank))
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(s.table(rows), path / rel)
+
+
+def samples_run(path: Path, samples: list[Samples], config: dict | None = None, calls: list[LossCall] | None = None) -> Path:
+    """A run with these samples (and optionally token loss calls)."""
+    write_run(path, calls or [], config)
+    write_samples(path, samples)
+    return path

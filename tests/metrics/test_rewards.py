@@ -1,0 +1,292 @@
+"""Reward, group and advantage metrics against plain-Python references of the published rules
+(TRL ``nanmean``/``nanstd``/``isclose``, MaxEnt-GRPO ``_mean_std``/``_quantile_stats``/zero-advantage
+groups), on random prompt groups with null/NaN/inf rewards, single-completion groups, all-equal
+groups and unscorable groups."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import grpolens
+from grpolens.metrics.registry import PLACEHOLDER, REGISTRY, Metric, register
+from grpolens.metrics.rewards import QUANTILES, quantile_key
+from tests.refdata import approx, random_calls, random_samples, samples_run
+
+QS = {"p00": 0.0, "p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p100": 1.0}
+
+
+# -- references (plain Python on lists) ---------------------------------------------------------
+
+def finite(x):
+    return [float(v) for v in x if math.isfinite(v)]
+
+
+def ref_mean(x):
+    v = finite(x)
+    return sum(v) / len(v) if v else None
+
+
+def ref_sample_std(x):
+    v = finite(x)
+    if len(v) <= 1:
+        return None
+    m = sum(v) / len(v)
+    return math.sqrt(sum((a - m) ** 2 for a in v) / len(v) * len(v) / (len(v) - 1))
+
+
+def ref_pop_std(x):
+    v = finite(x)
+    if not v:
+        return None
+    m = sum(v) / len(v)
+    return math.sqrt(sum((a - m) ** 2 for a in v) / len(v))
+
+
+def ref_quantile(x, q):
+    v = sorted(finite(x))
+    if not v:
+        return None
+    if q <= 0:
+        return v[0]
+    if q >= 1:
+        return v[-1]
+    pos = q * (len(v) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] if lo == hi else v[lo] * (1 - (pos - lo)) + v[hi] * (pos - lo)
+
+
+def total(s):
+    return np.where(s.reward_null, np.nan, s.reward)
+
+
+def fn_values(s, name):
+    return np.where(s.fn_null[name], np.nan, s.rewards[name])
+
+
+def ref_frac_zero_std(s, scale="group", num_generations=None):
+    r = total(s)
+    if scale == "batch":
+        if len(r) == 1:
+            return 1.0
+        sd = ref_sample_std(r)
+        return float(sd is not None and sd <= 1e-8)
+    if num_generations == 1:
+        return 1.0
+    zero = []
+    for g in s.group_id:
+        sd = ref_sample_std(r[s.group_id == g])
+        zero.append(sd is not None and sd <= 1e-8)
+    return sum(zero) / len(zero)
+
+
+def ref_frac_zero_adv_groups(s):
+    n = z = 0
+    for g in np.unique(s.group_id):
+        a = finite(s.advantage[s.group_id == g])
+        if not a:
+            continue
+        n += 1
+        z += all(abs(v) < 1e-8 for v in a)
+    return z / n if n else None
+
+
+def expected(s, cfg=None):
+    """Every canonical rewards-family value at one step."""
+    cfg = cfg or {}
+    r = total(s)
+    e = {
+        "reward/mean": ref_mean(r), "reward/std": ref_sample_std(r), "reward/std_pop": ref_pop_std(r),
+        "reward/count": float(len(finite(r))), "reward/nonfinite": float(len(r) - len(finite(r))),
+        "reward/frac_zero_std": ref_frac_zero_std(s, cfg.get("scale_rewards", "group"), cfg.get("num_generations")),
+        "advantage/frac_zero_groups": ref_frac_zero_adv_groups(s),
+        "samples/count": float(len(r)), "samples/groups": float(len(set(s.group_id.tolist()))),
+        "advantage/mean": ref_mean(s.advantage), "advantage/std": ref_sample_std(s.advantage),
+        "advantage/min": min(finite(s.advantage)), "advantage/max": max(finite(s.advantage)),
+    }
+    for k, q in QS.items():
+        e[f"reward/{k}"] = ref_quantile(r, q)
+    for name in s.rewards:
+        x = fn_values(s, name)
+        e[f"rewards/{name}/mean"] = ref_mean(x)
+        e[f"rewards/{name}/std"] = ref_sample_std(x)
+        e[f"rewards/{name}/std_pop"] = ref_pop_std(x)
+        e[f"rewards/{name}/nonfinite"] = float(np.count_nonzero(~np.isfinite(x)))
+        for k, q in QS.items():
+            e[f"rewards/{name}/{k}"] = ref_quantile(x, q)
+    return e
+
+
+def row(df, step):
+    (r,) = df.filter(df["step"] == step).iter_rows(named=True)
+    return r
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_rewards_random_groups(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    steps = [random_samples(rng, st, groups=int(rng.integers(2, 8)), generations=int(rng.integers(2, 6)),
+                            first_id=1000 * st) for st in range(3)]
+    run = samples_run(tmp_path / "run", steps)
+    got = grpolens.recompute(run, write=False)
+    for s in steps:
+        r = row(got, s.step)
+        for name, want in expected(s).items():
+            assert approx(r[name], want, rel=1e-12), (s.step, name, r[name], want)
+
+
+@pytest.mark.parametrize("scale, num_generations", [("batch", None), ("none", None), ("group", 1), ("batch", 1)])
+def test_frac_zero_std_config(tmp_path, scale, num_generations):
+    rng = np.random.default_rng(7)
+    s = random_samples(rng, 0)
+    cfg = {"scale_rewards": scale, "num_generations": num_generations}
+    got = grpolens.recompute(samples_run(tmp_path / "run", [s], config=cfg), profile="trl", write=False)
+    assert got["frac_reward_zero_std"][0] == ref_frac_zero_std(s, scale, num_generations)
+    # all rewards equal: every group's std is zero except the one-completion group's (undefined)
+    s.reward[:] = 1.0
+    s.reward_null[:] = False
+    got = grpolens.recompute(samples_run(tmp_path / "run2", [s], config=cfg), profile="trl", write=False)
+    single = np.count_nonzero(s.group_id == s.group_id[-1])
+    want = 1.0 if scale == "batch" or num_generations == 1 else 1 - single / len(s.reward)
+    assert got["frac_reward_zero_std"][0] == pytest.approx(want) == ref_frac_zero_std(s, scale, num_generations)
+
+
+def test_rewards_hand_worked(tmp_path):
+    # Two groups. g0: rewards 1, 0, null, 1 (one unscorable); g1: 0.5, 0.5 (all equal).
+    # finite rewards: 1, 0, 1, 0.5, 0.5 -> mean 3/5 = 0.6
+    # sample var = ((.4)^2 + (.6)^2 + (.4)^2 + (.1)^2 + (.1)^2) / 4 = (0.16+0.36+0.16+0.01+0.01)/4 = 0.175
+    # population var = 0.7 / 5 = 0.14
+    # sorted 0, .5, .5, 1, 1: p25 at pos 1 -> 0.5; p05 at pos 0.2 -> 0.1; p95 at pos 3.8 -> 1.0
+    # TRL frac_reward_zero_std: g0 std > 0, g1 std 0 -> 2 of 6 completions = 1/3
+    # MaxEnt frac by advantages: g0 advantages (.5, -.5, 0, .5) nonzero, g1 (0, 0) zero -> 1/2 groups
+    rng = np.random.default_rng(0)
+    s = random_samples(rng, 0, groups=2, generations=4, reward_fns=("acc",), nonfinite=0.0,
+                       single_sample_group=False, equal_group=False, unscored_group=False)
+    keep = np.array([0, 1, 2, 3, 4, 5])
+    for f in ("rank", "sample_id", "group_id", "completion_len", "truncated", "prompt_len", "reward",
+              "reward_null", "advantage"):
+        setattr(s, f, getattr(s, f)[keep])
+    s.rewards = {"acc": np.array([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])}  # finite: five 1s -> mean 1, std 0
+    s.fn_null = {"acc": np.array([False, False, True, False, False, False])}
+    s.reward = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5])
+    s.reward_null = np.array([False, False, True, False, False, False])
+    s.advantage = np.array([0.5, -0.5, 0.0, 0.5, 0.0, 0.0])
+    run = samples_run(tmp_path / "run", [s])
+    g = row(grpolens.recompute(run, write=False), 0)
+    assert g["reward/mean"] == pytest.approx(0.6)
+    assert g["reward/std"] == pytest.approx(math.sqrt(0.175))
+    assert g["reward/std_pop"] == pytest.approx(math.sqrt(0.14))
+    assert (g["reward/p05"], g["reward/p25"], g["reward/p95"]) == pytest.approx((0.1, 0.5, 1.0))
+    assert g["reward/nonfinite"] == 1 and g["reward/count"] == 5
+    assert g["reward/frac_zero_std"] == pytest.approx(1 / 3)
+    assert g["advantage/frac_zero_groups"] == pytest.approx(0.5)
+    assert g["rewards/acc/mean"] == pytest.approx(1.0) and g["rewards/acc/std"] == 0.0
+    assert g["rewards/acc/nonfinite"] == 1
+    assert (g["samples/count"], g["samples/groups"]) == (6, 2)
+    t = row(grpolens.recompute(run, profile="trl", write=False), 0)
+    assert (t["reward"], t["reward_std"], t["frac_reward_zero_std"]) == pytest.approx((0.6, math.sqrt(0.175), 1 / 3))
+    m = row(grpolens.recompute(run, profile="maxent", write=False), 0)
+    assert m["train/reward_std"] == pytest.approx(math.sqrt(0.14))
+    assert m["train/frac_reward_zero_std"] == pytest.approx(0.5)
+
+
+def test_profile_names(tmp_path):
+    rng = np.random.default_rng(1)
+    s = random_samples(rng, 0, reward_fns=("accuracy", "format"))
+    run = samples_run(tmp_path / "run", [s])
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    want = {"reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy/mean", "rewards/accuracy/std",
+            "rewards/format/mean", "rewards/format/std"}
+    assert want <= set(trl.columns)
+    assert not [c for c in trl.columns if "p50" in c or "std_pop" in c]
+    e = expected(s)
+    t = row(trl, 0)
+    for trl_name, canon in [("reward", "reward/mean"), ("reward_std", "reward/std"),
+                            ("frac_reward_zero_std", "reward/frac_zero_std"),
+                            ("rewards/format/std", "rewards/format/std")]:
+        assert approx(t[trl_name], e[canon], rel=1e-12)
+    mx = grpolens.recompute(run, profile="maxent", write=False)
+    m = row(mx, 0)
+    for k in QS:
+        assert approx(m[f"train/reward_{k}"], e[f"reward/{k}"], rel=1e-12)
+        assert approx(m[f"train/rewards/accuracy/{k}"], e[f"rewards/accuracy/{k}"], rel=1e-12)
+    assert approx(m["train/reward"], e["reward/mean"], rel=1e-12)
+    assert approx(m["train/rewards/format/std"], e["rewards/format/std_pop"], rel=1e-12)
+    assert approx(m["train/frac_reward_zero_std"], e["advantage/frac_zero_groups"], rel=1e-12)
+    tw = grpolens.recompute(run, profile="twinkle", write=False)
+    assert not [c for c in tw.columns if "reward" in c]
+
+
+def test_quantile_keys_truncate_like_maxent():
+    assert [quantile_key(q) for q in QUANTILES] == ["p00", "p05", "p25", "p50", "p75", "p95", "p100"]
+    assert quantile_key(0.29) == "p28" and quantile_key(0.57) == "p56"  # int() of 28.999...
+    names = {m.names.get("maxent") for m in REGISTRY.values() if m.family == "rewards"}
+    assert "train/reward_p100" in names and "train/rewards/<name>/p05" in names
+
+
+def test_steps_without_samples_and_without_tokens(tmp_path):
+    rng = np.random.default_rng(4)
+    calls = random_calls(rng, steps=(0, 1, 2))
+    s0, s2 = random_samples(rng, 0), random_samples(rng, 2, first_id=500)
+    s3 = random_samples(rng, 3, first_id=900)  # step 3: samples, no tokens
+    run = samples_run(tmp_path / "run", [s0, s2, s3], calls=calls)
+    got = grpolens.recompute(run, write=False)
+    assert got["step"].to_list() == [0, 1, 2, 3]
+    assert all(row(got, 1)[k] is None for k in expected(s0))  # no samples at step 1: null
+    assert row(got, 3)["entropy"] is None
+    for st, s in ((2, s2), (3, s3)):
+        for k, v in expected(s).items():
+            assert approx(row(got, st)[k], v, rel=1e-12), (st, k)
+    trl = grpolens.recompute(run, profile="trl", write=True)
+    lines = [json.loads(x) for x in (run / "grpolens" / "trl" / "metrics.jsonl").read_text().splitlines()]
+    assert "reward" not in lines[1] and "frac_reward_zero_std" not in lines[1] and "entropy" in lines[1]
+    assert "reward" in lines[3] and "entropy" not in lines[3]
+    assert trl.height == 4
+
+
+def test_nothing_scorable(tmp_path):
+    # every total reward and every value of one function null: grpolens/TRL null, MaxEnt 0.0
+    rng = np.random.default_rng(5)
+    s = random_samples(rng, 0, reward_fns=("acc",))
+    s.reward_null[:] = True
+    s.fn_null["acc"][:] = True
+    s.advantage[:] = np.nan
+    run = samples_run(tmp_path / "run", [s])
+    g = row(grpolens.recompute(run, write=False), 0)
+    assert g["reward/mean"] is None and g["reward/std"] is None and g["reward/p50"] is None
+    assert g["reward/frac_zero_std"] == 0.0  # no group has a std, so none has a zero one (TRL: isclose(NaN) False)
+    assert g["advantage/frac_zero_groups"] is None and g["advantage/mean"] is None
+    assert g["rewards/acc/mean"] is None and g["rewards/acc/nonfinite"] == len(s.reward)
+    t = row(grpolens.recompute(run, profile="trl", write=False), 0)
+    assert t["reward"] is None and t["rewards/acc/mean"] is None
+    m = row(grpolens.recompute(run, profile="maxent", write=False), 0)
+    assert (m["train/reward"], m["train/reward_std"], m["train/frac_reward_zero_std"]) == (0.0, 0.0, 0.0)
+    assert (m["train/rewards/acc/mean"], m["train/rewards/acc/std"]) == (0.0, 0.0)
+    assert m["train/reward_p50"] is None and m["train/rewards/acc/p50"] is None  # MaxEnt: quantile keys absent
+
+
+def test_templates_expand_per_run(tmp_path):
+    rng = np.random.default_rng(6)
+    a = random_samples(rng, 0, reward_fns=("acc",))
+    b = random_samples(rng, 1, reward_fns=("acc", "len"), first_id=100)  # a reward function added at step 1
+    got = grpolens.recompute(samples_run(tmp_path / "run", [a, b]), write=False)
+    assert row(got, 0)["rewards/len/mean"] is None
+    assert approx(row(got, 1)["rewards/len/mean"], ref_mean(fn_values(b, "len")), rel=1e-12)
+    assert approx(row(got, 0)["rewards/acc/p95"], ref_quantile(fn_values(a, "acc"), 0.95), rel=1e-12)
+    none = grpolens.recompute(samples_run(tmp_path / "r2", [random_samples(rng, 0, reward_fns=())]), write=False)
+    assert not [c for c in none.columns if c.startswith("rewards/")]
+    assert not [c for c in got.columns if PLACEHOLDER in c]
+
+
+def test_template_registration_rules():
+    with pytest.raises(ValueError, match="template"):
+        register(Metric("rewards/x/bad", "t", "doc", kind="custom", fn=lambda sd, column: 0.0, per_column="reward/"))
+    with pytest.raises(ValueError, match="template"):
+        register(Metric(f"rewards/{PLACEHOLDER}/bad", "t", "doc", kind="custom", fn=lambda sd, column: 0.0,
+                        per_column="reward/", names={"trl": "bad"}))
+    m = REGISTRY[f"rewards/{PLACEHOLDER}/mean"]
+    (c,) = m.expand(["reward", "reward/acc", "group_id"])
+    assert c.name == "rewards/acc/mean" and c.names["maxent"] == "train/rewards/acc/mean" and c.per_column is None
