@@ -1,0 +1,221 @@
+"""Reporters for a :class:`~grpolens.check.runner.CheckReport`: a rich table for people, JUnit XML
+for CI test views, GitHub workflow annotations, and a Markdown table for ``$GITHUB_STEP_SUMMARY``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import socket
+import xml.etree.ElementTree as ET
+
+from grpolens.check.evaluate import ERROR, FAIL, PASS, SKIP, Outcome
+from grpolens.check.runner import CheckReport
+from grpolens.ui import format_value
+
+_STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", ERROR: "bold magenta"}
+_ICON = {PASS: "✅", FAIL: "❌", SKIP: "⏭️", ERROR: "⚠️"}
+
+
+def _v(v) -> str:
+    return "" if v is None else format_value(float(v))
+
+
+def how(o: Outcome) -> str:
+    """Reducer and window, e.g. ``all steps`` or ``mean, last 20``."""
+    r = o.rule
+    if o.metric == "step":
+        return "every step"
+    win = r.window.describe()
+    return win if r.reduce == "all" else f"{r.reduce}, {win}"
+
+
+def detail(o: Outcome) -> str:
+    """One line that says what happened, with the numbers."""
+    parts = [o.message]
+    if o.value is not None and o.status in (FAIL, PASS) and o.metric != "step":
+        at = f" at step {o.step}" if o.rule.reduce == "all" and o.step is not None else ""
+        base = f", baseline {_v(o.baseline)}" if o.baseline is not None else ""
+        parts.append(f"value {_v(o.value)}{at}{base}, limit {o.limit_text()}, {o.margin_text()}")
+    return "; ".join(p for p in parts if p)
+
+
+def summary_line(report: CheckReport) -> str:
+    c = report.counts()
+    words = [f"{c[PASS]} passed", f"{c[FAIL]} failed"]
+    if c[SKIP]:
+        words.append(f"{c[SKIP]} skipped")
+    if c[ERROR]:
+        words.append(f"{c[ERROR]} error(s)")
+    return ", ".join(words) + f" in {report.seconds:.2f}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal
+# ---------------------------------------------------------------------------------------------
+
+def print_report(report: CheckReport, console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    title = Text(f"grpolens check {report.run}")
+    if report.baseline:
+        title.append(f" vs {report.baseline}")
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for col, kw in (("", {}), ("rule", {"style": "bold"}), ("metric", {}), ("steps", {}),
+                    ("value", {"justify": "right"}), ("baseline", {"justify": "right"}), ("limit", {}),
+                    ("margin", {}), ("step", {"justify": "right"})):
+        t.add_column(col, **kw)
+    for o in report.outcomes:
+        show_value = o.metric != "step" and o.status in (PASS, FAIL)
+        t.add_row(
+            Text(o.status, style=_STYLE[o.status]), Text(o.rule.name), Text(o.metric), Text(how(o)),
+            _v(o.value) if show_value else "", _v(o.baseline) if show_value else "",
+            o.limit_text() if show_value and o.value is not None else "",
+            Text(o.margin_text(), style=_STYLE[FAIL] if o.status == FAIL else "") if show_value else "",
+            "" if o.step is None or o.status == PASS and o.rule.reduce != "all" else str(o.step),
+        )
+    console.print(t)
+    for o in report.outcomes:
+        if o.status in (FAIL, ERROR, SKIP):
+            line = Text(f"{o.status} ", style=_STYLE[o.status])
+            line.append(f"{o.rule.name}: ", style="bold")
+            line.append(o.message)
+            console.print(line)
+            cmd = report.drilldown(o)
+            if cmd:
+                console.print(Text(f"  drill down: {cmd}", style="cyan"))
+    for n in report.notes:
+        console.print(Text(f"note: {n}", style="yellow"))
+    if report.golden_written:
+        console.print(Text(f"wrote golden values to {report.golden_written}"))
+    verdict = {0: ("PASSED", "bold green"), 1: ("REGRESSION", "bold red"), 2: ("ERROR", "bold magenta")}[report.exit_code]
+    console.print(Text(f"{verdict[0]}: ", style=verdict[1]) + Text(summary_line(report)))
+
+
+# ---------------------------------------------------------------------------------------------
+# JUnit XML
+# ---------------------------------------------------------------------------------------------
+
+def junit_xml(report: CheckReport) -> bytes:
+    """One ``<testcase>`` per rule inside one ``<testsuite>``, the layout pytest, Jenkins, GitLab and
+    GitHub test reporters read."""
+    c = report.counts()
+    total = len(report.outcomes)
+    t = f"{report.seconds:.3f}"
+    counts = {"tests": str(total), "failures": str(c[FAIL]), "errors": str(c[ERROR]), "skipped": str(c[SKIP])}
+    root = ET.Element("testsuites", {"name": "grpolens check", **counts, "time": t})
+    suite = ET.SubElement(root, "testsuite", {
+        "name": f"grpolens check {report.run}", **counts, "time": t,
+        "timestamp": _dt.datetime.now().isoformat(timespec="seconds"), "hostname": _xml_text(socket.gethostname()),
+    })
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("run", str(report.run)), ("baseline", report.baseline or ""), ("rules", report.rules_source)):
+        ET.SubElement(props, "property", {"name": k, "value": _xml_text(v)})
+    for o in report.outcomes:
+        case = ET.SubElement(suite, "testcase", {
+            "classname": "grpolens.check", "name": _xml_text(o.rule.name), "time": "0.000",
+        })
+        text = _xml_text(detail(o))
+        cmd = report.drilldown(o)
+        body = text + (f"\ndrill down: {_xml_text(cmd)}" if cmd else "") + \
+            (f"\nwhy this rule: {_xml_text(o.rule.why)}" if o.rule.why else "")
+        if o.status == FAIL:
+            ET.SubElement(case, "failure", {"message": text, "type": "regression"}).text = body
+        elif o.status == ERROR:
+            ET.SubElement(case, "error", {"message": text, "type": "bad-baseline"}).text = body
+        elif o.status == SKIP:
+            ET.SubElement(case, "skipped", {"message": text})
+        else:
+            ET.SubElement(case, "system-out").text = body
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(s: str) -> str:
+    """XML 1.0 cannot carry most control characters even escaped; drop them."""
+    return _XML_BAD.sub("", s)
+
+
+# ---------------------------------------------------------------------------------------------
+# GitHub Actions
+# ---------------------------------------------------------------------------------------------
+
+def _gh_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_prop(s: str) -> str:
+    return _gh_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_lines(report: CheckReport) -> list[str]:
+    """``::error title=...::message`` for each failure or error, ``::warning`` for each note."""
+    lines = []
+    for o in report.outcomes:
+        if o.status not in (FAIL, ERROR):
+            continue
+        msg = f"{o.metric}: {detail(o)}"
+        cmd = report.drilldown(o)
+        if cmd:
+            msg += f"\ndrill down: {cmd}"
+        lines.append(f"::error title={_gh_prop(f'grpolens check {o.status}: {o.rule.name}')}::{_gh_data(msg)}")
+    for n in report.notes:
+        lines.append(f"::warning title={_gh_prop('grpolens check')}::{_gh_data(n)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown (job summary)
+# ---------------------------------------------------------------------------------------------
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#~])")
+
+
+def _md(s: str) -> str:
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(s.split()))
+
+
+def markdown_summary(report: CheckReport) -> str:
+    c = report.counts()
+    verdict = {0: "✅ passed", 1: "❌ regression", 2: "⚠️ error"}[report.exit_code]
+    head = f"### grpolens check: {verdict} — {_md(str(report.run))}"
+    if report.baseline:
+        head += f" vs {_md(report.baseline)}"
+    out = [head, "", f"{_md(summary_line(report))}; rules: {_md(report.rules_source)}", "",
+           "| | rule | metric | steps | value | baseline | limit | margin | step |",
+           "|---|---|---|---|--:|--:|---|---|--:|"]
+    for o in report.outcomes:
+        show = o.metric != "step" and o.status in (PASS, FAIL) and o.value is not None
+        cells = [f"{_ICON[o.status]} {o.status}", _md(o.rule.name), _md(o.metric), _md(how(o)),
+                 _md(_v(o.value)) if show else "", _md(_v(o.baseline)) if show else "",
+                 _md(o.limit_text()) if show else "", _md(o.margin_text()) if show else "",
+                 "" if o.step is None or o.status == PASS and o.rule.reduce != "all" else str(o.step)]
+        out.append("| " + " | ".join(cells) + " |")
+    problems = [o for o in report.outcomes if o.status in (FAIL, ERROR)]
+    if problems:
+        out.append("")
+        for o in problems:
+            out.append(f"- **{_md(o.rule.name)}**: {_md(o.message)}")
+        cmds = [cmd for o in problems if (cmd := report.drilldown(o))]
+        if cmds:
+            out += ["", "Drill down:", "", "```", *cmds, "```"]
+    for n in report.notes:
+        out += ["", f"> {_md(n)}"]
+    return "\n".join(out) + "\n\n"
+
+
+def append_markdown(path, text: str) -> None:
+    """Append (never truncate): ``$GITHUB_STEP_SUMMARY`` collects every step's summary."""
+    from pathlib import Path
+
+    from grpolens.errors import UserError
+
+    p = Path(path)
+    if not p.parent.exists():
+        raise UserError(f"--summary-md: directory {p.parent} does not exist")
+    with open(p, "a", encoding="utf-8") as f:
+        f.write(text)

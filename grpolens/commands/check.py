@@ -1,0 +1,79 @@
+"""``grpolens check RUN``: fail CI when KL, clip fractions, entropy or train–inference mismatch regress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def check_cmd(
+    run: Path = typer.Argument(..., help="Run directory to check (contains grpolens.json)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="Baseline: a run directory (recomputed "
+                                            "with the same --set) or a golden JSON from --write-golden."),
+    rules: Optional[Path] = typer.Option(None, "--rules", "-r", help="Rules file (TOML; YAML with PyYAML). "
+                                         "Default: the built-in rules (see --show-rules)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML: one test case per rule."),
+    github: bool = typer.Option(False, "--github", help="Print GitHub Actions ::error annotations for failures."),
+    summary_md: Optional[Path] = typer.Option(None, "--summary-md", help="Append a Markdown table to this file "
+                                              "(e.g. $GITHUB_STEP_SUMMARY)."),
+    write_golden: Optional[Path] = typer.Option(None, "--write-golden", help="Also write this run's per-step "
+                                                "values of the rules' metrics as a golden JSON baseline."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config key for the recompute of the run "
+                                   "and of a baseline run: key=value. Repeatable."),
+    show_rules: bool = typer.Option(False, "--show-rules", help="Print the rules in force as TOML and exit "
+                                    "(with no --rules: the built-in defaults, a starting point for your own)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
+) -> None:
+    """Check a run against rules (and a baseline): exit 0 all pass, 1 a regression, 2 bad input or rules.
+
+    A failure names its first failing step and the `grpolens tokens` command to drill into it.
+    """
+    from rich.console import Console
+
+    from grpolens.check.runner import check, resolve_rules
+    from grpolens.compute import parse_overrides
+
+    if show_rules:
+        from grpolens.check.defaults import DEFAULT_RULES_TOML
+
+        if rules is None:
+            typer.echo(DEFAULT_RULES_TOML, nl=False)
+        else:
+            resolve_rules(rules)  # validate, exit 2 with the line at fault
+            typer.echo(rules.read_text(), nl=False)
+        return
+    overrides = parse_overrides(set_)
+    report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden)
+
+    from grpolens.check import report as rep
+    from grpolens.format import atomic_write_bytes
+
+    if junit is not None:
+        if not junit.parent.exists():
+            from grpolens.errors import UserError
+
+            raise UserError(f"--junit: directory {junit.parent} does not exist")
+        atomic_write_bytes(junit, rep.junit_xml(report))
+    if summary_md is not None:
+        rep.append_markdown(summary_md, rep.markdown_summary(report))
+    if github:
+        for line in rep.github_lines(report):
+            typer.echo(line)
+    console = Console()
+    if not console.is_terminal:  # CI logs: rich would assume 80 columns and squeeze the table
+        console = Console(width=max(console.width, 160))
+    if quiet:
+        from rich.text import Text
+
+        console.print(Text(rep.summary_line(report)))
+    else:
+        rep.print_report(report, console)
+    if report.exit_code:
+        # SystemExit, not typer.Exit: click returns typer.Exit's code in non-standalone mode
+        raise SystemExit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check_cmd)
