@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "recompute",
     "metrics",
     "tokens",
+    "check",
 ]
 
 app = typer.Typer(
