@@ -73,13 +73,15 @@ class Metric:
     def expand(self, columns: Iterable[str]) -> list[Metric]:
         """The concrete metrics of a run: a template gives one per column ``per_column + key``
         among ``columns`` (sorted by key; none when the run has no such column), with
-        :data:`PLACEHOLDER` replaced by ``key``; any other metric is itself."""
+        :data:`PLACEHOLDER` replaced by ``key`` in its names and ``requires``; any other metric is
+        itself."""
         if self.per_column is None:
             return [self]
         keys = sorted({c[len(self.per_column):] for c in columns if c.startswith(self.per_column)} - {""})
         return [
             replace(self, name=self.name.replace(PLACEHOLDER, k), per_column=None,
                     names={p: n.replace(PLACEHOLDER, k) for p, n in self.names.items()},
+                    requires=tuple(r.replace(PLACEHOLDER, k) for r in self.requires),
                     fn=partial(self.fn, column=self.per_column + k))
             for k in keys
         ]

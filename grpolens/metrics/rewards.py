@@ -231,27 +231,28 @@ for _name, _fn, _doc in (
         fn=_stat(_fn, "advantage"), requires=("advantage",), **_S))
 
 # Per reward function: one column ``reward/<name>`` each (raw, unweighted), templates expanded per run.
-_P = dict(per_column=REWARD_PREFIX, **_S)
 _N = PLACEHOLDER
+_P = dict(per_column=REWARD_PREFIX, requires=(f"{REWARD_PREFIX}{_N}",), **_S)
+_F = f"`{REWARD_PREFIX}{_N}`"  # how docs name the column
 register(Metric(
-    f"rewards/{_N}/mean", _FAM, f"Mean of reward function {_N}'s finite raw (unweighted) values "
-    "(completions it did not score are excluded). TRL `nanmean`.",
+    f"rewards/{_N}/mean", _FAM, f"Mean of the finite raw (unweighted) values of {_F}, one column per "
+    "reward function (completions it did not score are excluded). TRL `nanmean`.",
     fn=_stat(mean, maxent_zero=True), names={"trl": f"rewards/{_N}/mean", "maxent": f"train/rewards/{_N}/mean"}, **_P))
 register(Metric(
-    f"rewards/{_N}/std", _FAM, f"Sample std (÷(n−1)) of reward function {_N}'s finite raw values; null with "
+    f"rewards/{_N}/std", _FAM, f"Sample std (÷(n−1)) of the finite raw values of {_F}; null with "
     "fewer than 2. TRL `nanstd`.",
     fn=_stat(std_sample), names={"trl": f"rewards/{_N}/std"}, **_P))
 register(Metric(
-    f"rewards/{_N}/std_pop", _FAM, f"Population std (÷n) of reward function {_N}'s finite raw values. "
+    f"rewards/{_N}/std_pop", _FAM, f"Population std (÷n) of the finite raw values of {_F}. "
     "MaxEnt-GRPO's per-reward `std`.",
     fn=_stat(std_population, maxent_zero=True), names={"maxent": f"train/rewards/{_N}/std"}, **_P))
 for _q in QUANTILES:
     _k = quantile_key(_q)
     register(Metric(
-        f"rewards/{_N}/{_k}", _FAM, f"Quantile q={_q:g} of reward function {_N}'s finite raw values "
+        f"rewards/{_N}/{_k}", _FAM, f"Quantile q={_q:g} of the finite raw values of {_F} "
         "(numpy `linear`).",
         fn=_stat(quantile, q=_q), names={"maxent": f"train/rewards/{_N}/{_k}"}, **_P))
 register(Metric(
-    f"rewards/{_N}/nonfinite", _FAM, f"Completions for which reward function {_N} gave null, NaN or ±inf "
+    f"rewards/{_N}/nonfinite", _FAM, f"Completions whose {_F} is null, NaN or ±inf "
     "(excluded from its statistics).",
     fn=lambda sd, column: nonfinite_count(sd, column), **_P))

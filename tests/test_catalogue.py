@@ -1,0 +1,44 @@
+"""The metric catalogue: every registered metric is documented, and ``docs/metrics.md`` is exactly
+what ``grpolens metrics --markdown`` prints (regenerate it with
+``grpolens metrics --markdown > docs/metrics.md`` after adding or changing a metric)."""
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from grpolens.cli import app
+from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows
+from grpolens.metrics.registry import PLACEHOLDER, PROFILES, load_builtins
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+
+
+def test_every_metric_is_documented():
+    reg = load_builtins()
+    assert reg, "no metric registered"
+    undocumented = [m.name for m in reg.values() if len((m.doc or "").strip()) < 10]
+    assert not undocumented, f"metrics without a doc: {undocumented}"
+    nameless = [m.name for m in reg.values() if not m.family or not m.name]
+    assert not nameless, f"metrics without a family: {nameless}"
+    for m in reg.values():
+        assert set(m.names) <= set(PROFILES), m.name
+        if m.per_column is not None:
+            assert all(PLACEHOLDER in n for n in (m.name, *m.names.values())), m.name
+
+
+def test_catalogue_lists_every_metric_once():
+    reg = load_builtins()
+    rows = catalogue_rows()
+    assert sorted(r["name"] for r in rows) == sorted(reg)
+    md = catalogue_markdown(rows)
+    for name in reg:
+        assert md.count(f"| `{name}` |") == 1, name
+
+
+def test_docs_metrics_md_is_generated():
+    out = CliRunner().invoke(app, ["metrics", "--markdown"])
+    assert out.exit_code == 0, out.output
+    assert out.output == catalogue_markdown() + "\n"
+    assert DOC.is_file(), "docs/metrics.md missing: run `grpolens metrics --markdown > docs/metrics.md`"
+    assert DOC.read_text() == out.output, (
+        "docs/metrics.md is stale: regenerate it with `grpolens metrics --markdown > docs/metrics.md`")
