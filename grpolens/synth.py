@@ -16,6 +16,7 @@ to the reference that grows slowly from ~1e-3 towards ~1e-2, and a rollout misma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -322,9 +323,14 @@ def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_
                          "texts": texts, "inject": [str(i) for i in spec.inject]}},
     )
     try:
-        for rank in range(ranks):
-            with ShardWriter(tmp, rank=rank, world_size=ranks, manifest=manifest if rank == 0 else None) as w:
-                for step in range(steps):
+        # One writer per rank, all open at once, as in training: their background threads encode
+        # Parquet (which releases the GIL) in parallel while this thread generates.
+        with contextlib.ExitStack() as stack:
+            writers = [stack.enter_context(ShardWriter(tmp, rank=rank, world_size=ranks,
+                                                       manifest=manifest if rank == 0 else None))
+                       for rank in range(ranks)]
+            for step in range(steps):
+                for rank, w in enumerate(writers):
                     samples = generate_samples(spec, step, rank)
                     sample_cols: dict = dict(samples)
                     if texts:
