@@ -129,6 +129,9 @@ class _Validator:
         self.world_size: int | None = None
         self.nonfinite = _NonFinite()
         self.sample_ids: list[np.ndarray] = []  # per samples file
+        # A samples file that could not give its ids (already an error) would make every token
+        # row of that step look orphaned: the join is skipped then.
+        self.samples_incomplete = False
         self.sample_id_files: list[str] = []
         # (step, rank) -> [(rel path, set of micro_batches, part)]
         self.parts: dict[tuple[int, int], list[tuple[str, set[int], int]]] = {}
@@ -211,9 +214,11 @@ class _Validator:
             schema = pf.schema_arrow
         except Exception as e:  # pyarrow raises several types for truncated/garbage files
             self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
+            self.samples_incomplete |= table == fmt.SAMPLES
             return
         self.report.rows[table] += pf.metadata.num_rows
         usable = self.check_schema(rel, schema, table)
+        self.samples_incomplete |= table == fmt.SAMPLES and "sample_id" not in usable
         try:
             if table == fmt.TOKENS:
                 self.check_token_rows(rel, shard, pf, usable)
@@ -221,6 +226,7 @@ class _Validator:
                 self.check_sample_rows(rel, shard, pf, usable)
         except Exception as e:  # a corrupt page shows up only when read
             self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
+            self.samples_incomplete |= table == fmt.SAMPLES
 
     def check_schema(self, rel: str, schema: pa.Schema, table: str) -> set[str]:
         """Report missing and mistyped columns; return the names that are present with the right type."""
@@ -321,7 +327,7 @@ class _Validator:
         self.parts.setdefault((shard.step, shard.rank), []).append((rel, micro_batches, shard.part))
 
     def _join_samples(self, rel: str, sample_id: np.ndarray) -> None:
-        if not self.sample_ids or not len(sample_id):
+        if not self.sample_ids or self.samples_incomplete or not len(sample_id):
             return
         known = self._known_ids
         heads = np.flatnonzero(np.r_[True, sample_id[1:] != sample_id[:-1]])

@@ -174,6 +174,12 @@ def test_token_rows_without_samples_row_is_a_warning(run):
     assert _cli(["validate", str(run)]) == 0
 
 
+def test_unreadable_samples_file_does_not_orphan_token_rows(run):
+    (run / SMP).write_bytes(b"junk")
+    p = _only(validate_run(run))  # the broken file, and no spurious join warning
+    assert p.path == SMP and validate_run(run).warnings == []
+
+
 def test_run_without_samples_is_a_warning(run):
     shutil.rmtree(run / "samples")
     report = validate_run(run)
