@@ -86,4 +86,248 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     rw = cfg.get("reward_weights")
     if rw is not None and not (isinstance(rw, (list, dict))):
         raise _bad("reward_weights", "must be a list of numbers or an object name -> weight", rw)
+    cfg["rollout_is"] = normalize_rollout_is(cfg.get("rollout_is"))
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout importance sampling (``rollout_is``): three threshold conventions -> one canonical form
+# ---------------------------------------------------------------------------------------------
+#
+# Trainers write the same band three ways: xtuner tuples ``(upper, lower)``, verl strings
+# ``"lower_upper"`` (a bare number is an upper cap), OpenRLHF-style lists ``[low, high]``. Which
+# convention a 2-element list follows is decided by the key that holds it (JSON has no tuples):
+# the xtuner keys ``rollout_is*_threshold`` hold ``(upper, lower)``, grpolens' own ``*threshold``
+# keys hold ``[low, high]``. ``None`` for a bound means "no bound on that side".
+
+IS_MODES = ("none", "truncate", "truncate_upper", "mask", "both", "icepop")
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+_TRL_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+_RIS_KEYS = {
+    # grpolens
+    "level", "mode", "lower", "upper", "threshold", "mask_lower", "mask_upper", "mask_threshold",
+    "veto_lower", "veto_upper", "veto_threshold", "rs", "rs_threshold",
+    # xtuner (and verl: rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold)
+    "rollout_is_level", "rollout_is_mode", "rollout_is_threshold", "rollout_is_mask_threshold",
+    "rollout_is_veto_threshold", "rollout_is", "rollout_rs", "rollout_rs_threshold",
+    # TRL
+    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_cap",
+    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
+}
+
+
+def _ris_number(key: str, v: Any, *, allow_zero: bool) -> float:
+    if isinstance(v, bool) or v is None:
+        raise _bad(key, "must be a positive number", v)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise _bad(key, "must be a positive number", v) from None
+    if not (x == x) or x < 0 or (x == 0 and not allow_zero) or x == float("inf"):
+        raise _bad(key, "must be a finite number > 0" + (" (0 disables that side)" if allow_zero else ""), v)
+    return x
+
+
+def _check_pair(key: str, lower: float | None, upper: float | None, shown: Any, hint: str = "") -> tuple[float | None, float | None]:
+    if lower is not None and upper is not None and not lower < upper:
+        raise _bad(key, f"bounds are inverted or empty: lower {lower:g} must be < upper {upper:g}{hint}", shown)
+    return lower, upper
+
+
+def parse_threshold(key: str, value: Any, convention: str) -> tuple[float | None, float | None]:
+    """One threshold value -> ``(lower, upper)``; ``convention`` is how a 2-element list is read:
+    ``"upper_lower"`` (xtuner tuples) or ``"lower_upper"`` (``[low, high]`` lists).
+
+    Strings follow verl: ``"lo_hi"`` is a band, ``"2.0"`` an upper cap (like a bare number).
+    A mapping ``{lower, upper}`` is taken as is. Lower bounds may be 0 (that side is disabled).
+    """
+    if value is None:
+        return None, None
+    if isinstance(value, bool):
+        raise _bad(key, "must be a number, a 'lower_upper' string or a pair, not a boolean", value)
+    if isinstance(value, dict):
+        unknown = set(value) - {"lower", "upper"}
+        if unknown:
+            raise _bad(key, f"a mapping takes only 'lower' and 'upper' (unknown: {', '.join(sorted(unknown))})", value)
+        lo = None if value.get("lower") is None else _ris_number(key, value["lower"], allow_zero=True)
+        hi = None if value.get("upper") is None else _ris_number(key, value["upper"], allow_zero=False)
+        return _check_pair(key, lo, hi, value)
+    if isinstance(value, str):
+        text = value.strip()
+        if "_" in text:
+            parts = text.split("_")
+            if len(parts) != 2:
+                raise _bad(key, "a band string is 'lower_upper', e.g. '0.5_5.0'", value)
+            lo = _ris_number(key, parts[0], allow_zero=False)
+            hi = _ris_number(key, parts[1], allow_zero=False)
+            return _check_pair(key, lo, hi, value, " (verl strings are 'lower_upper')")
+        return None, _ris_number(key, text, allow_zero=False)
+    if isinstance(value, (int, float)):
+        return None, _ris_number(key, value, allow_zero=False)
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise _bad(key, "a threshold pair has exactly two numbers", value)
+        if convention == "upper_lower":
+            hi = _ris_number(key, value[0], allow_zero=False)
+            lo = _ris_number(key, value[1], allow_zero=True)
+            return _check_pair(key, lo, hi, value, f" (xtuner tuples are (upper, lower): did you mean ({value[1]}, {value[0]})?)")
+        lo = _ris_number(key, value[0], allow_zero=True)
+        hi = _ris_number(key, value[1], allow_zero=False)
+        return _check_pair(key, lo, hi, value, f" ([low, high] lists: did you mean [{value[1]}, {value[0]}]?)")
+    raise _bad(key, "must be a number, a 'lower_upper' string, a pair or {lower, upper}", value)
+
+
+def _rs_filters(key: str, options: Any, thresholds: Any, tkey: str) -> list[dict]:
+    """verl's rejection filters: comma-separated options, thresholds broadcast or one per option."""
+    if options is None or options == "" or options == []:
+        return []
+    if isinstance(options, (list, tuple)) and all(isinstance(o, dict) for o in options):
+        # already canonical ({option, lower, upper} per filter): check it again
+        return [f for o in options for f in _rs_filters(key, [o.get("option")], [
+            {"lower": o.get("lower"), "upper": o.get("upper")}], tkey)]
+    if isinstance(options, str):
+        opts = [o.strip() for o in options.split(",") if o.strip()]
+    elif isinstance(options, (list, tuple)) and all(isinstance(o, str) for o in options):
+        opts = [o.strip() for o in options]
+    else:
+        raise _bad(key, "must be option names, e.g. 'token_k1,seq_max_k3'", options)
+    opts = list(dict.fromkeys(opts))  # de-duplicated, order kept (as verl)
+    bad = [o for o in opts if o not in RS_OPTIONS]
+    if bad:
+        raise _bad(key, f"unknown rejection option(s) {', '.join(bad)}; choose from {', '.join(RS_OPTIONS)}", options)
+    if thresholds is None:
+        raise _bad(tkey, f"{key} needs thresholds (one, or one per option)", thresholds)
+    if isinstance(thresholds, str):
+        ths = [t.strip() for t in thresholds.split(",")]
+    elif isinstance(thresholds, (list, tuple)):
+        ths = list(thresholds)
+    else:
+        ths = [thresholds]
+    if len(ths) == 1:
+        ths = ths * len(opts)
+    if len(ths) != len(opts):
+        raise _bad(tkey, f"give one threshold or one per option ({len(opts)})", thresholds)
+    out = []
+    for opt, th in zip(opts, ths):
+        if isinstance(th, dict) and not opt.endswith("k1"):
+            th = th.get("upper")
+        if opt.endswith("k1"):
+            lo, hi = parse_threshold(f"{tkey} ({opt})", th, "lower_upper")
+            if lo is None:
+                lo = 1.0 / hi  # a single value h means the band [1/h, h]
+            if lo <= 0:
+                raise _bad(f"{tkey} ({opt})", "k1 bounds must be > 0", th)
+        else:
+            if isinstance(th, str) and "_" in th:
+                raise _bad(f"{tkey} ({opt})", "k2/k3 filters take a single upper bound, not a band", th)
+            lo, hi = None, parse_threshold(f"{tkey} ({opt})", th, "lower_upper")[1]
+            if hi is None:
+                raise _bad(f"{tkey} ({opt})", "k2/k3 filters take a single upper bound", th)
+        out.append({"option": opt, "lower": lo, "upper": hi})
+    return out
+
+
+def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] | None:
+    """``cfg["rollout_is"]`` in any accepted spelling -> the canonical mapping (or None: not configured)::
+
+        {level, mode, lower, upper, mask_lower, mask_upper, veto_lower, veto_upper, rs: [...]}
+
+    Modes: ``none`` (weights reported, nothing changed), ``truncate`` (clamp to [lower, upper], the
+    xtuner reference), ``truncate_upper`` (clamp at upper only: verl TIS, TRL), ``mask`` (reject
+    tokens/sequences outside [mask_lower, mask_upper]), ``both`` (mask + truncate), ``icepop``
+    (zero weights outside [lower, upper], keep the tokens: verl IcePop, TRL ``*_mask``).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad(key, "must be a mapping of rollout IS settings (or null)", value)
+    unknown = sorted(set(value) - _RIS_KEYS)
+    if unknown:
+        raise _bad(key, f"unknown setting(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_RIS_KEYS))}", value)
+    k = lambda name: f"{key}.{name}"  # noqa: E731
+    v = dict(value)
+    if v.get("vllm_importance_sampling_correction") is False:
+        return None
+    xtuner_style = any(n in v for n in ("rollout_is_level", "rollout_is_mode", "rollout_is_mask_threshold",
+                                        "rollout_is_veto_threshold")) or isinstance(v.get("rollout_is_threshold"), (list, tuple))
+    if xtuner_style and v.get("rollout_is_threshold") is None:
+        return None  # xtuner ignores every other setting (veto too) when rollout_is_threshold is unset
+
+    # -- level and mode ----------------------------------------------------------------------
+    level = v.get("level", v.get("rollout_is_level"))
+    verl_level = v.get("rollout_is")
+    if verl_level is not None:
+        if level is not None and level != verl_level:
+            raise _bad(k("rollout_is"), f"conflicts with level {level!r}", verl_level)
+        level = verl_level
+    mode = v.get("mode", v.get("rollout_is_mode"))
+    trl_mode = v.get("vllm_importance_sampling_mode")
+    if mode in _TRL_MODES and trl_mode is None:
+        trl_mode, mode = mode, None
+    sources: list[tuple[str, tuple[float | None, float | None]]] = []
+    if trl_mode is not None:
+        if trl_mode not in _TRL_MODES:
+            raise _bad(k("vllm_importance_sampling_mode"), f"must be one of {', '.join(_TRL_MODES)}", trl_mode)
+        tl, _, tm = trl_mode.partition("_")
+        level = level or tl
+        if level != tl:
+            raise _bad(k("vllm_importance_sampling_mode"), f"conflicts with level {level!r}", trl_mode)
+        mode = mode or ("truncate" if tm == "truncate" else "icepop")
+        hi = v.get("vllm_importance_sampling_clip_max", v.get("vllm_importance_sampling_cap", 3.0))
+        lo = v.get("vllm_importance_sampling_clip_min")
+        sources.append(("vllm_importance_sampling_clip_min/clip_max", parse_threshold(
+            k("vllm_importance_sampling_clip_max"), {"lower": lo, "upper": hi}, "lower_upper")))
+    level = level or "token"
+    if level not in ("token", "sequence", "geometric"):
+        raise _bad(k("level"), "must be one of token, sequence, geometric", level)
+
+    # -- the IS band -------------------------------------------------------------------------
+    rt = v.get("rollout_is_threshold")
+    if rt is not None:
+        pair = parse_threshold(k("rollout_is_threshold"), rt, "upper_lower")
+        sources.append(("rollout_is_threshold", pair))
+        if mode is None and not xtuner_style:  # verl: a number caps (TIS), a band zeroes (IcePop)
+            mode = "truncate_upper" if pair[0] is None else "icepop"
+            if pair[0] is None:
+                pair = (1.0 / pair[1], pair[1])  # verl's lower bound for its fraction_low metrics
+                sources[-1] = ("rollout_is_threshold", pair)
+    if v.get("threshold") is not None:
+        sources.append(("threshold", parse_threshold(k("threshold"), v["threshold"], "lower_upper")))
+    if v.get("lower") is not None or v.get("upper") is not None:
+        sources.append(("lower/upper", parse_threshold(k("upper"), {"lower": v.get("lower"), "upper": v.get("upper")}, "lower_upper")))
+    if len(sources) > 1:
+        raise _bad(key, f"the IS band is given twice ({' and '.join(s for s, _ in sources)}); keep one", value)
+    lower, upper = sources[0][1] if sources else (None, None)
+    if lower is not None and upper is None:
+        raise _bad(k("upper"), "a lower bound needs an upper bound", value)
+
+    mask_lower, mask_upper = lower, upper
+    for name, conv in (("mask_threshold", "lower_upper"), ("rollout_is_mask_threshold", "upper_lower")):
+        if v.get(name) is not None:
+            mask_lower, mask_upper = parse_threshold(k(name), v[name], conv)
+    if v.get("mask_lower") is not None or v.get("mask_upper") is not None:
+        mask_lower, mask_upper = parse_threshold(k("mask_upper"), {"lower": v.get("mask_lower"), "upper": v.get("mask_upper")}, "lower_upper")
+    veto_lower = veto_upper = None
+    for name, conv in (("veto_threshold", "lower_upper"), ("rollout_is_veto_threshold", "upper_lower")):
+        if v.get(name) is not None:
+            veto_lower, veto_upper = parse_threshold(k(name), v[name], conv)
+    if v.get("veto_lower") is not None:
+        veto_lower = _ris_number(k("veto_lower"), v["veto_lower"], allow_zero=True)
+    if v.get("veto_upper") is not None:
+        veto_upper = _ris_number(k("veto_upper"), v["veto_upper"], allow_zero=False)
+    _check_pair(k("veto_lower"), veto_lower, veto_upper, value)
+
+    if mode is None:
+        mode = "truncate" if upper is not None else "none"
+    if mode not in IS_MODES:
+        raise _bad(k("mode"), f"must be one of {', '.join(IS_MODES)} (or a TRL mode: {', '.join(_TRL_MODES)})", mode)
+    if mode in ("truncate", "truncate_upper", "both", "icepop") and upper is None:
+        raise _bad(k("upper"), f"mode {mode!r} needs an upper threshold", value)
+    if mode in ("mask", "both") and mask_upper is None:
+        raise _bad(k("mask_upper"), f"mode {mode!r} needs a mask band (mask_upper, or the IS band)", value)
+
+    rs = _rs_filters(k("rs"), v.get("rs", v.get("rollout_rs")), v.get("rs_threshold", v.get("rollout_rs_threshold")),
+                     k("rs_threshold"))
+    return {"level": level, "mode": mode, "lower": lower, "upper": upper, "mask_lower": mask_lower,
+            "mask_upper": mask_upper, "veto_lower": veto_lower, "veto_upper": veto_upper, "rs": rs}
