@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "metrics",
     "tokens",
     "check",
+    "serve",
 ]
 
 app = typer.Typer(

@@ -1,0 +1,90 @@
+"""``grpolens serve [RUN_OR_DIR ...]``: the dashboard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def serve_cmd(
+    paths: List[Path] = typer.Argument(None, help="Runs, or directories holding runs (searched 3 levels deep). [default: .]"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on. Anything but loopback exposes the runs' texts to the network."),
+    port: int = typer.Option(8050, "--port", help="TCP port."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A run drawn dashed on every curve, for comparison."),
+    watch: bool = typer.Option(False, "--watch", help="Pick up new steps of runs that are still training (recomputes every few seconds)."),
+    no_recompute: bool = typer.Option(False, "--no-recompute", help="Serve the metrics as they are; do not recompute missing or stale ones first."),
+    debug: bool = typer.Option(False, "--debug", help="Dash debug mode (reloader and error pop-ups; for development)."),
+) -> None:
+    """Serve the dashboard: curves of every metric, and the tokens behind each step.
+
+    Recomputes missing or stale metrics first (incremental: cheap when up to date). The server
+    reads only the runs named here.
+    """
+    from rich.console import Console
+
+    from grpolens.errors import UserError
+    from grpolens.serve.runs import resolve_runs
+
+    console = Console(stderr=True)
+    if not 0 < port < 65536:
+        raise UserError(f"--port must be in 1..65535, got {port}")
+    runs = resolve_runs(paths or [Path(".")], baseline)
+    if not no_recompute:
+        _recompute_all(runs, console)
+    if watch:
+        _start_watcher(runs, console)
+    if host not in _LOOPBACK:
+        console.print(f"[yellow]warning:[/] serving on {host}: anyone who can reach it sees these runs' prompts and "
+                      "completions", highlight=False)
+
+    from grpolens.serve.app import create_app
+
+    app = create_app(runs, watch=watch)
+    shown = "localhost" if host in ("0.0.0.0", "::") else host
+    console.print(f"serving {len(runs.names)} run(s) at http://{shown}:{port}/  (Ctrl-C stops)", highlight=False)
+    app.run(host=host, port=port, debug=debug, use_reloader=debug)
+
+
+def _recompute_all(runs, console) -> None:
+    from grpolens.compute import recompute
+    from grpolens.ui import progress_bar
+
+    for name, path in runs.runs.items():
+        with progress_bar(console, f"recompute {name}") as tick:
+            res = recompute(path, write=True, progress=tick, result=True)
+        if res.computed_steps:
+            console.print(f"{name}: {len(res.computed_steps)} step(s) computed, {len(res.reused_steps)} up to date",
+                          highlight=False)
+
+
+def _start_watcher(runs, console, every: float = 5.0) -> None:
+    """A daemon thread that recomputes (incrementally) any run whose shards changed."""
+    import threading
+    import time
+
+    from grpolens.compute import recompute
+    from grpolens.serve.data import run_version
+
+    def loop() -> None:
+        seen = {n: run_version(p)[1:] for n, p in runs.runs.items()}
+        while True:
+            time.sleep(every)
+            for name, path in runs.runs.items():
+                v = run_version(path)[1:]  # the tokens/samples directories change when a step appears
+                if v == seen[name]:
+                    continue
+                seen[name] = v
+                try:
+                    recompute(path, write=True)
+                except Exception as e:  # noqa: BLE001 - a half-written step: try again next time
+                    console.print(f"[yellow]watch:[/] {name}: {e}", highlight=False, markup=True)
+
+    threading.Thread(target=loop, name="grpolens-watch", daemon=True).start()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_cmd)

@@ -1,0 +1,32 @@
+"""The Dash app factory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from grpolens.serve.runs import RunSet, resolve_runs
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def create_app(runs: RunSet | Iterable[os.PathLike | str], baseline: os.PathLike | str | None = None,
+               watch: bool = False):
+    """A Dash app serving ``runs`` (a :class:`RunSet`, or run/directory paths to resolve).
+
+    The app only ever reads the runs in the set; see :mod:`grpolens.serve.runs`.
+    """
+    from dash import Dash
+
+    from grpolens.serve.callbacks import register_callbacks
+    from grpolens.serve.layout import build_layout
+
+    if not isinstance(runs, RunSet):
+        runs = resolve_runs(list(runs), baseline)
+    app = Dash(__name__, title="grpolens", assets_folder=str(ASSETS), update_title=None,
+               suppress_callback_exceptions=False)
+    app.layout = build_layout(runs, watch)
+    register_callbacks(app, runs)
+    app.grpolens_runs = runs  # for tests and the serve command
+    return app

@@ -1,0 +1,631 @@
+"""The dashboard's callbacks, and the plain functions behind them (unit-tested without a browser).
+
+Every function that takes a run name resolves it through :meth:`RunSet.path`, which refuses
+anything but the runs the server was started with. Model-generated text is only ever put into
+components as plain strings (``html.Pre``/``html.Span`` children, ``title`` attributes, DataTable
+cells without Markdown): React escapes them, so markup in a completion is shown, never run.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import numpy as np
+import polars as pl
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+from dash.dash_table.Format import Format, Scheme
+from dash.exceptions import PreventUpdate
+
+from grpolens import format as fmt
+from grpolens.errors import UserError
+from grpolens.format import RunFormatError
+from grpolens.serve import data, figures
+from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
+from grpolens.serve.runs import RunSet
+
+#: Most tokens drawn in the completion view (the rest is summarised).
+MAX_TOKENS_SHOWN = 4096
+GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------------
+
+def error_box(message: str) -> html.Div:
+    return html.Div(message, className="error")
+
+
+def parse_search(search: str | None) -> dict[str, str]:
+    """``?run=a&step=3`` -> ``{"run": "a", "step": "3"}`` (last value wins)."""
+    q = parse_qs((search or "").lstrip("?"), keep_blank_values=False)
+    return {k: v[-1] for k, v in q.items() if v}
+
+
+def make_search(**params: Any) -> str:
+    return "?" + urlencode({k: v for k, v in params.items() if v is not None})
+
+
+def as_int(value: Any) -> int | None:
+    try:
+        if value is None or value == "":
+            return None
+        f = float(value)
+        return int(f) if math.isfinite(f) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def rows_json(df: pl.DataFrame) -> list[dict]:
+    """Rows for a DataTable: non-finite floats become null (JSON has no NaN)."""
+    out = []
+    for row in df.iter_rows(named=True):
+        out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
+    return out
+
+
+def table_columns(df: pl.DataFrame, hidden: tuple[str, ...] = ("id",)) -> list[dict]:
+    cols = []
+    for name, dtype in df.schema.items():
+        if name in hidden:
+            continue
+        if dtype.is_float():
+            cols.append({"name": name, "id": name, "type": "numeric",
+                         "format": Format(precision=4, scheme=Scheme.decimal_or_exponent)})
+        elif dtype.is_numeric():
+            cols.append({"name": name, "id": name, "type": "numeric"})
+        else:
+            cols.append({"name": name, "id": name, "type": "text"})
+    return cols
+
+
+def _graph(key: str, fig) -> dcc.Graph:
+    return dcc.Graph(id={"type": "curve", "key": key}, figure=fig, config=GRAPH_CONFIG, className="graph")
+
+
+def _range(rng: list | None) -> tuple[int | None, int | None]:
+    if not rng or len(rng) != 2:
+        return None, None
+    return as_int(rng[0]), as_int(rng[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Curve pages
+# ---------------------------------------------------------------------------------------------
+
+def _lines(runs: RunSet, names: list[str], column: str, lo, hi, smoothing, with_baseline: bool) -> list[dict]:
+    lines = []
+    shown = list(names)
+    if with_baseline and runs.baseline and runs.baseline not in shown:
+        shown.append(runs.baseline)
+    for n in shown:
+        df = data.series(runs.path(n))
+        if column not in df.columns:
+            continue
+        c = data.curve(df, column, lo, hi, smoothing)
+        if len(c["x"]) == 0:
+            continue
+        lines.append({"run": n, "idx": runs.names.index(n), **c,
+                      "baseline": n == runs.baseline and n not in names})
+    return lines
+
+
+def _verdicts(runs: RunSet, names: list[str], column: str) -> list[dict]:
+    out = []
+    for n in names:
+        out += [v for v in data.check_verdicts(runs.path(n)) if v["metric"] == column]
+    return out
+
+
+def curve_graph(runs: RunSet, page: str, names: list[str], column: str, title: str, lo=None, hi=None,
+                smoothing: float = 0.0, with_baseline: bool = True):
+    lines = _lines(runs, names, column, lo, hi, smoothing, with_baseline)
+    if not lines:
+        return None
+    return _graph(f"{page}:{column}", figures.curve_figure(title, lines, _verdicts(runs, names, column)))
+
+
+def _titled(column: str, docs: dict[str, str]) -> str:
+    doc = docs.get(column)
+    return f"{column}" if not doc else f"{column} <span style='font-size:10px;color:#888'>{_short(doc)}</span>"
+
+
+def _short(text: str, n: int = 70) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: float = 0.0, rng=None,
+                        with_baseline: bool = True) -> list:
+    """The graphs of a curve page (overview, policy, mismatch, rewards) for the selected runs."""
+    names = runs.check(names)
+    if not names:
+        return [error_box("select at least one run")]
+    lo, hi = _range(rng)
+    frames = [data.series(runs.path(n)) for n in names]
+    docs = data.metric_docs()
+    out: list = []
+    if page == "overview":
+        for label, col in data.overview_metrics(frames):
+            g = curve_graph(runs, page, names, col, f"{label} <span style='font-size:10px;color:#888'>{col}</span>",
+                            lo, hi, smoothing, with_baseline)
+            if g is not None:
+                out.append(g)
+    elif page == "rewards":
+        out += reward_graphs(runs, names, frames, lo, hi)
+        for col in (f"{data.SAMPLES_PREFIX}zero_std_group_frac", f"{data.SAMPLES_PREFIX}truncated_frac"):
+            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline)
+            if g is not None:
+                out.append(g)
+    if page in data.PAGE_FAMILIES:
+        for col in data.family_metrics(frames, data.PAGE_FAMILIES[page]):
+            g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline)
+            if g is not None:
+                out.append(g)
+    if page == "mismatch":
+        for n in names[:2]:
+            hm = data.is_heatmap(runs.path(n))
+            if hm["counts"].size:
+                out.append(_graph(f"mismatch:is_hist:{n}", figures.is_heatmap_figure(n, runs.names.index(n), hm)))
+        out += sweep_tables(runs, names)
+    if not out:
+        msg = {"policy": "no policy metrics in these runs (do their token shards have old_logp / ref_logp?)",
+               "mismatch": "no mismatch metrics in these runs (their token shards need rollout_logp)"}
+        out.append(error_box(msg.get(page, "nothing to show for these runs")))
+    return out
+
+
+def reward_graphs(runs: RunSet, names: list[str], frames: list[pl.DataFrame], lo, hi) -> list:
+    """Quantile bands over steps of the total reward, each reward function, and the lengths."""
+    prefix = data.SAMPLES_PREFIX
+    keys: list[str] = []
+    for f in frames:
+        for c in f.columns:
+            if c.startswith(prefix) and c.endswith("/p50"):
+                k = c[len(prefix):-len("/p50")]
+                if k not in keys:
+                    keys.append(k)
+    out = []
+    for k in keys:
+        bands = []
+        for n, f in zip(names, frames):
+            cols = {q: f"{prefix}{k}/{q}" for q in ("p05", "p25", "p50", "p75", "p95", "mean")}
+            if cols["p50"] not in f.columns:
+                continue
+            d = f.select("step", *[c for c in cols.values() if c in f.columns])
+            if lo is not None:
+                d = d.filter(pl.col("step") >= lo)
+            if hi is not None:
+                d = d.filter(pl.col("step") <= hi)
+            idx = data.downsample_minmax(d.height, d[cols["p50"]].cast(pl.Float64).fill_null(np.nan).to_numpy())
+            q = {name: d[c].cast(pl.Float64).fill_null(np.nan).to_numpy()[idx] for name, c in cols.items() if c in d.columns}
+            bands.append({"run": n, "idx": runs.names.index(n), "x": d["step"].to_numpy()[idx], "q": q})
+        if bands:
+            title = "completion length (tokens)" if k == "length" else f"{k}: quantiles over completions"
+            out.append(_graph(f"rewards:band:{k}", figures.band_figure(title, bands)))
+    return out
+
+
+def sweep_tables(runs: RunSet, names: list[str]) -> list:
+    """Tables of IS-threshold sweep results recompute wrote (``RUN/grpolens/*sweep*.parquet``)."""
+    from dash import dash_table
+
+    from grpolens.serve.layout import TABLE_STYLE
+
+    out = []
+    for n in names[:2]:
+        d = fmt.derived_dir(runs.path(n))
+        for p in sorted(d.glob("*sweep*.parquet")) if d.is_dir() else []:
+            try:
+                df = pl.read_parquet(p).head(200)
+            except Exception:  # noqa: BLE001
+                continue
+            out.append(html.Div([html.H4(f"{n}: {p.name}"),
+                                 dash_table.DataTable(data=rows_json(df), columns=table_columns(df),
+                                                      sort_action="native", page_size=10, **TABLE_STYLE)],
+                                className="panel"))
+    return out
+
+
+def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
+    """Raw vs applied IS weights of one step, masked/vetoed fractions and the offset check."""
+    path = runs.path(name)
+    steps = fmt.list_steps(path, fmt.TOKENS)
+    if not steps:
+        return [error_box(f"{name}: no token shards")]
+    if step is None or step not in steps:
+        step = steps[-1]
+    d = data.is_step_detail(path, step)
+    if "raw" not in d or not d.get("tokens"):
+        return [error_box(f"{name} step {step}: no rollout_logp, so no IS weights")]
+    m, sd = d.get("offset_mean", float("nan")), d.get("offset_sd", float("nan"))
+    ratio = abs(m) / sd if sd and math.isfinite(sd) and sd > 0 else float("inf")
+    verdict = ("a constant offset dominates: the engines disagree systematically (sampling temperature, "
+               "logit processing or precision), not by noise" if ratio > 0.5 else
+               "no constant offset: the disagreement looks like noise around 0")
+    cfg = d.get("config") or {}
+    text = [
+        html.Div(f"{name}, step {step}: {d['tokens']} tokens, {d['seqs']} completions; rollout_is config: "
+                 f"{cfg or 'none'}"),
+        html.Div(f"masked or vetoed tokens: {d['masked_frac']:.4%}; vetoed completions: {d['vetoed_seqs']}"),
+        html.Div(f"log(train / rollout): mean {m:.4g}, sd {sd:.4g} (|mean|/sd = {ratio:.3g}): {verdict}"),
+    ]
+    return [html.Div(text, className="summary"),
+            dcc.Graph(figure=figures.is_step_figure(d, step), config=GRAPH_CONFIG, className="graph")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens page
+# ---------------------------------------------------------------------------------------------
+
+def default_step(runs: RunSet, name: str) -> int | None:
+    steps = fmt.list_steps(runs.path(name), fmt.TOKENS) or fmt.list_steps(runs.path(name), fmt.SAMPLES)
+    return steps[-1] if steps else None
+
+
+def top_tokens_view(runs: RunSet, name: str, step: int | None, by: str, k: int | None):
+    """``(summary, rows, columns)`` of the top-K tokens table."""
+    path = runs.path(name)
+    if step is None:
+        return error_box("pick a step"), [], []
+    by = by if by in data.RANK_BY else "kl"
+    k = max(1, min(500, as_int(k) or 50))
+    t = data.step_tokens(path, step)
+    if t.height == 0:
+        steps = fmt.list_steps(path, fmt.TOKENS)
+        span = f"{steps[0]}..{steps[-1]}" if steps else "none"
+        return error_box(f"{name}: no tokens at step {step} (token steps: {span})"), [], []
+    top = data.top_tokens(path, step, by, k)
+    n_seq = t["sample_id"].n_unique()
+    null_scores = t.filter(pl.col("mask"))[by if by != "ratio" else "log_ratio"].null_count()
+    summary = html.Div([
+        html.Span(f"{name}, step {step}: {t.height:,} tokens in {n_seq} completions from "
+                  f"{t['rank'].n_unique()} rank(s). Top {top.height} by {SCORE_LABELS[by]} "
+                  f"({data.SCORES[by]}), loss-masked-in tokens only"
+                  + (f"; {null_scores} token(s) have no finite score" if null_scores else "") + ". "),
+        dcc.Link("all completions of this step →", href="/completions" + make_search(run=name, step=step)),
+    ])
+    top = top.with_columns((pl.col("sample_id").cast(pl.String) + ":" + pl.col("pos").cast(pl.String)).alias("id"))
+    return summary, rows_json(top), table_columns(top)
+
+
+def _color(value: float | None, scale: float, diverging: bool) -> str:
+    if value is None or not math.isfinite(value):
+        return "#eeeeee"
+    x = max(-1.0, min(1.0, value / scale)) if scale > 0 else 0.0
+    if diverging:
+        return f"rgba(214,39,40,{0.85 * x:.3f})" if x >= 0 else f"rgba(31,119,180,{-0.85 * x:.3f})"
+    return f"rgba(214,39,40,{0.85 * max(x, 0.0):.3f})"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "nan" if v != v else f"{v:.4g}"
+    return str(v)
+
+
+def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | None, color_by: str,
+                    focus_pos: int | None = None, by: str = "kl") -> list:
+    """One completion: its sample row, prompt and completion text (as text), and every token
+    coloured by ``color_by`` with the token's numbers on hover."""
+    path = runs.path(name)
+    if step is None:
+        return [error_box("pick a step")]
+    if sample_id is None:
+        top = data.top_tokens(path, step, by if by in data.RANK_BY else "kl", 1)
+        if top.height == 0:
+            return [error_box(f"{name}: no tokens at step {step}")]
+        sample_id, focus_pos = int(top["sample_id"][0]), int(top["pos"][0])
+    c = data.completion(path, step, sample_id)
+    if c is None:
+        return [error_box(f"{name}: sample {sample_id} is not in step {step}; pick one from the table above")]
+    color_by = color_by if color_by in data.COLOR_BY else "kl"
+    s, toks = c["sample"], c["tokens"]
+    info = [f"sample {sample_id}"] + [f"{k} {_fmt(s[k])}" for k in
+                                      ("group_id", "rank", "reward", "advantage", "completion_len", "truncated")
+                                      if k in s]
+    info += [f"{k} {_fmt(v)}" for k, v in s.items() if k.startswith(fmt.REWARD_PREFIX)]
+    parts: list = [html.Div(" · ".join(info), className="summary")]
+    if s.get("prompt") is not None:
+        parts += [html.Div("prompt", className="ctl-label"), html.Pre(str(s["prompt"]), className="text prompt")]
+    if s.get("completion") is not None:
+        parts += [html.Div("completion text", className="ctl-label"),
+                  html.Pre(str(s["completion"]), className="text", id="completion-text")]
+    if toks.height:
+        col = data.DIVERGING.get(color_by, color_by)
+        diverging = color_by in data.DIVERGING
+        scale = data.score_scale(path, step, color_by)
+        shown = toks.head(MAX_TOKENS_SHOWN)
+        spans = []
+        for r in shown.iter_rows(named=True):
+            title = (f"pos {r['pos']} · token {_fmt(r['token_id'])} · mask {r['mask']}\n"
+                     f"logp {_fmt(r['logp'])} old {_fmt(r['old_logp'])} ref {_fmt(r['ref_logp'])} "
+                     f"rollout {_fmt(r['rollout_logp'])}\n"
+                     f"ratio {_fmt(r['ratio'])} KL {_fmt(r['kl'])} |Δ| {_fmt(r['mismatch'])} "
+                     f"IS w {_fmt(r['is_weight'])}\nentropy {_fmt(r['entropy'])} advantage {_fmt(r['advantage'])}")
+            cls = "tok" + ("" if r["mask"] else " masked") + (" focus" if r["pos"] == focus_pos else "")
+            label = "·" if r["token_id"] is None else str(r["token_id"])
+            spans.append(html.Span(label, title=title, className=cls,
+                                   style={"backgroundColor": _color(r[col], scale, diverging)}))
+        more = toks.height - shown.height
+        legend = (f"{toks.height} tokens (token ids; no tokenizer in this run), coloured by {SCORE_LABELS[color_by]}"
+                  f" -- {'blue < 0 < red' if diverging else 'white 0 → red'}, saturating at {scale:.3g}"
+                  f" (99th percentile of the step); dashed: masked out of the loss; hover a token for its numbers")
+        parts += [html.Div(legend, className="hint"), html.Div(spans, className="tokens", id="completion-tokens")]
+        if more > 0:
+            parts.append(html.Div(f"… {more} more tokens not drawn", className="hint"))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# Completions page
+# ---------------------------------------------------------------------------------------------
+
+def _yes_no(v: str | None) -> bool | None:
+    return {"yes": True, "no": False}.get(v or "any")
+
+
+def completions_table(runs: RunSet, name: str, step: int | None, page: int, page_size: int,
+                      sort_by: list | None, filter_query: str | None, group=None, max_rank=None,
+                      truncated: str | None = "any", vetoed: str | None = "any"):
+    """``(rows, columns, page_count, summary)`` for one page of the completions table."""
+    path = runs.path(name)
+    if step is None:
+        return [], [], 1, error_box("pick a step")
+    page_size = max(1, min(200, as_int(page_size) or 20))
+    rows, total = data.completions_page(path, step, as_int(page) or 0, page_size, sort_by, filter_query,
+                                        group=as_int(group), truncated=_yes_no(truncated), vetoed=_yes_no(vetoed),
+                                        max_rank=as_int(max_rank))
+    if rows.height == 0 and total == 0 and data.sequence_table(path, step).height == 0:
+        return [], [], 1, error_box(f"{name}: no completions at step {step}")
+    rows = rows.with_columns(pl.col("sample_id").alias("id")) if "sample_id" in rows.columns else rows
+    pages = max(1, math.ceil(total / page_size))
+    summary = f"{name}, step {step}: {total} completion(s) match; page {(as_int(page) or 0) + 1} of {pages}"
+    return rows_json(rows), table_columns(rows), pages, summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Compare page
+# ---------------------------------------------------------------------------------------------
+
+def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=None):
+    """``(summary, rows, columns, graphs, metric_options, default_metrics)`` for runs A and B."""
+    pa_, pb = runs.path(a), runs.path(b)
+    lo, hi = _range(rng)
+    fa, fb = data.series(pa_), data.series(pb)
+    table = data.compare(fa, fb, lo, hi)
+    options = [{"label": m, "value": m} for m in table["metric"].to_list()]
+    defaults = [c for _, c in data.overview_metrics([fa, fb]) if c in set(table["metric"].to_list())]
+    chosen = [m for m in (metrics if metrics else defaults) if m in set(table["metric"].to_list())]
+    graphs = []
+    for m in chosen[:12]:
+        c = data.delta_curve(fa, fb, m, lo, hi)
+        fig = figures.delta_figure(m, a, b, c["x"], c["y"])
+        graphs.append(_graph(f"compare:{m}", fig))
+    common = fa.join(fb, on="step", how="inner").height if fa.height and fb.height else 0
+    summary = (f"B - A per step over {common} common step(s); table: mean of each metric in A and B, the mean "
+               f"difference, and the largest |difference| with its step (click a delta curve to open run B's tokens)")
+    return summary, rows_json(table), table_columns(table), graphs, options, chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# Navigation
+# ---------------------------------------------------------------------------------------------
+
+def click_target(runs: RunSet, names: list[str] | None, key: str, click: dict | None,
+                 cmp_b: str | None = None) -> tuple[str, str] | None:
+    """Where a click on a curve point leads: the Tokens page for that run and step."""
+    if not click or not click.get("points"):
+        return None
+    pts = click["points"]
+    pt = next((p for p in pts if isinstance(p.get("customdata"), (int, float)) and p["customdata"] >= 0), pts[0])
+    step = as_int(pt.get("x"))
+    if step is None:
+        return None
+    idx = pt.get("customdata")
+    if key.startswith("compare:"):
+        name = cmp_b
+    elif isinstance(idx, (int, float)) and 0 <= int(idx) < len(runs.names):
+        name = runs.names[int(idx)]
+    else:
+        name = (names or runs.names)[0]
+    runs.path(name)
+    return "/tokens", make_search(run=name, step=step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+def _guard(fn, n_out: int):
+    """Run ``fn``; turn a user/run-format error into an error box in the first output."""
+    def wrapped(*args):
+        try:
+            return fn(*args)
+        except (UserError, RunFormatError) as e:
+            msg = e.message if isinstance(e, UserError) else str(e)
+            box = [error_box(msg)]
+            return box if n_out == 1 else (box, *([no_update] * (n_out - 1)))
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wires every page
+    page_paths = [p for p, _ in PAGES]
+
+    @app.callback([Output(f"page-{PAGE_IDS[p]}", "style") for p in page_paths]
+                  + [Output(f"nav-{PAGE_IDS[p]}", "className") for p in page_paths]
+                  + [Output("curve-controls", "style")],
+                  Input("url", "pathname"))
+    def show_page(pathname):
+        path = pathname if pathname in page_paths else "/"
+        styles = [{} if p == path else {"display": "none"} for p in page_paths]
+        navs = ["nav-link active" if p == path else "nav-link" for p in page_paths]
+        return [*styles, *navs, {} if path in CURVE_PAGES or path == "/compare" else {"display": "none"}]
+
+    @app.callback(Output("range", "min"), Output("range", "max"), Output("range", "value"), Output("range", "marks"),
+                  Input("runs", "value"), Input("version", "data"), State("range", "value"), State("range", "max"))
+    def set_range(names, _version, value, old_max):
+        try:
+            names = runs.check(names)
+        except UserError:
+            raise PreventUpdate from None
+        lo, hi = data.step_bounds([data.series(runs.path(n)) for n in names]) if names else (0, 1)
+        hi = max(hi, lo + 1)
+        marks = {int(v): str(int(v)) for v in np.linspace(lo, hi, 5).round()}
+        if value and old_max is not None and value[1] < old_max and value[0] >= lo:
+            return lo, hi, [value[0], min(value[1], hi)], marks  # keep a user's narrowed range
+        return lo, hi, [lo, hi], marks
+
+    for path, page in CURVE_PAGES.items():
+        def make(path=path, page=page):
+            @app.callback(Output(f"{page}-graphs", "children"),
+                          Input("url", "pathname"), Input("runs", "value"), Input("smoothing", "value"),
+                          Input("range", "value"), Input("show-baseline", "value"), Input("version", "data"))
+            def render(pathname, names, smoothing, rng, baseline, _version):
+                if (pathname or "/") != path:
+                    return no_update
+                return _guard(curve_page_children, 1)(runs, page, names, float(smoothing or 0), rng,
+                                                      bool(baseline))
+        make()
+
+    @app.callback(Output("mismatch-step", "children"),
+                  Input("url", "pathname"), Input("runs", "value"), Input("tok-step", "value"))
+    def render_mismatch_step(pathname, names, step):
+        if pathname != "/mismatch":
+            return no_update
+        try:
+            names = runs.check(names)
+        except UserError as e:
+            return [error_box(e.message)]
+        if not names:
+            return []
+        return _guard(mismatch_step_panel, 1)(runs, names[0], as_int(step))
+
+    @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
+                  Input({"type": "curve", "key": ALL}, "clickData"), State("runs", "value"), State("cmp-b", "value"),
+                  prevent_initial_call=True)
+    def on_curve_click(_clicks, names, cmp_b):
+        trig = ctx.triggered_id
+        value = ctx.triggered[0].get("value") if ctx.triggered else None
+        if not isinstance(trig, dict) or not value:
+            raise PreventUpdate
+        try:
+            target = click_target(runs, names, trig.get("key", ""), value, cmp_b)
+        except UserError:
+            raise PreventUpdate from None
+        if target is None:
+            raise PreventUpdate
+        return target
+
+    # -- URL -> page controls ---------------------------------------------------------------
+    @app.callback(Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
+                  Output("tok-focus", "data"),
+                  Input("url", "search"), State("url", "pathname"), State("tok-run", "value"),
+                  State("tok-step", "value"))
+    def url_to_tokens(search, pathname, cur_run, cur_step):
+        q = parse_search(search)
+        if pathname == "/tokens" and q.get("run") in runs.runs:
+            return q["run"], as_int(q.get("step")), as_int(q.get("sample")), as_int(q.get("pos"))
+        if cur_step is None:
+            name = cur_run if cur_run in runs.runs else runs.names[0]
+            return name, default_step(runs, name), None, None
+        raise PreventUpdate
+
+    @app.callback(Output("comp-run", "value"), Output("comp-step", "value"),
+                  Input("url", "search"), State("url", "pathname"), State("comp-run", "value"),
+                  State("comp-step", "value"))
+    def url_to_completions(search, pathname, cur_run, cur_step):
+        q = parse_search(search)
+        if pathname == "/completions" and q.get("run") in runs.runs:
+            return q["run"], as_int(q.get("step"))
+        if cur_step is None:
+            name = cur_run if cur_run in runs.runs else runs.names[0]
+            return name, default_step(runs, name)
+        raise PreventUpdate
+
+    # -- Tokens page ----------------------------------------------------------------------------
+    @app.callback(Output("tok-summary", "children"), Output("tok-table", "data"), Output("tok-table", "columns"),
+                  Input("url", "pathname"), Input("tok-run", "value"), Input("tok-step", "value"),
+                  Input("tok-by", "value"), Input("tok-k", "value"))
+    def render_top(pathname, name, step, by, k):
+        if pathname != "/tokens":
+            return no_update, no_update, no_update
+        out = _guard(top_tokens_view, 3)(runs, name, as_int(step), by, k)
+        return (out[0], [], []) if out[1] is no_update else out
+
+    @app.callback(Output("tok-completion", "children"),
+                  Input("url", "pathname"), Input("tok-run", "value"), Input("tok-step", "value"),
+                  Input("tok-sample", "value"), Input("tok-color", "value"), Input("tok-focus", "data"),
+                  State("tok-by", "value"))
+    def render_completion(pathname, name, step, sample, color_by, focus, by):
+        if pathname != "/tokens":
+            return no_update
+        return _guard(completion_view, 1)(runs, name, as_int(step), as_int(sample), color_by, as_int(focus), by)
+
+    @app.callback(Output("url", "search", allow_duplicate=True),
+                  Input("tok-table", "active_cell"), State("tok-run", "value"), State("tok-step", "value"),
+                  prevent_initial_call=True)
+    def on_token_row(cell, name, step):
+        if not cell or cell.get("row_id") is None or name not in runs.runs:
+            raise PreventUpdate
+        sample, _, pos = str(cell["row_id"]).partition(":")
+        return make_search(run=name, step=as_int(step), sample=as_int(sample), pos=as_int(pos))
+
+    # -- Completions page -------------------------------------------------------------------------
+    @app.callback(Output("comp-table", "data"), Output("comp-table", "columns"), Output("comp-table", "page_count"),
+                  Output("comp-summary", "children"),
+                  Input("url", "pathname"), Input("comp-run", "value"), Input("comp-step", "value"),
+                  Input("comp-table", "page_current"), Input("comp-table", "page_size"),
+                  Input("comp-table", "sort_by"), Input("comp-table", "filter_query"),
+                  Input("comp-group", "value"), Input("comp-rank", "value"), Input("comp-trunc", "value"),
+                  Input("comp-veto", "value"))
+    def render_completions(pathname, name, step, page, size, sort_by, fq, group, rank, trunc, veto):
+        if pathname != "/completions":
+            raise PreventUpdate
+        try:
+            return completions_table(runs, name, as_int(step), page, size, sort_by, fq, group, rank, trunc, veto)
+        except (UserError, RunFormatError) as e:
+            return no_update, no_update, no_update, error_box(e.message if isinstance(e, UserError) else str(e))
+
+    @app.callback(Output("comp-table", "page_current"),
+                  Input("comp-run", "value"), Input("comp-step", "value"), Input("comp-table", "filter_query"),
+                  Input("comp-group", "value"), Input("comp-rank", "value"), Input("comp-trunc", "value"),
+                  Input("comp-veto", "value"), prevent_initial_call=True)
+    def reset_page(*_):
+        return 0
+
+    @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
+                  Input("comp-table", "active_cell"), State("comp-run", "value"), State("comp-step", "value"),
+                  prevent_initial_call=True)
+    def on_completion_row(cell, name, step):
+        if not cell or cell.get("row_id") is None or name not in runs.runs:
+            raise PreventUpdate
+        return "/tokens", make_search(run=name, step=as_int(step), sample=as_int(cell["row_id"]))
+
+    # -- Compare page -------------------------------------------------------------------------------
+    @app.callback(Output("cmp-summary", "children"), Output("cmp-table", "data"), Output("cmp-table", "columns"),
+                  Output("cmp-graphs", "children"), Output("cmp-metrics", "options"), Output("cmp-metrics", "value"),
+                  Input("url", "pathname"), Input("cmp-a", "value"), Input("cmp-b", "value"),
+                  Input("cmp-metrics", "value"), Input("range", "value"), Input("version", "data"))
+    def render_compare(pathname, a, b, metrics, rng, _version):
+        if pathname != "/compare":
+            raise PreventUpdate
+        try:
+            return compare_view(runs, a, b, metrics, rng)
+        except (UserError, RunFormatError) as e:
+            msg = e.message if isinstance(e, UserError) else str(e)
+            return error_box(msg), [], [], [], [], []
+
+    # -- --watch: notice new data -------------------------------------------------------------------
+    @app.callback(Output("version", "data"), Input("watch", "n_intervals"), State("version", "data"),
+                  prevent_initial_call=True)
+    def poll(_n, old):
+        new = [str(data.run_version(p)) for p in runs.runs.values()]
+        if new == old:
+            raise PreventUpdate
+        return new

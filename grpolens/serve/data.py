@@ -1,0 +1,768 @@
+"""The dashboard's data layer: everything the pages show, computed server-side with polars.
+
+Each function takes run *directories* (already checked against the allow-list by the caller, see
+:mod:`grpolens.serve.runs`) and returns small frames or numpy arrays. Nothing here returns raw
+token tables to the browser: curves are per step and downsampled, token views cover one step
+(the top-K table) or one completion. Results are memoised per run and step, keyed by a
+fingerprint of the files they were read from, so a growing run (``--watch``) is re-read only
+where it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from grpolens import format as fmt
+from grpolens.errors import UserError
+
+#: Points per curve sent to the browser; longer curves are min/max-downsampled (spikes survive).
+CURVE_POINTS = 2000
+#: Prefix of the per-step series derived from the samples table (rewards, lengths).
+SAMPLES_PREFIX = "samples/"
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+# ---------------------------------------------------------------------------------------------
+# Caching
+# ---------------------------------------------------------------------------------------------
+
+class Memo:
+    """A small thread-safe LRU cache (the Dash server answers callbacks from several threads)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._d: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._d:
+                self._d.move_to_end(key)
+                return self._d[key]
+        value = make()  # computed outside the lock: two threads may both compute; both are right
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+
+
+_RUN_MEMO = Memo(64)    # per-run series (metrics, samples summary, IS heat map)
+_STEP_MEMO = Memo(32)   # per-(run, step) tables: tokens, sequence table
+
+
+def clear_caches() -> None:
+    _RUN_MEMO.clear()
+    _STEP_MEMO.clear()
+
+
+def _stat(path: Path) -> tuple:
+    try:
+        st = path.stat()
+        return (st.st_size, st.st_mtime_ns)
+    except OSError:
+        return (None, None)
+
+
+def run_version(run: Path) -> tuple:
+    """Changes whenever the run's metrics are rewritten or a step appears (cheap: two stats)."""
+    return (_stat(metrics_path(run)), _stat(run / fmt.TOKENS), _stat(run / fmt.SAMPLES))
+
+
+def _step_fingerprint(run: Path, step: int) -> tuple:
+    shards = fmt.list_shards(run, fmt.TOKENS, [step]) + fmt.list_shards(run, fmt.SAMPLES, [step])
+    return tuple((sh.table, sh.path.name, *_stat(sh.path)) for sh in shards)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step series: metrics.parquet plus what the samples table gives directly
+# ---------------------------------------------------------------------------------------------
+
+def metrics_path(run: Path) -> Path:
+    return fmt.derived_dir(run) / "metrics.parquet"
+
+
+def read_metrics(run: Path) -> pl.DataFrame:
+    """``RUN/grpolens/metrics.parquet`` (an empty frame with ``step`` when there is none)."""
+    p = metrics_path(run)
+
+    def make() -> pl.DataFrame:
+        if not p.is_file():
+            return pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
+        try:
+            return pl.read_parquet(p)
+        except Exception as e:  # noqa: BLE001 - a damaged file is the user's to fix
+            raise fmt.RunFormatError(p, f"unreadable Parquet file: {e}") from None
+
+    return _RUN_MEMO.get(("metrics", str(run), _stat(p)), make)
+
+
+def _reward_columns(files: list[Path]) -> list[str]:
+    cols: set[str] = set()
+    for f in files[:1] + files[-1:]:
+        try:
+            cols |= {n for n in pq.read_schema(f).names if n.startswith(fmt.REWARD_PREFIX)}
+        except Exception:  # noqa: BLE001
+            pass
+    return sorted(cols)
+
+
+def samples_summary(run: Path) -> pl.DataFrame:
+    """Per step, from the samples table: reward quantiles (total and per reward function), mean
+    completion length and its quantiles, truncated fraction, zero-std group fraction.
+
+    Column names start with ``samples/`` so they never clash with recomputed metrics.
+    """
+    def make() -> pl.DataFrame:
+        files = [sh.path for sh in fmt.list_shards(run, fmt.SAMPLES)]
+        if not files:
+            return pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
+        rewards = _reward_columns(files)
+        want = ["step", "group_id", "completion_len", "truncated", "reward", *rewards]
+        lf = pl.scan_parquet(files, hive_partitioning=False, missing_columns="insert", extra_columns="ignore")
+        names = lf.collect_schema().names()
+        df = lf.select([c for c in want if c in names]).collect()
+        if "reward" not in df.columns:
+            df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("reward"))
+        aggs: list[pl.Expr] = []
+        for col in ["reward", *rewards]:
+            x = pl.col(col).filter(pl.col(col).is_finite())
+            aggs.append(x.mean().alias(f"{SAMPLES_PREFIX}{col}/mean"))
+            for q in QUANTILES:
+                aggs.append(x.quantile(q, "linear").alias(f"{SAMPLES_PREFIX}{col}/p{int(q * 100):02d}"))
+        L = pl.col("completion_len").cast(pl.Float64)
+        aggs += [L.mean().alias(f"{SAMPLES_PREFIX}length/mean")]
+        aggs += [L.quantile(q, "linear").alias(f"{SAMPLES_PREFIX}length/p{int(q * 100):02d}") for q in QUANTILES]
+        aggs.append(pl.col("truncated").cast(pl.Float64).mean().alias(f"{SAMPLES_PREFIX}truncated_frac"))
+        per_step = df.group_by("step").agg(aggs)
+        # A group whose rewards are all equal gives zero advantage to every completion in it.
+        groups = (df.group_by("step", "group_id")
+                  .agg(pl.col("reward").n_unique().alias("distinct"), pl.col("reward").count().alias("n"))
+                  .group_by("step")
+                  .agg(((pl.col("distinct") <= 1) & (pl.col("n") >= 1)).cast(pl.Float64).mean()
+                       .alias(f"{SAMPLES_PREFIX}zero_std_group_frac")))
+        return per_step.join(groups, on="step", how="left").sort("step")
+
+    return _RUN_MEMO.get(("samples", str(run), run_version(run)), make)
+
+
+def series(run: Path) -> pl.DataFrame:
+    """All per-step series of a run: recomputed metrics joined with :func:`samples_summary`."""
+    def make() -> pl.DataFrame:
+        m, s = read_metrics(run), samples_summary(run)
+        if m.height == 0:
+            return s
+        if s.height == 0:
+            return m
+        return m.join(s, on="step", how="full", coalesce=True).sort("step")
+
+    return _RUN_MEMO.get(("series", str(run), run_version(run)), make)
+
+
+def metric_families() -> dict[str, str]:
+    """Metric name -> family, from the registry (so pages follow new metrics automatically)."""
+    from grpolens.metrics.catalogue import catalogue_rows
+
+    return {r["name"]: r["family"] for r in catalogue_rows()}
+
+
+def metric_docs() -> dict[str, str]:
+    from grpolens.metrics.catalogue import catalogue_rows
+
+    return {r["name"]: r["doc"] for r in catalogue_rows()}
+
+
+#: Which metric families each curve page shows (a family matches by name or ``name/...`` prefix).
+PAGE_FAMILIES = {
+    "policy": ("policy", "ratio", "kl", "clip", "loss", "entropy"),
+    "mismatch": ("mismatch", "rollout_is", "rollout-is", "is"),
+    "rewards": ("rewards", "reward", "completions", "lengths", "diversity", "advantage"),
+    "health": ("health",),
+}
+
+
+def family_metrics(frames: list[pl.DataFrame], families: tuple[str, ...]) -> list[str]:
+    """Columns of any of ``frames`` whose family is one of ``families``, in catalogue order,
+    skipping columns that are null in every frame."""
+    fam = metric_families()
+    order = {n: i for i, n in enumerate(fam)}
+    present: set[str] = set()
+    for f in frames:
+        for c in f.columns:
+            if c != "step" and c in fam and f[c].null_count() < f.height:
+                present.add(c)
+
+    def match(family: str) -> bool:
+        return any(family == x or family.startswith(x + "/") for x in families)
+
+    return sorted((c for c in present if match(fam[c])), key=lambda c: order[c])
+
+
+#: Overview slots: a label and the metric names to try, in order (regular expressions). The first
+#: column present in any selected run fills the slot; samples-derived series are the fallback.
+OVERVIEW_SLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", (r"^rewards?/mean$", r"^reward$", r"^rewards?/total/mean$", r"^samples/reward/mean$")),
+    ("KL to reference", (r"^kl/k3$", r"^kl/k1$", r"^kl/.*", r"^policy/kl")),
+    ("clip fraction (low)", (r"^clip/low$", r"^clip/.*low")),
+    ("clip fraction (high)", (r"^clip/high$", r"^clip/.*high")),
+    ("entropy", (r"^entropy$", r"^entropy/mean$")),
+    ("mismatch KL (train vs rollout)", (r"^mismatch/k3$", r"^mismatch/.*k3", r"^mismatch/kl", r"^rollout_is/.*kl", r"^mismatch/")),
+    ("veto fraction", (r"veto.*frac", r"veto", r"masked_frac")),
+    ("completion length", (r"^completions?/.*length.*mean", r"^lengths?/mean$", r"^samples/length/mean$")),
+)
+
+
+def overview_metrics(frames: list[pl.DataFrame]) -> list[tuple[str, str]]:
+    """``(label, column)`` for each overview slot some selected run can fill."""
+    cols: list[str] = []
+    for f in frames:
+        cols += [c for c in f.columns if c not in cols and f[c].null_count() < f.height]
+    out = []
+    for label, patterns in OVERVIEW_SLOTS:
+        for pat in patterns:
+            hit = next((c for c in cols if re.search(pat, c)), None)
+            if hit is not None:
+                if hit not in [h for _, h in out]:
+                    out.append((label, hit))
+                break
+    return out
+
+
+def ema(y: np.ndarray, weight: float) -> np.ndarray:
+    """Debiased exponential moving average (TensorBoard/W&B style); NaNs are skipped, not spread."""
+    if weight <= 0 or len(y) == 0:
+        return y
+    out = np.full(len(y), np.nan)
+    acc, norm = 0.0, 0.0
+    for i, v in enumerate(y):
+        if not math.isfinite(v):
+            continue
+        acc = weight * acc + (1 - weight) * v
+        norm = weight * norm + (1 - weight)
+        out[i] = acc / norm
+    return out
+
+
+def downsample_minmax(n: int, y: np.ndarray, max_points: int = CURVE_POINTS) -> np.ndarray:
+    """Indices to keep so that at most ``max_points`` remain: per bucket, its min and its max
+    (a one-step spike is never averaged away). Sorted; first and last are always kept."""
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, max_points // 2)
+    edges = np.linspace(0, n, buckets + 1).astype(int)
+    keep = [0, n - 1]
+    yy = np.where(np.isfinite(y), y, np.nan)
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b <= a:
+            continue
+        seg = yy[a:b]
+        if np.all(np.isnan(seg)):
+            keep.append(a)
+            continue
+        keep += [a + int(np.nanargmin(seg)), a + int(np.nanargmax(seg))]
+    return np.unique(np.asarray(keep))
+
+
+def curve(df: pl.DataFrame, column: str, lo: int | None = None, hi: int | None = None,
+          smoothing: float = 0.0, max_points: int = CURVE_POINTS) -> dict[str, np.ndarray]:
+    """One curve of one run: ``x`` (steps), ``y`` (raw), ``smooth`` (EMA, or None), downsampled."""
+    if column not in df.columns:
+        return {"x": np.zeros(0, np.int64), "y": np.zeros(0), "smooth": None}
+    d = df.select("step", column)
+    if lo is not None:
+        d = d.filter(pl.col("step") >= lo)
+    if hi is not None:
+        d = d.filter(pl.col("step") <= hi)
+    x = d["step"].to_numpy().astype(np.int64)
+    y = d[column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    y = np.where(np.isfinite(y), y, np.nan)
+    smooth = ema(y, smoothing) if smoothing > 0 else None
+    idx = downsample_minmax(len(x), y if smooth is None else smooth, max_points)
+    return {"x": x[idx], "y": y[idx], "smooth": None if smooth is None else smooth[idx]}
+
+
+def step_bounds(frames: list[pl.DataFrame]) -> tuple[int, int]:
+    steps = [f["step"] for f in frames if f.height]
+    if not steps:
+        return (0, 0)
+    return (min(int(s.min()) for s in steps), max(int(s.max()) for s in steps))
+
+
+def compare(a: pl.DataFrame, b: pl.DataFrame, lo: int | None = None, hi: int | None = None) -> pl.DataFrame:
+    """Per metric over the common steps in [lo, hi]: mean of A, mean of B, mean and max |B - A|
+    and the step of the largest difference. Metrics null in both runs are left out."""
+    common = [c for c in a.columns if c != "step" and c in b.columns
+              and a[c].dtype.is_numeric() and b[c].dtype.is_numeric()]
+    j = a.select("step", *common).join(b.select("step", *common), on="step", how="inner", suffix="__b")
+    if lo is not None:
+        j = j.filter(pl.col("step") >= lo)
+    if hi is not None:
+        j = j.filter(pl.col("step") <= hi)
+    rows = []
+    steps = j["step"].to_numpy()
+    for c in common:
+        va = j[c].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        vb = j[f"{c}__b"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        ok = np.isfinite(va) & np.isfinite(vb)
+        if not ok.any():
+            continue
+        d = vb[ok] - va[ok]
+        k = int(np.argmax(np.abs(d)))
+        rows.append({"metric": c, "steps": int(ok.sum()), "mean_a": float(va[ok].mean()), "mean_b": float(vb[ok].mean()),
+                     "mean_delta": float(d.mean()), "max_abs_delta": float(abs(d[k])), "at_step": int(steps[ok][k])})
+    schema = {"metric": pl.String, "steps": pl.Int64, "mean_a": pl.Float64, "mean_b": pl.Float64,
+              "mean_delta": pl.Float64, "max_abs_delta": pl.Float64, "at_step": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def delta_curve(a: pl.DataFrame, b: pl.DataFrame, column: str, lo=None, hi=None, max_points=CURVE_POINTS):
+    """``B - A`` per common step for one metric (downsampled like :func:`curve`)."""
+    if column not in a.columns or column not in b.columns:
+        return {"x": np.zeros(0, np.int64), "y": np.zeros(0), "smooth": None}
+    j = a.select("step", pl.col(column).alias("a")).join(b.select("step", pl.col(column).alias("b")), on="step")
+    j = j.with_columns((pl.col("b") - pl.col("a")).alias("delta"))
+    return curve(j, "delta", lo, hi, 0.0, max_points)
+
+
+# ---------------------------------------------------------------------------------------------
+# One step: tokens with per-token scores, the completions table, one completion
+# ---------------------------------------------------------------------------------------------
+
+#: Per-token scores (name -> definition shown in the UI). Sequential scores are >= 0.
+SCORES = {
+    "kl": "KL to reference, k3 estimator: exp(ref - logp) - (ref - logp) - 1",
+    "mismatch": "|train - rollout| log-prob: |old_logp - rollout_logp| (old_logp = logp when on-policy)",
+    "ratio": "policy ratio exp(logp - old_logp); ranked by |log ratio|",
+    "entropy": "policy entropy at the position",
+    "adv_ratio": "|advantage * (ratio - 1)|: how much the token moves the loss",
+    "advantage": "advantage applied to the token",
+}
+#: Scores a top-K table can rank by, and scores a completion can be coloured by.
+RANK_BY = ("kl", "mismatch", "ratio", "entropy", "adv_ratio")
+COLOR_BY = ("kl", "mismatch", "ratio", "entropy", "advantage")
+#: Scores drawn on a diverging scale (signed, centred at 0): the value drawn is this column.
+DIVERGING = {"ratio": "log_ratio", "advantage": "advantage"}
+
+_TOKEN_READ = ("sample_id", "rank", "micro_batch", "pos", "token_id", "logp", "old_logp", "ref_logp",
+               "rollout_logp", "advantage", "mask", "entropy")
+
+
+def _finite(e: pl.Expr) -> pl.Expr:
+    e = e.cast(pl.Float64)
+    return pl.when(e.is_finite()).then(e).otherwise(None)
+
+
+def step_tokens(run: Path, step: int) -> pl.DataFrame:
+    """Every token of one step (all ranks and loss calls) with derived per-token scores.
+
+    Reads only this step's shards. Non-finite scores become null (they are counted by the
+    health metrics, and would otherwise sort above every real value).
+    """
+    from grpolens.metrics.engine import read_tokens
+
+    def make() -> pl.DataFrame:
+        shards = fmt.list_shards(run, fmt.TOKENS, [step])
+        if not shards:
+            return pl.DataFrame()
+        frames = [pl.from_arrow(read_tokens(sh.path, _TOKEN_READ)) for sh in shards]
+        df = pl.concat(frames, how="diagonal_relaxed")
+        for c in ("token_id", "old_logp", "ref_logp", "rollout_logp", "entropy"):
+            if c not in df.columns:
+                df = df.with_columns(pl.lit(None, dtype=pl.Float32 if c != "token_id" else pl.Int32).alias(c))
+        old = pl.coalesce(pl.col("old_logp"), pl.col("logp")).cast(pl.Float64)
+        logp = pl.col("logp").cast(pl.Float64)
+        d_ref = pl.col("ref_logp").cast(pl.Float64) - logp
+        df = df.with_columns(
+            _finite(logp - old).alias("log_ratio"),
+            _finite((logp - old).exp()).alias("ratio"),
+            _finite(d_ref.exp() - d_ref - 1).alias("kl"),
+            _finite((old - pl.col("rollout_logp").cast(pl.Float64)).abs()).alias("mismatch"),
+            _finite((old - pl.col("rollout_logp").cast(pl.Float64)).exp()).alias("is_weight"),
+            _finite(pl.col("entropy")).alias("entropy"),
+        ).with_columns(
+            _finite((pl.col("advantage").cast(pl.Float64) * (pl.col("ratio") - 1)).abs()).alias("adv_ratio"),
+        )
+        return df.sort("rank", "micro_batch", "sample_id", "pos")
+
+    return _STEP_MEMO.get(("tokens", str(run), step, _step_fingerprint(run, step)), make)
+
+
+def _score_expr(by: str) -> pl.Expr:
+    if by == "ratio":
+        return pl.col("log_ratio").abs()
+    return pl.col(by)
+
+
+def top_tokens_file(run: Path) -> Path:
+    return fmt.derived_dir(run) / "top_tokens.parquet"
+
+
+def top_tokens(run: Path, step: int, by: str = "kl", k: int = 50, masked_only: bool = True) -> pl.DataFrame:
+    """The ``k`` tokens of ``step`` with the largest score ``by`` (see :data:`SCORES`), across all
+    ranks and loss calls. Uses ``RUN/grpolens/top_tokens.parquet`` when recompute wrote one that
+    covers this step and score; otherwise ranks this step's tokens on the fly."""
+    if by not in RANK_BY:
+        raise UserError(f"unknown score {by!r}; choose one of {', '.join(RANK_BY)}")
+    pre = _precomputed_top(run, step, by, k)
+    if pre is not None:
+        return pre
+    df = step_tokens(run, step)
+    if df.height == 0:
+        return df
+    if masked_only:
+        df = df.filter(pl.col("mask"))
+    score = _score_expr(by)
+    out = (df.filter(score.is_not_null()).with_columns(score.alias("score"))
+           .sort("score", descending=True).head(k))
+    keep = ["score", "sample_id", "rank", "micro_batch", "pos", "token_id", "logp", "old_logp", "ref_logp",
+            "rollout_logp", "ratio", "kl", "mismatch", "entropy", "advantage", "mask"]
+    return out.select([c for c in keep if c in out.columns])
+
+
+def _precomputed_top(run: Path, step: int, by: str, k: int) -> pl.DataFrame | None:
+    p = top_tokens_file(run)
+    if not p.is_file():
+        return None
+
+    def make():
+        try:
+            return pl.read_parquet(p)
+        except Exception:  # noqa: BLE001 - fall back to on-the-fly ranking
+            return None
+
+    tab = _RUN_MEMO.get(("top", str(run), _stat(p)), make)
+    if tab is None or "step" not in tab.columns:
+        return None
+    by_col = next((c for c in ("by", "score_name", "kind") if c in tab.columns), None)
+    if by_col is None or "score" not in tab.columns:
+        return None
+    sel = tab.filter((pl.col("step") == step) & (pl.col(by_col) == by))
+    if sel.height == 0:
+        return None
+    return sel.drop("step", by_col).sort("score", descending=True).head(k)
+
+
+def step_samples(run: Path, step: int) -> pl.DataFrame:
+    """The samples rows of one step (all ranks), texts included."""
+    from grpolens.compute import read_samples
+
+    def make() -> pl.DataFrame:
+        df = read_samples(run, step)
+        return pl.DataFrame() if df is None else df
+
+    return _STEP_MEMO.get(("samples", str(run), step, _step_fingerprint(run, step)), make)
+
+
+def _run_config(run: Path) -> dict:
+    return _RUN_MEMO.get(("config", str(run), _stat(run / fmt.MANIFEST_NAME)),
+                         lambda: fmt.read_manifest(run).resolved_config())
+
+
+def sequence_table(run: Path, step: int) -> pl.DataFrame:
+    """One row per completion of ``step``: the samples columns (texts shortened to a preview),
+    the reward rank within its group, and per-completion aggregates of its tokens."""
+    def make() -> pl.DataFrame:
+        s = step_samples(run, step)
+        t = step_tokens(run, step)
+        cfg = _run_config(run)
+        agg = None
+        if t.height:
+            m = pl.col("mask")
+            eps_lo = float(cfg.get("epsilon") or 0.2)
+            eps_hi = float(cfg.get("epsilon_high") or eps_lo)
+            clipped = (((pl.col("advantage") > 0) & (pl.col("ratio") > 1 + eps_hi))
+                       | ((pl.col("advantage") < 0) & (pl.col("ratio") < 1 - eps_lo)))
+            aggs = [
+                pl.len().alias("tokens"),
+                (~m).sum().alias("masked"),
+                pl.col("kl").filter(m).mean().alias("kl_mean"),
+                pl.col("kl").filter(m).max().alias("kl_max"),
+                pl.col("mismatch").filter(m).mean().alias("mismatch_mean"),
+                pl.col("is_weight").filter(m).max().alias("is_max"),
+                pl.col("ratio").filter(m).max().alias("ratio_max"),
+                pl.col("entropy").filter(m).mean().alias("entropy_mean"),
+                clipped.filter(m).cast(pl.Float64).mean().alias("clip_frac"),
+            ]
+            ris = cfg.get("rollout_is") or {}
+            vlo, vhi = ris.get("veto_lower"), ris.get("veto_upper")
+            if vlo is not None or vhi is not None:
+                w = pl.col("is_weight")
+                out = pl.lit(False)
+                if vlo is not None:
+                    out = out | (w < float(vlo))
+                if vhi is not None:
+                    out = out | (w > float(vhi))
+                aggs.append(out.fill_null(False).any().alias("vetoed"))
+            agg = t.group_by("sample_id").agg(aggs)
+        if s.height == 0:
+            return agg if agg is not None else pl.DataFrame()
+        rewards = sorted(c for c in s.columns if c.startswith(fmt.REWARD_PREFIX))
+        cols = [c for c in ("sample_id", "rank", "group_id", "reward", *rewards, "advantage", "completion_len",
+                            "truncated", "prompt", "completion") if c in s.columns]
+        out = s.select(cols)
+        if "reward" in out.columns:
+            out = out.with_columns(
+                pl.col("reward").rank("min", descending=True).over("group_id").cast(pl.Int64).alias("reward_rank"))
+        for c in ("prompt", "completion"):
+            if c in out.columns:
+                out = out.with_columns(pl.col(c).str.slice(0, 80).alias(c))
+        if agg is not None:
+            out = out.join(agg, on="sample_id", how="left")
+        return out.sort("sample_id")
+
+    return _STEP_MEMO.get(("seqtable", str(run), step, _step_fingerprint(run, step)), make)
+
+
+_FILTER_CLAUSE = re.compile(r"^\s*\{(?P<col>[^}]+)\}\s+(?P<op>\S+)\s+(?P<val>.+?)\s*$")
+_OPS = {"=": "eq", "eq": "eq", "!=": "ne", "ne": "ne", "<": "lt", "lt": "lt", "<=": "le", "le": "le",
+        ">": "gt", "gt": "gt", ">=": "ge", "ge": "ge", "contains": "contains", "s=": "eq", "i=": "eq"}
+
+
+def parse_filter_query(query: str | None, columns: list[str], schema: dict[str, pl.DataType]) -> pl.Expr | None:
+    """A DataTable ``filter_query`` (``{col} op value`` clauses joined by ``&&``) as a polars
+    expression. Only known columns and operators are accepted; anything else is a UserError."""
+    if not query or not query.strip():
+        return None
+    expr = None
+    for clause in query.split("&&"):
+        m = _FILTER_CLAUSE.match(clause)
+        if not m or m["op"] not in _OPS or m["col"] not in columns:
+            raise UserError(f"cannot filter on {clause.strip()!r}: use {{column}} op value with op one of "
+                            "=, !=, <, <=, >, >=, contains")
+        col, op, raw = m["col"], _OPS[m["op"]], m["val"]
+        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'`":
+            raw = raw[1:-1]
+        dtype = schema[col]
+        c = pl.col(col)
+        if op == "contains":
+            e = c.cast(pl.String).str.contains(raw, literal=True)
+        else:
+            if dtype == pl.Boolean:
+                value: Any = raw.lower() in ("true", "1", "yes")
+            elif dtype.is_numeric():
+                try:
+                    value = float(raw)
+                except ValueError:
+                    raise UserError(f"cannot filter {col} by {raw!r}: not a number") from None
+            else:
+                value = raw
+            e = {"eq": c == value, "ne": c != value, "lt": c < value, "le": c <= value,
+                 "gt": c > value, "ge": c >= value}[op]
+        expr = e if expr is None else expr & e
+    return expr
+
+
+def completions_page(run: Path, step: int, page: int = 0, page_size: int = 20,
+                     sort_by: list[dict] | None = None, filter_query: str | None = None,
+                     group: int | None = None, truncated: bool | None = None, vetoed: bool | None = None,
+                     max_rank: int | None = None) -> tuple[pl.DataFrame, int]:
+    """One page of the completions table of ``step``, after filtering and sorting on the server.
+    Returns ``(rows, total_rows_after_filtering)``."""
+    t = sequence_table(run, step)
+    if t.height == 0:
+        return t, 0
+    if group is not None and "group_id" in t.columns:
+        t = t.filter(pl.col("group_id") == group)
+    if truncated is not None and "truncated" in t.columns:
+        t = t.filter(pl.col("truncated") == truncated)
+    if vetoed is not None and "vetoed" in t.columns:
+        t = t.filter(pl.col("vetoed").fill_null(False) == vetoed)
+    if max_rank is not None and "reward_rank" in t.columns:
+        t = t.filter(pl.col("reward_rank") <= max_rank)
+    e = parse_filter_query(filter_query, t.columns, dict(t.schema))
+    if e is not None:
+        t = t.filter(e)
+    for spec in reversed(sort_by or []):  # stable sorts, last key first
+        col = spec.get("column_id")
+        if col in t.columns:
+            t = t.sort(col, descending=spec.get("direction") == "desc", nulls_last=True, maintain_order=True)
+    total = t.height
+    page = max(0, int(page or 0))
+    return t.slice(page * page_size, page_size), total
+
+
+def completion(run: Path, step: int, sample_id: int) -> dict[str, Any] | None:
+    """One completion: its samples row (full texts) and its tokens with scores, by position."""
+    t = step_tokens(run, step)
+    toks = t.filter(pl.col("sample_id") == sample_id).sort("pos") if t.height else t
+    s = step_samples(run, step)
+    row = s.filter(pl.col("sample_id") == sample_id).to_dicts() if s.height else []
+    if toks.height == 0 and not row:
+        return None
+    return {"sample": row[0] if row else {"sample_id": sample_id}, "tokens": toks}
+
+
+def score_scale(run: Path, step: int, by: str) -> float:
+    """The value at which the colour of score ``by`` saturates: the step's 99th percentile (of
+    |value| for diverging scores), so colours compare across the completions of a step."""
+    def make() -> float:
+        t = step_tokens(run, step)
+        col = DIVERGING.get(by, by)
+        if t.height == 0 or col not in t.columns:
+            return 1.0
+        v = t.filter(pl.col("mask"))[col].cast(pl.Float64).drop_nulls().abs()
+        q = v.quantile(0.99) if v.len() else None
+        return float(q) if q is not None and q > 0 else 1.0
+
+    return _STEP_MEMO.get(("scale", str(run), step, by, _step_fingerprint(run, step)), make)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout importance-sampling weights
+# ---------------------------------------------------------------------------------------------
+
+#: Log-spaced bins of the IS weight exp(old - rollout): log10 edges from 1e-3 to 1e3.
+IS_LOG10_EDGES = np.linspace(-3, 3, 61)
+
+
+def is_hist_file(run: Path) -> Path:
+    return fmt.derived_dir(run) / "is_hist.parquet"
+
+
+def _hist_log10(w: np.ndarray) -> np.ndarray:
+    """Counts per bin of log10(w); values beyond the edges land in the first/last bin."""
+    lw = np.log10(w[(w > 0) & np.isfinite(w)])
+    lw = np.clip(lw, IS_LOG10_EDGES[0], IS_LOG10_EDGES[-1] - 1e-12)
+    return np.histogram(lw, IS_LOG10_EDGES)[0].astype(np.float64)
+
+
+def is_heatmap(run: Path, max_steps: int = 64) -> dict[str, Any]:
+    """IS-weight distribution per step: ``{steps, log10_edges, counts (steps x bins), source}``.
+
+    From ``RUN/grpolens/is_hist.parquet`` when recompute wrote it (every step, mergeable
+    histograms); otherwise computed here from the tokens of at most ``max_steps`` evenly spaced
+    steps (``source`` says which)."""
+    p = is_hist_file(run)
+    if p.is_file():
+        got = _RUN_MEMO.get(("ishist", str(run), _stat(p)), lambda: _read_is_hist(p))
+        if got is not None:
+            return got
+
+    def make() -> dict[str, Any]:
+        steps = fmt.list_steps(run, fmt.TOKENS)
+        if len(steps) > max_steps:
+            steps = [steps[i] for i in np.linspace(0, len(steps) - 1, max_steps).round().astype(int)]
+        rows = []
+        for s in steps:
+            t = step_tokens(run, s)
+            w = t.filter(pl.col("mask"))["is_weight"].drop_nulls().to_numpy() if t.height else np.zeros(0)
+            rows.append(_hist_log10(w))
+        counts = np.vstack(rows) if rows else np.zeros((0, len(IS_LOG10_EDGES) - 1))
+        src = "tokens" if len(steps) == len(fmt.list_steps(run, fmt.TOKENS)) else f"tokens of {len(steps)} sampled steps"
+        return {"steps": np.asarray(steps, np.int64), "log10_edges": IS_LOG10_EDGES, "counts": counts, "source": src}
+
+    return _RUN_MEMO.get(("ishist-tokens", str(run), run_version(run), max_steps), make)
+
+
+def _read_is_hist(p: Path) -> dict[str, Any] | None:
+    """Read a histogram table with columns step, a bin edge or bin index, and a count. Accepts
+    long form (step, lo/hi or log10_lo/log10_hi, count) -- returns None when unrecognised."""
+    try:
+        df = pl.read_parquet(p)
+    except Exception:  # noqa: BLE001
+        return None
+    if "weight" in df.columns and "kind" in df.columns:
+        df = df.filter(pl.col("kind") == "raw")
+    lo = next((c for c in ("log10_lo", "lo", "edge_lo", "bin_lo") if c in df.columns), None)
+    cnt = next((c for c in ("count", "counts", "n") if c in df.columns), None)
+    if "step" not in df.columns or lo is None or cnt is None:
+        return None
+    if not lo.startswith("log10"):
+        df = df.with_columns(pl.when(pl.col(lo) > 0).then(pl.col(lo).log10()).otherwise(-np.inf).alias("__l"))
+        lo = "__l"
+    wide = df.group_by("step", lo).agg(pl.col(cnt).sum()).sort("step", lo)
+    steps = wide["step"].unique().sort().to_numpy()
+    bins = np.sort(wide.filter(pl.col(lo).is_finite())[lo].unique().to_numpy())
+    if len(bins) < 2:
+        return None
+    width = float(np.median(np.diff(bins)))
+    edges = np.append(bins, bins[-1] + width)
+    counts = np.zeros((len(steps), len(bins)))
+    si = {s: i for i, s in enumerate(steps)}
+    for s, l, c in wide.filter(pl.col(lo).is_finite()).iter_rows():
+        counts[si[s], int(np.searchsorted(bins, l))] += c
+    return {"steps": steps, "log10_edges": edges, "counts": counts, "source": str(p.name)}
+
+
+def is_step_detail(run: Path, step: int) -> dict[str, Any]:
+    """Raw and applied IS weights of one step under the run's ``rollout_is`` config, the masked
+    and vetoed fractions, and the mean/sd of log(train/rollout) for the constant-offset check."""
+    t = step_tokens(run, step)
+    cfg = (_run_config(run).get("rollout_is") or {})
+    out: dict[str, Any] = {"config": cfg, "edges": IS_LOG10_EDGES}
+    if t.height == 0:
+        return out
+    t = t.filter(pl.col("mask") & pl.col("is_weight").is_not_null())
+    w = t["is_weight"].to_numpy()
+    out["raw"] = _hist_log10(w)
+    out["tokens"] = int(len(w))
+    if len(w) == 0:
+        return out
+    lo, hi = cfg.get("lower"), cfg.get("upper")
+    mode = cfg.get("mode", "truncate")
+    keep = np.ones(len(w), bool)
+    applied = w.copy()
+    if mode == "mask":
+        if lo is not None:
+            keep &= w >= float(lo)
+        if hi is not None:
+            keep &= w <= float(hi)
+    elif hi is not None:  # truncate (TIS): clamp from above; the lower bound only applies to masking
+        applied = np.minimum(w, float(hi))
+    vlo, vhi = cfg.get("veto_lower"), cfg.get("veto_upper")
+    bad = np.zeros(len(w), bool)
+    if vlo is not None:
+        bad |= w < float(vlo)
+    if vhi is not None:
+        bad |= w > float(vhi)
+    sid = t["sample_id"].to_numpy()
+    vetoed_ids = np.unique(sid[bad])
+    in_vetoed = np.isin(sid, vetoed_ids)
+    keep &= ~in_vetoed
+    out["applied"] = _hist_log10(applied[keep])
+    out["masked_frac"] = float(1 - keep.mean())
+    out["vetoed_seqs"] = int(len(vetoed_ids))
+    out["seqs"] = int(len(np.unique(sid)))
+    d = np.log(w)
+    out["offset_mean"] = float(d.mean())
+    out["offset_sd"] = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks and runs list
+# ---------------------------------------------------------------------------------------------
+
+def check_verdicts(run: Path) -> list[dict]:
+    """Failed checks recorded by ``grpolens check`` under ``RUN/grpolens/`` (if any), as
+    ``{metric, step, status, message}`` dicts to mark on the curves."""
+    for name in ("check.json", "check-report.json"):
+        p = fmt.derived_dir(run) / name
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                return []
+            items = data.get("results", data.get("checks", [])) if isinstance(data, dict) else data
+            out = []
+            for it in items if isinstance(items, list) else []:
+                if isinstance(it, dict) and it.get("metric"):
+                    out.append({"metric": str(it["metric"]), "status": str(it.get("status", "")),
+                                "step": it.get("step"), "message": str(it.get("message", ""))})
+            return out
+    return []
