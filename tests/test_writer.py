@@ -324,6 +324,9 @@ def test_kill_during_fsync_leaves_only_complete_shards(tmp_path):
     steps, leftovers = _check_complete(tmp_path)
     assert steps == [0, 1, 2]
     assert len(leftovers) == 1 and leftovers[0].parent.name == "step=00000003"  # the temp file, ignored by readers
+    from grpolens.validate import validate_run
+
+    assert validate_run(tmp_path).errors == []  # the leftover is a warning, the run is usable
 
 
 def test_kill_at_random_moments_leaves_only_complete_shards(tmp_path):
