@@ -161,10 +161,22 @@ def sample_columns(run: Path) -> set[str]:
 
 
 def metrics_for(profile: str, cfg: dict, columns: Iterable[str] = ()) -> list[Metric]:
-    """The metrics ``profile`` logs under ``cfg``, templates expanded over the run's sample ``columns``."""
+    """The metrics ``profile`` logs under ``cfg``, templates expanded over the run's sample ``columns``.
+
+    When two applicable metrics carry the same name in ``profile``, the first registered keeps it
+    (e.g. Twinkle's ``train/clip_ratio_low`` is the gated clip fraction, or under CISPO, where that
+    metric does not apply, the unconditional one)."""
     load_builtins()
     columns = list(columns)
-    return [c for m in REGISTRY.values() if m.name_in(profile) is not None and m.applies(cfg) for c in m.expand(columns)]
+    out, taken = [], set()
+    for m in REGISTRY.values():
+        if m.name_in(profile) is None or not m.applies(cfg):
+            continue
+        for c in m.expand(columns):
+            if c.name_in(profile) not in taken:
+                taken.add(c.name_in(profile))
+                out.append(c)
+    return out
 
 
 def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:

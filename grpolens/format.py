@@ -124,6 +124,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "reward_weights": None,
     "sapo_temperature_pos": 1.0,
     "sapo_temperature_neg": 1.05,
+    "log_ratio_clamp": None,  # the loss clamps log(pi/pi_old) to +-this before exp (Twinkle, verl: 20)
     "rollout_is": None,  # {level, mode, lower, upper, veto_lower, veto_upper}
 }
 

@@ -68,6 +68,7 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     _number(cfg, "temperature", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_pos", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_neg", minimum=0.0, strict=True)
+    _number(cfg, "log_ratio_clamp", minimum=0.0, strict=True, allow_none=True)
     lvl = cfg.get("importance_sampling_level")
     if lvl not in IS_LEVELS:
         raise _bad("importance_sampling_level", f"must be one of {', '.join(IS_LEVELS)}", lvl)
