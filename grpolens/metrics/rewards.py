@@ -66,11 +66,11 @@ def group_index(sd) -> tuple[np.ndarray, int] | None:
     """Dense group index of each sample (by ``group_id``) and the number of groups."""
     key = ("samples", "_group_index")
     if key not in sd.extra:
-        g = sample_values(sd, "group_id")
-        if g is None:
+        df = sd.samples
+        if df is None or df.height == 0 or "group_id" not in df.columns:
             sd.extra[key] = None
-        else:
-            _, inv = np.unique(g, return_inverse=True)
+        else:  # the integer ids themselves: ids beyond 2**53 (hashes) must not merge through float64
+            _, inv = np.unique(df["group_id"].to_numpy(), return_inverse=True)
             inv = inv.reshape(-1)
             sd.extra[key] = (inv, int(inv.max()) + 1)
     return sd.extra[key]

@@ -290,3 +290,14 @@ def test_template_registration_rules():
     m = REGISTRY[f"rewards/{PLACEHOLDER}/mean"]
     (c,) = m.expand(["reward", "reward/acc", "group_id"])
     assert c.name == "rewards/acc/mean" and c.names["maxent"] == "train/rewards/acc/mean" and c.per_column is None
+
+
+def test_large_group_ids_stay_apart(tmp_path):
+    # hash-like ids: 2**60 + k are equal once cast to float64; groups must still be told apart
+    rng = np.random.default_rng(8)
+    s = random_samples(rng, 0, groups=5, generations=3)
+    s.group_id = s.group_id + 2**60
+    got = row(grpolens.recompute(samples_run(tmp_path / "run", [s]), write=False), 0)
+    assert got["samples/groups"] == 5
+    assert approx(got["reward/frac_zero_std"], ref_frac_zero_std(s), rel=1e-12)
+    assert approx(got["advantage/frac_zero_groups"], ref_frac_zero_adv_groups(s), rel=1e-12)
