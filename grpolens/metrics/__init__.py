@@ -11,6 +11,11 @@ FAMILY_MODULES = [
     "rewards",
     "completions",
     "diversity",
+    "policy",
+    "kl",
+    "clip",
+    "loss",
+    "rollout_is",
 ]
 
 #: Other modules that register producers or visitors (imported after the families).

@@ -1,0 +1,200 @@
+"""Clipping: how often the importance ratio left the trust region the loss allows.
+
+**PPO-style clip (grpo, bnpo, dr_grpo, dapo, luspo, gspo).** With ``c`` the loss' importance weight
+(token ratio e^d; GSPO: the sequence ratio s = exp(Σ_t d·v / max(Σ_t v, 1))), and
+``c̃ = min(c, delta)`` when ``delta`` is set -- TRL clamps *before* the indicators, so with
+``delta ≤ 1 + epsilon_high`` nothing is ever high-clipped:
+
+    low  = 1[c̃ < 1 − epsilon      ∧ A < 0]       high = 1[c̃ > 1 + epsilon_high ∧ A > 0]
+    region = low ∨ high   (low and high are disjoint: they need opposite advantage signs)
+
+``clip/low`` etc. are the fraction of valid tokens (ratio and advantage finite); at
+``importance_sampling_level="sequence"`` (or ``loss_type="gspo"``) the fraction of sequences with
+at least one valid token, Ā being the sequence's mean advantage (Twinkle's ``GSPOMetric``). TRL
+counts every sequence of the micro-batch there, fully masked ones included (their ratio is 1);
+its profile reproduces that. ``clip/low_min`` / ``clip/high_max`` are the extremes over sequences
+of the per-sequence fractions (TRL's ``low_min``/``high_max``: per micro-batch slot, then averaged).
+
+**CISPO.** TRL's ``cispo_clip_ratio`` = fraction with ``c > epsilon_high ∧ A > 0`` (there
+``epsilon_high`` is the absolute cap of the weight, e.g. 5.0).
+
+**Unconditional rates** (every loss type; Twinkle's ``CISPOMetric``, xtuner's ``clip_frac_*``): the
+token ratio below 1 − epsilon / above 1 + epsilon_high whatever the advantage, no delta.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpolens.metrics import reduce
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.partials import producer
+from grpolens.metrics.policy import coef_log, is_level, log_ratio, ratio_valid
+from grpolens.metrics.registry import Metric, register
+
+#: Loss types whose loss clips the ratio PPO-style (TRL logs ``clip_ratio/*`` for these).
+PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "gspo")
+_PARTS = ("low", "high", "region", "cispo")
+
+_MERGE = {
+    "clip.n": "sum", "clip.below": "sum", "clip.above": "sum", "clip.outside": "sum",
+    **{f"clip.g.{p}": "sum" for p in ("n", *_PARTS)},
+    **{f"clip.gt.{p}": "sum" for p in ("n", *_PARTS)},
+}
+
+
+def _gated(c: np.ndarray, adv: np.ndarray, cfg: dict) -> dict[str, np.ndarray]:
+    """The clip indicators for weights ``c`` (tokens or sequences) and advantages ``adv``."""
+    lo, hi = 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"]
+    lt = cfg["loss_type"]
+    zero = np.zeros(len(c), dtype=bool)
+    if lt in PPO_CLIP_LOSSES:
+        ct = c if cfg.get("delta") is None else np.minimum(c, cfg["delta"])
+        low, high = (ct < lo) & (adv < 0), (ct > hi) & (adv > 0)
+    else:
+        low = high = zero
+    cispo = (c > cfg["epsilon_high"]) & (adv > 0) if lt == "cispo" else zero
+    return {"low": low, "high": high, "region": low | high, "cispo": cispo}
+
+
+@producer("clip", merge=_MERGE)
+def _clip(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    adv = b.adv
+    v = ratio_valid(b) & np.isfinite(adv)
+    out: dict[str, np.ndarray] = {"clip.n": b.count(v)}
+    # unconditional: the raw token ratio, no advantage gate, no delta
+    with np.errstate(over="ignore"):
+        r = np.exp(log_ratio(b))
+    below = v & (r < 1.0 - cfg["epsilon"])
+    above = v & (r > 1.0 + cfg["epsilon_high"])
+    out["clip.below"], out["clip.above"], out["clip.outside"] = b.count(below), b.count(above), b.count(below | above)
+
+    if cfg["loss_type"] not in (*PPO_CLIP_LOSSES, "cispo"):
+        z = np.zeros(b.n_seq)
+        out.update({f"clip.{g}.{p}": z for g in ("g", "gt") for p in ("n", *_PARTS)})
+        return out
+    if is_level(cfg) == "sequence":
+        # one weight per sequence; Ā = mean advantage of its valid tokens (its own advantage if none)
+        n = b.count(v)
+        with np.errstate(invalid="ignore"):
+            abar = np.where(n > 0, b.masked_sum(adv, v) / np.maximum(n, 1.0), b.seq_first(adv))
+        with np.errstate(over="ignore"):
+            s = np.exp(coef_log(b, cfg)[b.starts]) if b.n_seq else np.zeros(0)
+        ind = _gated(s, abar, cfg)
+        has = (n > 0).astype(np.float64)
+        out["clip.g.n"] = has
+        out["clip.gt.n"] = np.ones(b.n_seq)
+        for p, x in ind.items():
+            out[f"clip.g.{p}"] = x * has
+            out[f"clip.gt.{p}"] = x.astype(np.float64)
+        return out
+    with np.errstate(over="ignore"):
+        c = np.exp(coef_log(b, cfg))
+    ind = _gated(c, adv, cfg)
+    out["clip.g.n"] = out["clip.gt.n"] = out["clip.n"]
+    for p, x in ind.items():
+        out[f"clip.g.{p}"] = out[f"clip.gt.{p}"] = b.count(x & v)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+# ---------------------------------------------------------------------------------------------
+
+def _cols(sd, part: str) -> tuple[str, str]:
+    """TRL counts every sequence (``gt``) at sequence level; everyone else sequences with a token."""
+    g = "gt" if sd.profile == "trl" else "g"
+    return f"clip.{g}.{part}", f"clip.{g}.n"
+
+
+def _fraction(part: str):
+    def fn(sd) -> float | None:
+        num, den = _cols(sd, part)
+        return reduce.grouped_ratio(sd, num, den, reduce.TOKEN_MEAN_RULE.get(sd.profile, "pooled"))
+    return fn
+
+
+def _seq_extreme(part: str, which: str):
+    def fn(sd) -> float | None:
+        num, den = _cols(sd, part)
+        return reduce.seq_fraction_extreme(sd, num, den, which, reduce.TOKEN_MEAN_RULE.get(sd.profile, "pooled"))
+    return fn
+
+
+def _unconditional(col: str):
+    def fn(sd) -> float | None:
+        v = reduce.grouped_ratio(sd, col, "clip.n", "pooled")
+        if v is None and sd.profile == "xtuner" and sd.n_seq:
+            return 0.0  # xtuner logs 0.0 when no token is valid
+        return v
+    return fn
+
+
+def _ppo(cfg: dict) -> bool:
+    return cfg.get("loss_type") in PPO_CLIP_LOSSES
+
+
+_FAM = "clip"
+_CFG = ("epsilon", "epsilon_high", "delta", "loss_type", "importance_sampling_level")
+_UNIT = ("of valid tokens (at sequence level: of sequences with a valid token; TRL: of all "
+         "sequences, per micro-batch slot then averaged)")
+
+# The gated metrics are registered before the unconditional ones: under CISPO and SAPO (no PPO
+# clip) Twinkle's `train/clip_ratio*` names fall to the unconditional rates (its CISPOMetric),
+# otherwise to the gated ones (GRPOMetric / GSPOMetric).
+register(Metric(
+    "clip/low", _FAM, f"Fraction {_UNIT} with min(c, delta) < 1 − epsilon and A < 0.",
+    kind="custom", fn=_fraction("low"), when=_ppo, config=_CFG,
+    names={"trl": "clip_ratio/low_mean", "twinkle": "train/clip_ratio_low"},
+))
+register(Metric(
+    "clip/high", _FAM, f"Fraction {_UNIT} with min(c, delta) > 1 + epsilon_high and A > 0.",
+    kind="custom", fn=_fraction("high"), when=_ppo, config=_CFG,
+    names={"trl": "clip_ratio/high_mean", "twinkle": "train/clip_ratio_high"},
+))
+register(Metric(
+    "clip/region", _FAM, f"Fraction {_UNIT} clipped low or high (= clip/low + clip/high).",
+    kind="custom", fn=_fraction("region"), when=_ppo, config=_CFG,
+    names={"trl": "clip_ratio/region_mean", "twinkle": "train/clip_ratio"},
+))
+register(Metric(
+    "clip/low_min", _FAM,
+    "Smallest per-sequence low-clip fraction Σ_t low / Σ_t valid over the step's sequences (at "
+    "sequence level the 0/1 indicator). TRL: nanmin per micro-batch slot (fully masked sequences "
+    "skipped, or counted as 0 under GSPO), then the mean over slots.",
+    kind="custom", fn=_seq_extreme("low", "min"), when=_ppo, config=_CFG,
+    names={"trl": "clip_ratio/low_min"},
+))
+register(Metric(
+    "clip/high_max", _FAM,
+    "Largest per-sequence high-clip fraction over the step's sequences (TRL: nanmax per "
+    "micro-batch slot, then the mean over slots).",
+    kind="custom", fn=_seq_extreme("high", "max"), when=_ppo, config=_CFG,
+    names={"trl": "clip_ratio/high_max"},
+))
+register(Metric(
+    "clip/cispo", _FAM,
+    f"CISPO: fraction {_UNIT} whose weight c exceeds the cap epsilon_high with A > 0. TRL's "
+    "`cispo_clip_ratio`.",
+    kind="custom", fn=_fraction("cispo"), when=lambda cfg: cfg.get("loss_type") == "cispo", config=_CFG,
+    names={"trl": "cispo_clip_ratio"},
+))
+register(Metric(
+    "clip/ratio_below", _FAM,
+    "Fraction of valid tokens whose ratio e^d < 1 − epsilon, whatever the advantage (no delta). "
+    "Twinkle's CISPOMetric `clip_ratio_low`; xtuner's `clip_frac_low` (0.0 when no token is valid).",
+    kind="custom", fn=_unconditional("clip.below"), config=("epsilon",),
+    names={"twinkle": "train/clip_ratio_low", "xtuner": "reduced_train_policy_clip_frac_low"},
+))
+register(Metric(
+    "clip/ratio_above", _FAM,
+    "Fraction of valid tokens whose ratio e^d > 1 + epsilon_high, whatever the advantage.",
+    kind="custom", fn=_unconditional("clip.above"), config=("epsilon_high",),
+    names={"twinkle": "train/clip_ratio_high", "xtuner": "reduced_train_policy_clip_frac_high"},
+))
+register(Metric(
+    "clip/ratio_outside", _FAM,
+    "Fraction of valid tokens whose ratio lies outside [1 − epsilon, 1 + epsilon_high].",
+    kind="custom", fn=_unconditional("clip.outside"), config=("epsilon", "epsilon_high"),
+    names={"twinkle": "train/clip_ratio"},
+))

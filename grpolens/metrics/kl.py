@@ -1,0 +1,189 @@
+"""KL divergence of the current policy to the reference policy.
+
+Per masked token whose ``logp`` and ``ref_logp`` are finite, with ``x = ref_logp − logp``:
+
+    k1 = logp − ref = −x          k2 = ½ (logp − ref)²          k3 = e^x − x − 1
+
+(Schulman's estimators of KL(π_θ‖π_ref) on tokens sampled from π_θ; k3 is the GRPO penalty.)
+TRL's *bias-corrected* k3 multiplies k3 by the policy ratio π_θ/π_old -- the token ratio, or under
+GSPO (``importance_sampling_level="sequence"``) the sequence ratio broadcast over the tokens
+(TRL issue #6586). ``kl/penalty`` is the KL term the loss adds (times β): k3, or the corrected k3
+when ``use_bias_correction_kl``; it exists only when β ≠ 0 and is TRL's ``kl``.
+
+``kl/k3_loss_norm`` is k3 reduced the way the configured loss normalises its tokens (MaxEnt-GRPO's
+``train/kl``, which also clamps x to ±60), and ``kl/by_length/<bucket>`` the token-weighted k3 of
+the sequences whose masked-token count falls in 0–32, 33–64, 65–128, 129–256 or 257+, with
+``kl/by_length_tokens/<bucket>`` the tokens behind each value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpolens.metrics import reduce
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.partials import producer
+from grpolens.metrics.policy import coef_log, is_level, k3_of, log_ratio, ratio_valid
+from grpolens.metrics.registry import Metric, register
+
+#: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.
+MAXENT_CLAMP = 60.0
+#: Completion-length buckets (masked tokens per sequence), MaxEnt-GRPO's.
+BUCKETS = ((0, 32), (33, 64), (65, 128), (129, 256), (257, None))
+BUCKET_LABELS = tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" for lo, hi in BUCKETS)
+_EDGES = np.array([hi for _, hi in BUCKETS[:-1]], dtype=np.float64)
+#: Loss types that average per sequence first (k3_loss_norm follows the loss' normalisation).
+SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
+
+_MERGE = {
+    "kl.n": "sum", "kl.masked": "sum",
+    "kl.k1.sum": "sum", "kl.k2.sum": "sum", "kl.k3.sum": "sum", "kl.k3_c60.sum": "sum",
+    "kl.k3c.sum": "sum", "kl.k3c.n": "sum",
+}
+
+
+@producer("kl", merge=_MERGE, requires=("ref_logp",))
+def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    lp, ref = b.logp, b.cols["ref_logp"]
+    v = b.mask & np.isfinite(lp) & np.isfinite(ref)
+    with np.errstate(invalid="ignore"):
+        x = np.where(v, ref - lp, 0.0)
+    k3 = k3_of(x)
+    # MaxEnt's ±60 clamp changes nothing unless some |x| exceeds it: skip the second exp then
+    k3m = k3_of(np.clip(x, -MAXENT_CLAMP, MAXENT_CLAMP)) if np.any(np.abs(x) > MAXENT_CLAMP) else k3
+    # bias correction: × π_θ/π_old per token, or × the sequence ratio at sequence levels
+    if is_level(cfg) == "token":
+        vc = v & ratio_valid(b)
+        factor_log = log_ratio(b)
+    else:
+        vc = v
+        factor_log = coef_log(b, cfg)
+    with np.errstate(over="ignore", invalid="ignore"):
+        k3c = k3 * np.exp(factor_log)
+    return {
+        "kl.n": b.count(v),
+        "kl.masked": b.count(b.mask),
+        "kl.k1.sum": b.masked_sum(-x, v),
+        "kl.k2.sum": b.masked_sum(0.5 * x * x, v),
+        "kl.k3.sum": b.masked_sum(k3, v),
+        "kl.k3_c60.sum": b.masked_sum(k3m, v),
+        "kl.k3c.sum": b.masked_sum(k3c, vc),
+        "kl.k3c.n": b.count(vc),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+# ---------------------------------------------------------------------------------------------
+
+def _penalty(sd) -> float | None:
+    """TRL's ``kl``: the k3 the loss adds, token-weighted per micro-batch slot in the trl profile."""
+    corrected = bool(sd.cfg.get("use_bias_correction_kl"))
+    num, den = ("kl.k3c.sum", "kl.k3c.n") if corrected else ("kl.k3.sum", "kl.n")
+    return reduce.grouped_ratio(sd, num, den, reduce.TOKEN_MEAN_RULE.get(sd.profile, "pooled"))
+
+
+def _k3_loss_norm(sd) -> float | None:
+    if not sd.n_seq:
+        return None
+    maxent = sd.profile == "maxent"
+    s = sd.col("kl.k3_c60.sum" if maxent else "kl.k3.sum")
+    n = sd.col("kl.n")
+    if not maxent and n.sum() == 0:
+        return None  # MaxEnt clamps its denominators and logs 0.0; grpolens has nothing to average
+    lt = sd.cfg.get("loss_type")
+    if lt in SEQ_MEAN_LOSSES:
+        return float(np.mean(s / np.maximum(n, 1.0)))
+    if lt == "luspo":
+        return float(np.mean(s))
+    if lt == "dr_grpo":
+        length = sd.cfg.get("max_completion_length")
+        if not length and maxent:
+            length = float(np.max(sd.col("seq_tokens")))  # MaxEnt: the padded width of the batch
+        return float(s.sum() / (sd.n_seq * max(float(length), 1.0))) if length else None
+    return float(s.sum() / max(n.sum(), 1.0)) if maxent else float(s.sum() / n.sum())
+
+
+def bucket_of(masked: np.ndarray) -> np.ndarray:
+    """Index into :data:`BUCKETS` of each sequence's masked-token count."""
+    return np.searchsorted(_EDGES, masked, side="left")
+
+
+def _bucket(k: int, tokens: bool):
+    def fn(sd) -> float | None:
+        if not sd.n_seq:
+            return None
+        m = sd.col("kl.masked")
+        if sd.profile == "maxent":
+            # MaxEnt: tok = max(mask count, 1) per sequence; buckets without a sequence are not logged
+            tok = np.maximum(m, 1.0)
+            sel = bucket_of(tok) == k
+            if not sel.any():
+                return None
+            t = float(tok[sel].sum())
+            return t if tokens else float(sd.col("kl.k3_c60.sum")[sel].sum() / max(t, 1.0))
+        sel = bucket_of(m) == k
+        t = float(sd.col("kl.n")[sel].sum())
+        if tokens:
+            return t
+        return float(sd.col("kl.k3.sum")[sel].sum() / t) if t > 0 else None
+    return fn
+
+
+_FAM = "kl"
+_REF = ("ref_logp",)
+
+register(Metric(
+    "kl/k1", _FAM, "k1 estimate of KL(π_θ‖π_ref): Σ (logp − ref_logp) / N (can be negative).",
+    kind="token_mean", num="kl.k1.sum", den="kl.n", requires=_REF,
+))
+register(Metric(
+    "kl/k2", _FAM, "k2 estimate of KL(π_θ‖π_ref): Σ ½(logp − ref_logp)² / N.",
+    kind="token_mean", num="kl.k2.sum", den="kl.n", requires=_REF,
+))
+register(Metric(
+    "kl/k3", _FAM, "k3 estimate of KL(π_θ‖π_ref): Σ (e^x − x − 1) / N, x = ref_logp − logp.",
+    kind="token_mean", num="kl.k3.sum", den="kl.n", requires=_REF,
+))
+register(Metric(
+    "kl/k3_corrected", _FAM,
+    "TRL's bias-corrected k3: Σ k3·c / N with c = π_θ/π_old per token, or under sequence-level "
+    "importance sampling (GSPO) the sequence ratio exp(mean_t d) broadcast over the tokens.",
+    kind="token_mean", num="kl.k3c.sum", den="kl.k3c.n", requires=_REF,
+    config=("importance_sampling_level", "loss_type"),
+))
+register(Metric(
+    "kl/penalty", _FAM,
+    "The KL the loss adds (β times this per token): kl/k3, or kl/k3_corrected when "
+    "use_bias_correction_kl. Only when β ≠ 0. TRL's `kl` (per micro-batch slot, 0.0 for an "
+    "all-masked slot, then the mean over slots).",
+    kind="custom", fn=_penalty, requires=_REF, when=lambda cfg: cfg.get("beta", 0.0) != 0.0,
+    config=("beta", "use_bias_correction_kl", "importance_sampling_level", "loss_type"),
+    names={"trl": "kl"},
+))
+register(Metric(
+    "kl/k3_loss_norm", _FAM,
+    "k3 reduced as the configured loss normalises tokens: grpo/sapo/gspo the mean over all "
+    "sequences of their token mean (Σ/max(n,1)); luspo the mean of per-sequence sums; dr_grpo "
+    "Σ / (sequences · max_completion_length) (null if unset); the others Σ / N. MaxEnt-GRPO's "
+    "`train/kl` (its profile clamps x to ±60, logs 0.0 where nothing is valid and uses the longest "
+    "sequence when max_completion_length is unset).",
+    kind="custom", fn=_k3_loss_norm, requires=_REF, config=("loss_type", "max_completion_length"),
+    names={"maxent": "train/kl"},
+))
+for _k, _label in enumerate(BUCKET_LABELS):
+    register(Metric(
+        f"kl/by_length/{_label}", _FAM,
+        f"k3 per token over the sequences with {_label} masked tokens: Σ k3 / Σ tokens of those "
+        "sequences (null when none). MaxEnt counts max(masked, 1) tokens per sequence, clamps x to "
+        "±60 and omits empty buckets.",
+        kind="custom", fn=_bucket(_k, tokens=False), requires=_REF,
+        names={"maxent": f"train/kl_per_token_bucket/{_label}"},
+    ))
+    register(Metric(
+        f"kl/by_length_tokens/{_label}", _FAM,
+        f"Tokens with a finite k3 in the sequences with {_label} masked tokens (the weight of "
+        f"kl/by_length/{_label}).",
+        kind="custom", fn=_bucket(_k, tokens=True), requires=_REF,
+        names={"maxent": f"train/kl_per_token_bucket_tokens/{_label}"},
+    ))

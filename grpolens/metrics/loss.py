@@ -1,0 +1,158 @@
+"""The loss each GRPO variant optimises, recomputed from the stored tokens.
+
+Per valid token (finite logp, old_logp, advantage; and ref_logp when β ≠ 0), with ``c`` the
+importance weight (token ratio e^d, or under sequence-level importance sampling / GSPO the sequence
+ratio exp(Σ_t d·v / max(Σ_t v, 1)) on every token; d is clamped to ± ``log_ratio_clamp`` first
+when that is set, as Twinkle, verl and xtuner do with 20):
+
+    grpo, bnpo, dr_grpo, dapo, luspo, gspo   L = −min(min(c, delta)·A, clip(c, 1 − ε, 1 + ε_high)·A)
+    cispo                                    L = −min(c, ε_high)·A·logp     (ε_high: absolute cap)
+    sapo                                     L = −(4/τ)·σ(τ(c − 1))·A,  τ = τ_pos if A > 0 else τ_neg
+    all, when β ≠ 0                          L += β·k3,  k3 = e^x − x − 1, x = ref − logp
+                                             (× c when use_bias_correction_kl, c before delta)
+
+``loss`` (grpolens profile) is the loss of the whole optimizer step, every rank and micro-batch
+pooled, normalised the way the variant normalises:
+
+    grpo, sapo, gspo   mean over the step's sequences of Σ_t L / max(Σ_t v, 1)
+    bnpo, dapo, cispo  Σ L / Σ v   (bnpo's per-micro-batch token mean, pooled over the step)
+    dr_grpo            Σ L / (sequences · max_completion_length)   (null if that is unset)
+    luspo              mean over sequences of Σ_t L
+
+Fully masked sequences count as sequences (they contribute 0), as in TRL and Twinkle; a step
+without any valid token is null. The **trl profile** reproduces TRL's logged ``loss`` for one
+optimizer step: the value ``_compute_loss`` returns per micro-batch (grpo/sapo:
+mean_b[Σ_t L·M / max(Σ_t M, 1)] / G; bnpo: Σ L·M / max(Σ M, 1) / G; dr_grpo: Σ L·M / (B·max_len) / G;
+luspo: mean_b Σ_t L·M / G; dapo/cispo: Σ L·M / (N/P · G/S)), summed over the rank's G micro-batches
+and averaged over ranks. For dapo/cispo this is Σ L / N, with N the tokens of the step -- exact
+when ``steps_per_generation`` equals ``gradient_accumulation_steps`` (TRL's default); otherwise
+TRL's N spans the generation batch and the value is an approximation. Not included: the entropy
+bonus, vLLM importance-sampling weights, the off-policy and entropy masks, MoE aux loss.
+Non-finite tokens are excluded here; the trainer's own loss would have been NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.clip import PPO_CLIP_LOSSES
+from grpolens.metrics.partials import producer
+from grpolens.metrics.policy import coef_log, k3_of, ratio_valid
+from grpolens.metrics.registry import Metric, register
+
+#: Loss types that average each sequence's tokens first, then the sequences.
+SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
+#: Loss types normalised by a (global) token count.
+TOKEN_MEAN_LOSSES = ("bnpo", "dapo", "cispo")
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(L, valid): the variant's per-token loss (0 off the valid tokens) and the valid mask."""
+    beta = cfg.get("beta", 0.0)
+    with_kl = beta != 0.0 and b.has("ref_logp")
+    v = ratio_valid(b) & np.isfinite(b.adv)
+    if with_kl:
+        v = v & np.isfinite(b.cols["ref_logp"])
+    lt = cfg["loss_type"]
+    a = np.where(v, b.adv, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = np.exp(coef_log(b, cfg, cfg.get("log_ratio_clamp")))
+        if lt in PPO_CLIP_LOSSES:
+            c1 = c if cfg.get("delta") is None else np.minimum(c, cfg["delta"])
+            c2 = np.clip(c, 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"])
+            L = -np.minimum(c1 * a, c2 * a)
+        elif lt == "cispo":
+            L = -np.minimum(c, cfg["epsilon_high"]) * a * np.where(v, b.logp, 0.0)
+        elif lt == "sapo":
+            tau = np.where(a > 0, cfg["sapo_temperature_pos"], cfg["sapo_temperature_neg"])
+            L = -(4.0 / tau) * _sigmoid(tau * (c - 1.0)) * a
+        else:  # config.check_config only lets known loss types through
+            raise ValueError(f"loss_type {lt!r} has no loss formula")
+        if with_kl:
+            k = k3_of(np.where(v, b.cols["ref_logp"] - b.logp, 0.0))
+            if cfg.get("use_bias_correction_kl"):
+                k = k * c
+            L = L + beta * k
+    return np.where(v, L, 0.0), v
+
+
+@producer("loss", merge={"loss.sum": "sum", "loss.n": "sum"})
+def _loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    L, v = per_token_loss(b, cfg)
+    return {"loss.sum": b.seq_sum(L), "loss.n": b.count(v)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+# ---------------------------------------------------------------------------------------------
+
+def _pooled(sd, s: np.ndarray, n: np.ndarray) -> float | None:
+    lt = sd.cfg["loss_type"]
+    if lt in SEQ_MEAN_LOSSES:
+        return float(np.mean(s / np.maximum(n, 1.0)))
+    if lt == "luspo":
+        return float(np.mean(s))
+    if lt == "dr_grpo":
+        length = sd.cfg.get("max_completion_length")
+        return float(s.sum() / (len(s) * length)) if length else None
+    return float(s.sum() / n.sum())
+
+
+def _trl(sd, s: np.ndarray, n: np.ndarray) -> float | None:
+    """TRL's ``loss``: per micro-batch returned loss, summed over a rank's micro-batches, mean over ranks."""
+    lt = sd.cfg["loss_type"]
+    if lt in TOKEN_MEAN_LOSSES and lt != "bnpo":
+        return float(s.sum() / max(n.sum(), 1.0))  # Σ over calls of Σ L·M / (N/P), mean over P ranks
+    g, ng = sd.groups(("rank", "micro_batch"))
+    rows = np.bincount(g, minlength=ng).astype(np.float64)
+    if lt in SEQ_MEAN_LOSSES:
+        call = np.bincount(g, s / np.maximum(n, 1.0), ng) / rows
+    elif lt == "luspo":
+        call = np.bincount(g, s, ng) / rows
+    elif lt == "bnpo":
+        call = np.bincount(g, s, ng) / np.maximum(np.bincount(g, n, ng), 1.0)
+    else:  # dr_grpo
+        length = sd.cfg.get("max_completion_length")
+        if not length:
+            return None
+        call = np.bincount(g, s, ng) / (rows * length)
+    rank_of_call = np.zeros(ng)
+    rank_of_call[g] = sd.col("rank")
+    _, r = np.unique(rank_of_call, return_inverse=True)
+    per_rank = np.bincount(r, call) / np.bincount(r)  # Σ over the rank's G calls of value / G
+    return float(np.mean(per_rank))
+
+
+def _loss_value(sd) -> float | None:
+    if not sd.n_seq:
+        return None
+    if sd.cfg.get("beta", 0.0) != 0.0 and "ref_logp" not in sd.present:
+        return None  # the trainer added a KL term the run cannot reproduce
+    s, n = sd.col("loss.sum"), sd.col("loss.n")
+    if sd.profile == "trl":
+        return _trl(sd, s, n)
+    if n.sum() == 0:
+        return None
+    return _pooled(sd, s, n)
+
+
+register(Metric(
+    "loss", "loss",
+    "The step's loss as its variant computes and normalises it: per-token L (PPO clip with delta; "
+    "CISPO −min(c, ε_high)·A·logp; SAPO soft gate) + β·k3 (× c if use_bias_correction_kl); grpo/"
+    "sapo/gspo: mean over sequences of their token mean; bnpo/dapo/cispo: Σ L / Σ tokens; dr_grpo: "
+    "Σ L / (sequences · max_completion_length); luspo: mean of per-sequence sums. trl: TRL's `loss` "
+    "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo "
+    "exact when steps_per_generation = gradient_accumulation_steps). No entropy bonus or IS weights.",
+    kind="custom", fn=_loss_value,
+    config=("loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl",
+            "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
+            "max_completion_length", "log_ratio_clamp"),
+    names={"trl": "loss"},
+))

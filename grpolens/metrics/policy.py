@@ -1,0 +1,253 @@
+"""Policy ratio: how far the current policy has moved from the behaviour (old) policy.
+
+Per masked token whose ``logp`` and ``old_logp`` are finite, ``d = logp − old_logp`` and the
+importance ratio ``r = e^d``. All means are token-weighted over the whole step (every rank and
+micro-batch pooled), which is also how Twinkle's ``GRPOMetric`` and xtuner's
+``reduced_train_policy_*`` reduce them (global sums, all-reduced):
+
+    policy/logp_mean       Σ logp / N              policy/confidence  exp(policy/logp_mean)
+    policy/old_logp_mean   Σ old / N               policy/log_ratio_mean  Σ d / N
+    policy/approx_kl       Σ (e^d − d − 1) / N     Schulman's K3 of KL(old‖new): E_old[r − 1 − log r]
+    policy/token_kl_max    max_t (e^d − d − 1)     policy/ratio_max / ratio_min   max_t / min_t e^d
+
+Trainer quirks reproduced in their profiles (separate partial columns, never a changed formula):
+Twinkle starts its running maxima at 0 (so a step with masked tokens but no usable one logs 0.0);
+xtuner clamps d to ±20 before ``exp`` in every ``reduced_train_policy_*`` value and logs 0.0 when
+no token is valid.
+
+This module also holds the ratio helpers the clip, KL and loss families share: which tokens have
+a usable ratio, the importance-sampling level, and the GSPO sequence ratio
+``s_i = exp(Σ_t d·v / max(Σ_t v, 1))`` (the geometric mean of the token ratios).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpolens.metrics import reduce
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.partials import producer
+from grpolens.metrics.registry import Metric, register
+
+#: xtuner's (and verl's, Twinkle's loss') clamp of log-ratios before exp.
+XTUNER_CLAMP = 20.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Ratio helpers shared by the policy, clip, kl and loss families
+# ---------------------------------------------------------------------------------------------
+
+def memo(b: TokenBatch, key: str, fn):
+    """Compute ``fn()`` once per batch (several families need the same per-token arrays)."""
+    store = b.__dict__.setdefault("_grpolens_memo", {})
+    if key not in store:
+        store[key] = fn()
+    return store[key]
+
+
+def ratio_valid(b: TokenBatch) -> np.ndarray:
+    """Masked tokens whose current and old log-probs are finite (the ratio is defined)."""
+    return memo(b, "ratio_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.old))
+
+
+def is_level(cfg: dict) -> str:
+    """The importance-sampling level the loss uses: ``token``, ``sequence`` (GSPO, also implied
+    by ``loss_type="gspo"``) or ``sequence_token`` (GSPO-token: the sequence ratio on each token)."""
+    lvl = cfg.get("importance_sampling_level") or "token"
+    if cfg.get("loss_type") == "gspo" and lvl == "token":
+        return "sequence"
+    return lvl
+
+
+def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
+    """d per token, 0 where the ratio is undefined; clipped to ±clamp when given."""
+    def make():
+        with np.errstate(invalid="ignore"):
+            d = np.where(ratio_valid(b), b.log_ratio, 0.0)
+        return d if clamp is None else np.clip(d, -clamp, clamp)
+    return memo(b, f"log_ratio:{clamp}", make)
+
+
+def seq_log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
+    """Per sequence Σ_t d·v / max(Σ_t v, 1): the log of GSPO's sequence ratio (0 when no token)."""
+    def make():
+        v = ratio_valid(b)
+        return b.seq_sum(log_ratio(b, clamp)) / np.maximum(b.count(v), 1.0)
+    return memo(b, f"seq_log_ratio:{clamp}", make)
+
+
+def coef_log(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
+    """Per token, the log of the importance weight the loss uses (TRL's ``log(coef_1)``): d at
+    token level, the sequence's mean d broadcast over its tokens at sequence levels."""
+    if is_level(cfg) == "token":
+        return log_ratio(b, clamp)
+    return memo(b, f"coef_log_seq:{clamp}", lambda: b.broadcast(seq_log_ratio(b, clamp)))
+
+
+def k3_of(x: np.ndarray) -> np.ndarray:
+    """e^x − x − 1 (Schulman's K3), accurate for small x."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.expm1(x) - x
+
+
+# ---------------------------------------------------------------------------------------------
+# Producer
+# ---------------------------------------------------------------------------------------------
+
+_MERGE = {
+    "policy.new.sum": "sum", "policy.new.n": "sum",
+    "policy.n": "sum", "policy.old.sum": "sum", "policy.d.sum": "sum",
+    "policy.k3.sum": "sum", "policy.k3_c20.sum": "sum", "policy.absdev_c20.sum": "sum",
+    "policy.k3.max": "max", "policy.d.max": "max", "policy.d.min": "min",
+}
+
+
+@producer("policy", merge=_MERGE)
+def _policy(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    lp = b.logp
+    vnew = b.mask & np.isfinite(lp)
+    v = ratio_valid(b)
+    d = log_ratio(b)
+    dc = log_ratio(b, XTUNER_CLAMP)
+    k3 = k3_of(d)
+    return {
+        "policy.new.sum": b.masked_sum(lp, vnew),
+        "policy.new.n": b.count(vnew),
+        "policy.n": b.count(v),
+        "policy.old.sum": b.masked_sum(b.old, v),
+        "policy.d.sum": b.seq_sum(d),
+        "policy.k3.sum": b.masked_sum(k3, v),
+        "policy.k3_c20.sum": b.masked_sum(k3_of(dc), v),
+        "policy.absdev_c20.sum": b.masked_sum(np.abs(np.expm1(dc)), v),
+        "policy.k3.max": b.seq_max(k3, v),
+        "policy.d.max": b.seq_max(d, v),
+        "policy.d.min": b.seq_min(d, v),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions (pooled in every profile that logs these)
+# ---------------------------------------------------------------------------------------------
+
+def _pooled(sd, num: str, den: str) -> float | None:
+    return reduce.grouped_ratio(sd, num, den, "pooled")
+
+
+def _xtuner_zero(sd, value: float | None) -> float | None:
+    """xtuner logs 0.0 for every train-policy value when no token was valid."""
+    if sd.profile == "xtuner" and value is None and sd.n_seq:
+        return 0.0
+    return value
+
+
+def _extreme(sd, col: str, which: str) -> float | None:
+    if not sd.n_seq:
+        return None
+    x = sd.col(col)
+    v = float(np.max(x) if which == "max" else np.min(x))
+    return v if np.isfinite(v) else None
+
+
+def _twinkle_max(sd, value: float | None) -> float | None:
+    """Twinkle's running maxima start at 0 and it logs nothing when the step has no masked token."""
+    if sd.profile != "twinkle":
+        return value
+    if not sd.col("policy.new.n").sum() > 0:
+        return None
+    return max(0.0, value) if value is not None else 0.0
+
+
+def _mean(num: str, den: str, xtuner_num: str | None = None, sign: float = 1.0):
+    def fn(sd):
+        col = xtuner_num if (xtuner_num and sd.profile == "xtuner") else num
+        v = _pooled(sd, col, den)
+        return _xtuner_zero(sd, None if v is None else sign * v)
+    return fn
+
+
+def _confidence(sd) -> float | None:
+    v = _pooled(sd, "policy.new.sum", "policy.new.n")
+    return None if v is None else float(np.exp(v))
+
+
+def _ratio_extreme(which: str):
+    def fn(sd):
+        dx = _extreme(sd, f"policy.d.{which}", which)
+        if dx is not None and sd.profile == "xtuner":
+            dx = float(np.clip(dx, -XTUNER_CLAMP, XTUNER_CLAMP))
+        with np.errstate(over="ignore"):
+            v = None if dx is None else float(np.exp(dx))
+        v = _xtuner_zero(sd, v)
+        return _twinkle_max(sd, v) if which == "max" else v
+    return fn
+
+
+def _token_kl_max(sd) -> float | None:
+    return _twinkle_max(sd, _extreme(sd, "policy.k3.max", "max"))
+
+
+_FAM = "policy"
+_OLD = ("old_logp",)
+
+register(Metric(
+    "policy/logp_mean", _FAM,
+    "Mean current-policy log-prob of the masked tokens: Σ logp / N (finite logp).",
+    kind="token_mean", num="policy.new.sum", den="policy.new.n",
+    names={"twinkle": "train/mean_new_logp"},
+))
+register(Metric(
+    "policy/confidence", _FAM,
+    "Policy confidence exp(policy/logp_mean): the geometric-mean probability of the sampled tokens.",
+    kind="custom", fn=_confidence, names={"twinkle": "train/policy_confidence"},
+))
+register(Metric(
+    "policy/old_logp_mean", _FAM,
+    "Mean behaviour-policy log-prob Σ old_logp / N over tokens whose ratio is defined "
+    "(Twinkle's docs call it the reference policy; it is the old policy).",
+    kind="token_mean", num="policy.old.sum", den="policy.n", requires=_OLD,
+    names={"twinkle": "train/mean_old_logp"},
+))
+register(Metric(
+    "policy/log_ratio_mean", _FAM,
+    "Mean log-ratio Σ d / N, d = logp − old_logp.",
+    kind="token_mean", num="policy.d.sum", den="policy.n", requires=_OLD,
+    names={"twinkle": "train/logp_diff_mean"},
+))
+register(Metric(
+    "policy/k1", _FAM,
+    "k1 estimate of KL(old‖new): Σ (old_logp − logp) / N = −policy/log_ratio_mean "
+    "(xtuner's `kl1`, not clamped). xtuner logs 0.0 when no token is valid.",
+    kind="custom", fn=_mean("policy.d.sum", "policy.n", sign=-1.0), requires=_OLD,
+    names={"xtuner": "reduced_train_policy_kl1"},
+))
+register(Metric(
+    "policy/approx_kl", _FAM,
+    "Approximate KL(old‖new), Schulman's K3: Σ (e^d − d − 1) / N. xtuner clamps d to ±20 first "
+    "(its profile uses that column; equal unless |d| > 20) and logs 0.0 when no token is valid.",
+    kind="custom", fn=_mean("policy.k3.sum", "policy.n", xtuner_num="policy.k3_c20.sum"), requires=_OLD,
+    names={"twinkle": "train/approx_kl", "xtuner": "reduced_train_policy_kl3"},
+))
+register(Metric(
+    "policy/ratio_abs_dev_mean", _FAM,
+    "Mean |r − 1| with r = exp(clamp(d, ±20)) (xtuner's definition, clamp included).",
+    kind="custom", fn=_mean("policy.absdev_c20.sum", "policy.n"), requires=_OLD,
+    names={"xtuner": "reduced_train_policy_ratio_abs_dev_mean"},
+))
+register(Metric(
+    "policy/token_kl_max", _FAM,
+    "Largest per-token K3 e^d − d − 1 in the step (all ranks). Twinkle starts the max at 0.",
+    kind="custom", fn=_token_kl_max, requires=_OLD, names={"twinkle": "train/token_kl_max"},
+))
+register(Metric(
+    "policy/ratio_max", _FAM,
+    "Largest token ratio e^d in the step. Twinkle starts the max at 0; xtuner clamps d to ±20 "
+    "(so it saturates at e^20) and logs 0.0 when no token is valid.",
+    kind="custom", fn=_ratio_extreme("max"), requires=_OLD,
+    names={"twinkle": "train/token_ratio_max", "xtuner": "reduced_train_policy_ratio_max"},
+))
+register(Metric(
+    "policy/ratio_min", _FAM,
+    "Smallest token ratio e^d in the step (xtuner: d clamped to ±20, 0.0 when no token is valid).",
+    kind="custom", fn=_ratio_extreme("min"), requires=_OLD,
+    names={"xtuner": "reduced_train_policy_ratio_min"},
+))
