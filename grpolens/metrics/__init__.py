@@ -16,6 +16,7 @@ FAMILY_MODULES = [
     "clip",
     "loss",
     "rollout_is",
+    "rollout_is",
 ]
 
 #: Other modules that register producers or visitors (imported after the families).

@@ -1,0 +1,836 @@
+"""Rollout importance sampling and train–inference mismatch (family ``rollout_is``).
+
+Formulas live in :mod:`grpolens.rollout_is` (weights, modes, veto, rejection filters) and in the
+``mismatch`` producer below (KL, perplexities, χ²); this module registers the partials, the
+visitors (exact per-step Δ quantiles, rejection-filter partials, IS-weight histograms, the
+``--is-weights`` writer) and the metrics with their names per profile.
+
+Aggregation per profile (names change, and the grouping each trainer uses; never a formula):
+
+``grpolens``  pooled over the step: token fractions over valid tokens, sequence summaries over
+              sequences with a valid token; ``None`` when there is nothing to average.
+``xtuner``    the reference's per-*pack* (rank, micro_batch) values -- the mismatch metrics treat a
+              pack as one row -- then the mean over valid packs, max/min for keys naming max/min,
+              0.0 when no pack is valid (as ``merge_rollout_is_metrics``).
+``verl``      newest verl: one computation over the global batch (the step); sequence summaries
+              over *all* rows (an empty row counts as 0), IS statistics on applied weights.
+``trl``       ``sampling/*``: per rank (each completion once), then the plain mean over ranks
+              (min/max for the extremes); sequence modes average over sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from grpolens import format as fmt
+from grpolens import rollout_is as ris
+from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
+from grpolens.metrics.config import RS_OPTIONS
+from grpolens.metrics.engine import visitor
+from grpolens.metrics.partials import producer
+from grpolens.metrics.registry import Metric, register
+from grpolens.rollout_is import ISConfig, SAFETY_BOUND
+
+FAMILY = "rollout_is"
+REQ = ("rollout_logp",)
+
+#: constant-offset diagnosis: |median Δ| at least this many nats, and at least this share of
+#: tokens on the median's side of 0 (bf16 noise is symmetric around 0; a temperature or
+#: truncated-support mismatch shifts almost every token the same way)
+OFFSET_MIN_NATS = 0.01
+OFFSET_MIN_AGREEMENT = 0.75
+
+
+def batch_inputs(b: TokenBatch) -> ris.Inputs:
+    """δ and valid tokens of a batch, computed once and shared by every visitor of the pass."""
+    x = b.__dict__.get("_rollout_is_inputs")
+    if x is None:
+        x = b.__dict__["_rollout_is_inputs"] = ris.inputs(b)
+    return x
+
+
+def batch_partials(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
+    """The batch's IS partials under ``c`` (the producer's, when it ran with the same config)."""
+    hit = b.__dict__.get("_rollout_is_partials")
+    if hit is not None and hit[0] == c:
+        return hit[1]
+    p = ris.sequence_partials(b, batch_inputs(b), c)
+    b.__dict__["_rollout_is_partials"] = (c, p)
+    return p
+
+
+def batch_token_weights(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
+    return ris.token_weights(b, c, batch_inputs(b), batch_partials(b, c))
+
+
+# ---------------------------------------------------------------------------------------------
+# Producers
+# ---------------------------------------------------------------------------------------------
+
+@producer("rollout_is", merge=ris.IS_MERGE, requires=REQ)
+def _is_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    return batch_partials(b, ISConfig.from_cfg(cfg))
+
+
+MM_MERGE = {"mm.n": "sum", "mm.old": "sum", "mm.roll": "sum", "mm.d": "sum", "mm.absd": "sum",
+            "mm.absdmax": "max", "mm.k3": "sum", "mm.chi": "sum"}
+
+
+@producer("mismatch", merge=MM_MERGE, requires=REQ)
+def _mismatch_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    """Over masked tokens whose two log-probs are finite: Σ log π_train, Σ log π_rollout, Σδ, Σ|δ|,
+    max|δ|, Σ(e^δ − δ − 1) (k3, unbounded as in the reference) and Σ e^(2·clip(δ, ±20)) (χ²)."""
+    old, roll = b.old, b.cols["rollout_logp"]
+    f = b.mask & np.isfinite(old) & np.isfinite(roll)
+    d = np.where(f, old - np.where(f, roll, 0.0), 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        k3 = np.expm1(d) - d
+    return {
+        "mm.n": b.count(f), "mm.old": b.masked_sum(old, f), "mm.roll": b.masked_sum(roll, f),
+        "mm.d": b.seq_sum(d), "mm.absd": b.seq_sum(np.abs(d)), "mm.absdmax": b.seq_max(np.abs(d), f),
+        "mm.k3": b.seq_sum(k3), "mm.chi": b.masked_sum(np.exp(2.0 * np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)), f),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Visitors
+# ---------------------------------------------------------------------------------------------
+
+class DeltaQuantiles:
+    """Exact per-step quantiles of δ over masked finite tokens (one step's values in memory)."""
+
+    name = "rollout_is.delta"
+
+    def shard(self, b: TokenBatch, shard) -> np.ndarray | None:
+        if not b.has("rollout_logp"):
+            return None
+        old, roll = b.old, b.cols["rollout_logp"]
+        f = b.mask & np.isfinite(old) & np.isfinite(roll)
+        return (old - roll)[f]
+
+    def combine(self, step: int, pieces: list) -> dict[str, float] | None:
+        parts = [p for p in pieces if p is not None]
+        if not parts:
+            return None
+        d = np.concatenate(parts)
+        if len(d) == 0:
+            return {"n": 0.0}
+        q25, med, q75 = np.percentile(d, [25, 50, 75])
+        agree = np.mean(d < 0) if med < 0 else np.mean(d > 0) if med > 0 else 0.0
+        flag = abs(med) >= OFFSET_MIN_NATS and agree >= OFFSET_MIN_AGREEMENT
+        return {"n": float(len(d)), "median": float(med), "iqr": float(q75 - q25),
+                "agreement": float(agree), "flag": 1.0 if flag else 0.0}
+
+
+@visitor("rollout_is.delta")
+def _delta_visitor(cfg: dict) -> DeltaQuantiles:
+    return DeltaQuantiles()
+
+
+#: Histogram bins on δ = ln w: 0.1-decade log-spaced |δ| from 1e-6 to the ±20 safety bound, both
+#: signs, plus one centre bin (−1e-6, 1e-6): bf16 noise (~1e-3) and catastrophic tails both resolve.
+_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(SAFETY_BOUND), 0.1), SAFETY_BOUND))
+HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
+
+
+def histogram(log_w: np.ndarray) -> np.ndarray:
+    x = np.clip(log_w, -SAFETY_BOUND, SAFETY_BOUND)
+    return np.histogram(x, bins=HIST_EDGES)[0].astype(np.int64)
+
+
+@dataclass
+class ISHistogram:
+    """Per-step histograms of the token raw weight e^δ and of the applied weight at the configured
+    level (zero weights counted apart); written to ``is_hist.parquet`` by every recompute."""
+
+    c: ISConfig
+    name: str = "rollout_is.hist"
+    collect: bool = True
+
+    def shard(self, b: TokenBatch, shard) -> dict | None:
+        if not b.has("rollout_logp"):
+            return None
+        x = batch_inputs(b)
+        tw = batch_token_weights(b, self.c)
+        v = x.valid
+        a = tw["is_weight"][v]
+        with np.errstate(divide="ignore"):
+            la = np.log(a[a > 0])
+        return {"raw": histogram(x.delta[v]), "applied": histogram(la), "applied_zero": int((a == 0).sum())}
+
+    def combine(self, step: int, pieces: list) -> dict | None:
+        parts = [p for p in pieces if p is not None]
+        if not parts:
+            return None
+        return {k: sum(p[k] for p in parts) for k in parts[0]}
+
+    def finish(self, run: Path, out_dir: Path, by_step: dict[int, dict | None], kept_steps: set[int]) -> None:
+        path = out_dir / "is_hist.parquet"
+        frames = [hist_frame(s, h) for s, h in sorted(by_step.items()) if h is not None]
+        if path.is_file() and kept_steps:
+            try:
+                old = pl.read_parquet(path)
+                frames.insert(0, old.filter(pl.col("step").is_in(sorted(kept_steps))))
+            except Exception:  # noqa: BLE001 - an unreadable old file is simply replaced
+                pass
+        if not frames:
+            return
+        df = pl.concat(frames, how="vertical_relaxed").sort(["step", "kind", "lo"])
+        fmt.atomic_write_table(path, df.to_arrow())
+
+
+def hist_frame(step: int, h: dict) -> pl.DataFrame:
+    """Long format: step, kind (``raw``/``applied``), weight bin [lo, hi), count; applied zeros as [0, 0]."""
+    lo, hi = np.exp(HIST_EDGES[:-1]), np.exp(HIST_EDGES[1:])
+    nb = len(lo)
+    return pl.DataFrame({
+        "step": np.full(2 * nb + 1, step, dtype=np.int64),
+        "kind": ["raw"] * nb + ["applied"] * (nb + 1),
+        "lo": np.concatenate([lo, lo, [0.0]]), "hi": np.concatenate([hi, hi, [0.0]]),
+        "count": np.concatenate([h["raw"], h["applied"], [h["applied_zero"]]]).astype(np.int64),
+    })
+
+
+@visitor("rollout_is.hist")
+def _hist_visitor(cfg: dict) -> ISHistogram:
+    return ISHistogram(ISConfig.from_cfg(cfg))
+
+
+class RSPartials:
+    """Per-sequence partials of verl's rejection filters (only when ``rollout_is.rs`` is set)."""
+
+    name = "rollout_is.rs"
+
+    def __init__(self, c: ISConfig):
+        self.c = c
+        self.ks = sorted({f.k for f in c.rs})
+
+    def shard(self, b: TokenBatch, shard) -> dict | None:
+        if not self.c.rs or not b.has("rollout_logp"):
+            return None
+        x = batch_inputs(b)
+        v = x.valid
+        d = np.where(v, x.delta, 0.0)
+        out = dict(b.seq_keys)
+        out["n"] = b.count(v)
+        stats = {k: ris.rs_stat(k, d) for k in self.ks}
+        for k, s in stats.items():
+            out[f"k{k}.sum"] = b.masked_sum(s, v)
+            out[f"k{k}.max"] = b.seq_max(s, v)
+        tokrej = np.zeros(b.n, dtype=bool)
+        for f in self.c.token_filters:
+            s = stats[f.k]
+            lo, hi = f.log_band
+            cl = np.clip(s, lo, hi)
+            rej = v & ~f.keep(s)
+            tokrej |= rej
+            o = f.option
+            out.update({f"{o}.s2": b.masked_sum(s * s, v), f"{o}.min": b.seq_min(s, v),
+                        f"{o}.hi": b.count(v & (s > hi)), f"{o}.lo": b.count(v & (s < lo)) if f.k == 1 else np.zeros(b.n_seq),
+                        f"{o}.c": b.masked_sum(cl, v), f"{o}.c2": b.masked_sum(cl * cl, v), f"{o}.rej": b.count(rej)})
+        out["tokrej"] = b.count(tokrej)
+        return out
+
+    def combine(self, step: int, pieces: list) -> dict[str, float | None] | None:
+        parts = [pl.DataFrame(p) for p in pieces if p is not None]
+        if not parts:
+            return None
+        df = pl.concat(parts, how="vertical_relaxed")
+        rule = lambda c: pl.col(c).max() if c.endswith(".max") else pl.col(c).min() if c.endswith(".min") else pl.col(c).sum()  # noqa: E731
+        df = df.group_by(list(KEY_COLUMNS)).agg([rule(c).alias(c) for c in df.columns if c not in KEY_COLUMNS])
+        return rs_summary({c: df[c].to_numpy() for c in df.columns}, self.c)
+
+
+@visitor("rollout_is.rs")
+def _rs_visitor(cfg: dict) -> RSPartials:
+    return RSPartials(ISConfig.from_cfg(cfg))
+
+
+def rs_summary(p: dict[str, np.ndarray], c: ISConfig) -> dict[str, float | None]:
+    """verl's per-filter metrics (``rollout_rs/<option>/<stat>``) and the combined masked fractions,
+    over the whole step. Token filters: statistics over valid tokens; sequence filters: over
+    sequences with a valid token (``mean`` and ``std`` weight a sequence by its tokens)."""
+    n = p["n"].astype(np.float64)
+    N = n.sum()
+    ok = n > 0
+    out: dict[str, float | None] = {}
+    if N == 0:
+        return out
+    seq_rej = np.zeros(len(n), dtype=bool)
+    for f in c.rs:
+        lo, hi = f.log_band
+        pre = f"rollout_rs/{f.option}/"
+        ksum, kmax = p[f"k{f.k}.sum"], p[f"k{f.k}.max"]
+        if f.scope == "token":
+            o = f.option
+            v = ksum[ok] / n[ok]
+            out[pre + "mean"] = ris._f(ksum.sum() / N)
+            out[pre + "max"], out[pre + "min"] = ris._f(kmax[ok].max()), ris._f(p[f"{o}.min"][ok].min())
+            out[pre + "fraction_high"] = ris._f(p[f"{o}.hi"].sum() / N)
+            out[pre + "fraction_low"] = ris._f(p[f"{o}.lo"].sum() / N)
+            c1, c2 = p[f"{o}.c"].sum(), p[f"{o}.c2"].sum()
+            rej_tokens = p[f"{o}.rej"]
+            rej_rows = rej_tokens > 0
+        else:
+            val = ksum if f.scope == "sum" else np.nan_to_num(ksum / np.where(ok, n, 1.0)) if f.scope == "mean" else np.where(ok, kmax, 0.0)
+            v = val[ok]
+            out[pre + "mean"] = ris._f((n * val).sum() / N)
+            out[pre + "max"], out[pre + "min"] = ris._f(v.max()), ris._f(v.min())
+            out[pre + "fraction_high"] = ris._f(np.mean(v > hi))
+            out[pre + "fraction_low"] = ris._f(np.mean(v < lo)) if f.k == 1 else 0.0
+            cl = np.clip(val, lo, hi)
+            c1, c2 = (n * cl).sum(), (n * cl * cl).sum()
+            rej_rows = ~f.keep(val)
+            rej_tokens = np.where(rej_rows, n, 0.0)
+            seq_rej |= rej_rows & ok
+        m = c1 / N
+        out[pre + "std"] = float(np.sqrt(max(0.0, c2 / N - m * m))) if N > 1 else 0.0
+        out[pre + "seq_mean"] = ris._f(v.mean())
+        out[pre + "seq_std"] = ris._f(v.std(ddof=1)) if len(v) > 1 else 0.0
+        out[pre + "seq_max"], out[pre + "seq_min"] = ris._f(v.max()), ris._f(v.min())
+        out[pre + "seq_max_deviation"] = ris._f(np.abs(v).max())
+        out[pre + "seq_fraction_high"] = ris._f(np.mean(v > hi))
+        if f.k == 1:
+            out[pre + "seq_fraction_low"] = ris._f(np.mean(v < lo))
+        out[pre + "masked_fraction"] = ris._f(rej_tokens.sum() / N)
+        out[pre + "seq_masked_fraction"] = ris._f(np.mean(rej_rows[ok]))
+    rejected = np.where(seq_rej, n, p["tokrej"])
+    out["rollout_rs/masked_fraction"] = ris._f(rejected.sum() / N)
+    out["rollout_rs/seq_masked_fraction"] = ris._f(np.mean(rejected > 0))  # over all rows, as verl
+    return out
+
+
+class ISWeightWriter:
+    """``recompute --is-weights``: per-token weights and the modified loss mask, one Parquet file
+    per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens."""
+
+    name = "rollout_is.weights"
+
+    def __init__(self, run: Path, c: ISConfig):
+        self.root = fmt.derived_dir(run) / "is_weights"
+        self.c = c
+
+    def shard(self, b: TokenBatch, sh: fmt.Shard) -> Path | None:
+        if not b.has("rollout_logp"):
+            return None
+        import pyarrow as pa
+
+        tw = batch_token_weights(b, self.c)
+        v = tw["valid"]
+        cols = {"step": pa.array(b.cols["step"], pa.int64()), "rank": pa.array(b.cols["rank"], pa.int32()),
+                "micro_batch": pa.array(b.cols["micro_batch"], pa.int32()),
+                "sample_id": pa.array(b.cols["sample_id"], pa.int64()), "pos": pa.array(b.cols["pos"], pa.int32()),
+                "mask": pa.array(b.mask), "valid": pa.array(v),
+                "is_weight_raw": pa.array(tw["is_weight_raw"], pa.float64(), mask=~v),
+                "is_weight": pa.array(tw["is_weight"], pa.float64(), mask=~v),
+                "is_mask": pa.array(tw["is_mask"])}
+        rel = fmt.shard_relpath("is_weights", sh.step, sh.rank, None if sh.part < 0 else sh.part)
+        path = self.root.parent / rel
+        fmt.atomic_write_table(path, pa.table(cols))
+        return path
+
+    def combine(self, step: int, pieces: list) -> int:
+        written = {p for p in pieces if p is not None}
+        step_dir = self.root / f"step={step:08d}"
+        if step_dir.is_dir():  # files of an earlier layout of this step would be read as current
+            for f in step_dir.glob("rank=*.parquet"):
+                if f not in written:
+                    f.unlink()
+        return len(written)
+
+    def write_config(self) -> None:
+        c = self.c
+        doc = {"level": c.level, "mode": c.mode, "lower": c.lower, "upper": c.upper, "mask_lower": c.mask_lower,
+               "mask_upper": c.mask_upper, "veto_lower": c.veto_lower, "veto_upper": c.veto_upper,
+               "rs": [{"option": f.option, "lower": f.lower, "upper": f.upper} for f in c.rs],
+               "configured": c.configured, "columns": {
+                   "valid": "mask and the log-ratio is defined (weights are null elsewhere)",
+                   "is_weight_raw": "safety-bounded weight at the level, before truncation/zeroing",
+                   "is_weight": "applied weight (after truncation/zeroing)",
+                   "is_mask": "the loss mask after the mask band, veto and rejection filters"}}
+        fmt.atomic_write_bytes(self.root / "config.json", (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def resolve_config(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> dict:
+    """The checked config ``recompute`` uses: manifest, then ``--config``, then ``--set``."""
+    from grpolens.compute import deep_update, load_config_file
+    from grpolens.metrics.config import check_config
+
+    cfg = fmt.read_manifest(run).resolved_config()
+    if config_file is not None:
+        cfg = deep_update(cfg, load_config_file(config_file))
+    if overrides:
+        cfg = deep_update(cfg, overrides)
+    return check_config(cfg)
+
+
+def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> ISWeightWriter:
+    """The ``--is-weights`` visitor for ``recompute`` (fails early when the run has no rollout_logp)."""
+    from grpolens.errors import UserError
+
+    run = Path(run)
+    shards = fmt.list_shards(run, fmt.TOKENS)
+    if shards:
+        import pyarrow.parquet as pq
+
+        if "rollout_logp" not in pq.ParquetFile(shards[0].path).schema_arrow.names:
+            raise UserError(f"--is-weights: {shards[0].path} has no rollout_logp column, so there are no IS weights")
+    w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)))
+    w.write_config()
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# Step summaries per profile
+# ---------------------------------------------------------------------------------------------
+
+def _seqs(sd) -> dict[str, np.ndarray] | None:
+    return sd.seqs if "ris.n" in sd.seqs and "mm.n" in sd.seqs else None
+
+
+def _mm(p: dict, name: str) -> np.ndarray:
+    x = np.asarray(p[name], dtype=np.float64)
+    return np.where(np.isnan(x), -np.inf if name == "mm.absdmax" else 0.0, x)
+
+
+def mismatch_rows(p: dict, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-row mean log-probs (0 for a row without tokens, like the reference's masked mean)."""
+    nf = _mm(p, "mm.n")
+    lo = np.nan_to_num(ris._div(_mm(p, "mm.old"), nf))
+    lr = np.nan_to_num(ris._div(_mm(p, "mm.roll"), nf))
+    return {"nf": nf, "lo": lo, "lr": lr, "d": lr - lo}
+
+
+def mismatch_summary(p: dict, all_rows: bool = False) -> dict[str, float | None]:
+    """Mismatch metrics over token rows ``p`` (one row per sequence, or per pack): KL k1/k3, |δ|,
+    perplexities, log-PPL differences, χ². Row statistics over rows with a token, or every row
+    (``all_rows``: verl, where an empty row has PPL 1 and difference 0)."""
+    r = mismatch_rows(p)
+    nf = r["nf"]
+    N = nf.sum()
+    if N == 0:
+        return {}
+    sel = np.ones(len(nf), dtype=bool) if all_rows else nf > 0
+    lo, lr, d = r["lo"][sel], r["lr"][sel], r["d"][sel]
+    f = ris._f
+    seq_d = _mm(p, "mm.d")[sel]
+    with np.errstate(over="ignore"):
+        return {
+            "mismatch/kl_k1": f(-_mm(p, "mm.d").sum() / N), "mismatch/kl_k3": f(_mm(p, "mm.k3").sum() / N),
+            "mismatch/abs_logp_diff": f(_mm(p, "mm.absd").sum() / N),
+            "mismatch/abs_logp_diff_max": f(_mm(p, "mm.absdmax")[nf > 0].max()),
+            "mismatch/training_ppl": f(np.exp(-lo).mean()), "mismatch/training_log_ppl": f((-lo).mean()),
+            "mismatch/rollout_ppl": f(np.exp(-lr).mean()), "mismatch/rollout_log_ppl": f((-lr).mean()),
+            "mismatch/log_ppl_diff": f(d.mean()), "mismatch/log_ppl_abs_diff": f(np.abs(d).mean()),
+            "mismatch/log_ppl_diff_max": f(d.max()), "mismatch/log_ppl_diff_min": f(d.min()),
+            "mismatch/ppl_ratio": f(np.exp(d).mean()),
+            "mismatch/chi2_token": f(_mm(p, "mm.chi").sum() / N - 1.0),
+            "mismatch/chi2_seq": f(np.exp(2.0 * np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0),
+        }
+
+
+def canonical_summary(sd) -> dict[str, float | None]:
+    p = _seqs(sd)
+    if p is None:
+        return {}
+    c = ISConfig.from_cfg(sd.cfg)
+    out = {f"rollout_is/{k}": v for k, v in ris.summarize(p, c).items()}
+    out.update(mismatch_summary(p))
+    pieces = sd.extra.get("pieces") or {}
+    dq = pieces.get(DeltaQuantiles.name)
+    if dq and dq.get("n"):
+        out.update({"mismatch/delta_median": dq["median"], "mismatch/delta_iqr": dq["iqr"],
+                    "mismatch/delta_sign_agreement": dq["agreement"], "mismatch/constant_offset": dq["flag"]})
+    out.update(pieces.get(RSPartials.name) or {})
+    return out
+
+
+def _sub(p: dict, idx: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v)[idx] for k, v in p.items()}
+
+
+def xtuner_pack(p: dict, c: ISConfig) -> tuple[dict, dict]:
+    """The reference's values for one pack: (mismatch dict or {} if invalid, IS dict or {})."""
+    f = ris._f
+    mm: dict[str, float | None] = {}
+    nf = _mm(p, "mm.n").sum()
+    if nf > 0:  # the pack is one row: token means over the whole pack
+        lo, lr = _mm(p, "mm.old").sum() / nf, _mm(p, "mm.roll").sum() / nf
+        d = lr - lo
+        mm = {"mismatch/training_ppl": f(np.exp(-lo)), "mismatch/training_log_ppl": f(-lo),
+              "mismatch/rollout_ppl": f(np.exp(-lr)), "mismatch/rollout_log_ppl": f(-lr),
+              "mismatch/kl_k1": f(-_mm(p, "mm.d").sum() / nf), "mismatch/kl_k3": f(_mm(p, "mm.k3").sum() / nf),
+              "mismatch/log_ppl_diff": f(d), "mismatch/log_ppl_abs_diff": f(abs(d)),
+              "mismatch/log_ppl_diff_max": f(d), "mismatch/log_ppl_diff_min": f(d),
+              "mismatch/ppl_ratio": f(np.exp(d)), "mismatch/abs_logp_diff": f(_mm(p, "mm.absd").sum() / nf)}
+    if not (c.configured and c.has_band):
+        return mm, {}
+    sv = ris.seq_view(p, c)
+    n = sv.n
+    N = n.sum()
+    if N == 0:
+        return mm, {}
+    col = lambda name: ris._col(p, name)  # noqa: E731
+    ok = n > 0
+    U, Lo = c.upper, c.lower
+    logU = np.log(U)
+    with np.errstate(divide="ignore"):
+        logLo = np.log(Lo) if Lo is not None else -np.inf
+    o: dict[str, float | None] = {
+        "veto/seq_fraction": f(np.sum(sv.vetoed & ok) / ok.sum()),
+        "veto/catastrophic_token_fraction": f(col("ris.cat").sum() / N),
+    }
+    if c.level == "token":
+        w_sum = col("ris.tw").sum()
+        o["raw/max"], o["raw/min"] = f(col("ris.twmax")[ok].max()), f(col("ris.twmin")[ok].min())
+        o["raw/fraction_high"], o["raw/fraction_low"] = f(col("ris.thi").sum() / N), f(col("ris.tlo").sum() / N)
+        c1, c2 = col("ris.tc").sum(), col("ris.tc2").sum()
+    else:
+        X = sv.X  # every row of the pack, empty ones included (their X is 0)
+        w_sum = (n * sv.w).sum()
+        o["raw/max"], o["raw/min"] = f(np.exp(min(X.max(), SAFETY_BOUND))), f(np.exp(X.min()))
+        if c.level == "sequence":
+            o["raw/fraction_high"], o["raw/fraction_low"] = f(np.mean(X > logU)), f(np.mean(X < logLo))
+        else:
+            o["raw/fraction_high"], o["raw/fraction_low"] = f((n * (X > logU)).sum() / N), f((n * (X < logLo)).sum() / N)
+        cw = np.clip(sv.w, Lo or 0.0, U)
+        c1, c2 = (n * cw).sum(), (n * cw * cw).sum()
+    o["raw/mean"] = f(w_sum / N)
+    m = c1 / N
+    o["clamped/std"] = float(np.sqrt(max(0.0, c2 / N - m * m))) if N > 1 else 0.0
+    o["clamped/ess"] = f(1.0 / ((c2 / N) / (m + 1e-8) ** 2))
+    s = sv.w[ok]
+    o["raw/seq_mean"], o["raw/seq_std"] = f(s.mean()), f(s.std(ddof=1)) if len(s) > 1 else 0.0
+    o["raw/seq_max"], o["raw/seq_min"] = f(s.max()), f(s.min())
+    o["raw/seq_max_deviation"] = f(np.abs(s - 1.0).max())
+    o["raw/seq_fraction_high"] = f(np.mean(s > U))
+    o["raw/seq_fraction_low"] = f(np.mean(s < Lo)) if Lo is not None else 0.0
+    if c.masks:
+        if c.level == "token":
+            o["mask/token_fraction"] = f(col("ris.tband").sum() / N)
+            o["mask/seq_fraction"] = f(np.mean(col("ris.tband") > 0))  # over every row of the pack
+        else:
+            o["mask/token_fraction"] = f((n * sv.band_rej).sum() / N)
+            o["mask/seq_fraction"] = f(np.mean(sv.band_rej))
+    return mm, o
+
+
+def xtuner_summary(sd) -> dict[str, float | None]:
+    p = _seqs(sd)
+    if p is None:
+        return {}
+    c = ISConfig.from_cfg(sd.cfg)
+    g, ng = sd.groups(("rank", "micro_batch"))
+    mms, iss = [], []
+    for k in range(ng):
+        mm, o = xtuner_pack(_sub(p, g == k), c)
+        mms.append(mm)
+        iss.append(o)
+    out: dict[str, float | None] = {}
+    for packs, keys in ((mms, MISMATCH_XTUNER), (iss, IS_XTUNER if c.configured and c.has_band else {})):
+        valid = [d for d in packs if d]
+        for key, name in keys.items():
+            if key.startswith("mask/") and not c.masks:
+                continue
+            vals = [d[key] for d in valid if d.get(key) is not None]
+            if not valid:
+                out[key] = 0.0
+            elif "max" in name:
+                out[key] = max(vals) if vals else None
+            elif "min" in name:
+                out[key] = min(vals) if vals else None
+            else:
+                out[key] = sum(vals) / len(valid)
+    return out
+
+
+def verl_summary(sd) -> dict[str, float | None]:
+    """Newest verl: the whole step as one batch; sequence summaries over every row."""
+    p = _seqs(sd)
+    if p is None:
+        return {}
+    c = ISConfig.from_cfg(sd.cfg)
+    out = mismatch_summary(p, all_rows=True)
+    out.pop("mismatch/abs_logp_diff", None)
+    out.pop("mismatch/abs_logp_diff_max", None)
+    out.update((sd.extra.get("pieces") or {}).get(RSPartials.name) or {})
+    if not (c.configured and c.has_band):
+        return out
+    sv = ris.seq_view(p, c)
+    n = sv.n
+    N = n.sum()
+    if N == 0:
+        return out
+    f = ris._f
+    col = lambda name: ris._col(p, name)  # noqa: E731
+    ok = n > 0
+    U, Lo = c.upper, c.lower
+    o: dict[str, float | None] = {}
+    if c.level == "token":
+        a1, a2 = col("ris.ta").sum(), col("ris.ta2").sum()
+        o["applied/max"], o["applied/min"] = f(col("ris.tamax")[ok].max()), f(col("ris.tamin")[ok].min())
+        o["raw/fraction_high"], o["raw/fraction_low"] = f(col("ris.thi").sum() / N), f(col("ris.tlo").sum() / N)
+        s_app, s_raw = np.where(ok, sv.a, 0.0), np.where(ok, sv.w, 0.0)
+    else:
+        X = sv.X
+        a1, a2 = (n * sv.a).sum(), (n * sv.a * sv.a).sum()
+        o["applied/max"], o["applied/min"] = f(np.exp(min(X.max(), SAFETY_BOUND))), f(np.exp(X.min()))
+        with np.errstate(divide="ignore"):
+            o["raw/fraction_high"] = f(np.mean(X > np.log(U)))
+            o["raw/fraction_low"] = f(np.mean(X < np.log(Lo))) if Lo is not None else 0.0
+        s_app, s_raw = np.where(ok, sv.a, 0.0), np.where(ok, sv.w, 0.0)  # an empty row's masked mean is 0
+    m = a1 / N
+    o["applied/mean"] = f(m)
+    o["applied/std"] = float(np.sqrt(max(0.0, a2 / N - m * m))) if N > 1 else 0.0
+    o["applied/ess"] = f(1.0 / ((a2 / N) / (m + 1e-8) ** 2)) if a2 > 0 else None
+    o["applied/seq_mean"], o["applied/seq_std"] = f(s_app.mean()), f(s_app.std(ddof=1)) if len(s_app) > 1 else 0.0
+    o["applied/seq_max"], o["applied/seq_min"] = f(s_app.max()), f(s_app.min())
+    o["applied/seq_max_deviation"] = f(np.abs(s_app - 1.0).max())
+    o["raw/seq_fraction_high"] = f(np.mean(s_raw > U))
+    o["raw/seq_fraction_low"] = f(np.mean(s_raw < Lo)) if Lo is not None else 0.0
+    if c.zeroes:
+        o["zeroed_fraction"] = f(sv.changed.sum() / N)
+    out.update({f"rollout_is/{k}": v for k, v in o.items()})
+    return out
+
+
+def trl_summary(sd) -> dict[str, float | None]:
+    """TRL ``sampling/*``: per rank over its completions (each once), then across ranks."""
+    p = _seqs(sd)
+    c = ISConfig.from_cfg(sd.cfg)
+    if p is None or not c.configured:
+        return {}
+    keys = np.stack([np.asarray(p["rank"], dtype=np.int64), np.asarray(p["sample_id"], dtype=np.int64)], axis=1)
+    _, first = np.unique(keys, axis=0, return_index=True)
+    p = _sub(p, np.sort(first))
+    sv = ris.seq_view(p, c)
+    ranks = np.asarray(p["rank"])
+    nf, absd, absdmax = _mm(p, "mm.n"), _mm(p, "mm.absd"), _mm(p, "mm.absdmax")
+    means, maxes, rmin, rmean, rmax = [], [], [], [], []
+    for r in np.unique(ranks):
+        s = ranks == r
+        means.append(absd[s].sum() / nf[s].sum() if nf[s].sum() > 0 else 0.0)
+        if (nf[s] > 0).any():
+            maxes.append(absdmax[s][nf[s] > 0].max())
+        n = sv.n[s]
+        if c.level == "token":
+            if n.sum() > 0:
+                ok = n > 0
+                rmin.append(ris._col(p, "ris.tamin")[s][ok].min())
+                rmax.append(ris._col(p, "ris.tamax")[s][ok].max())
+                rmean.append(ris._col(p, "ris.ta")[s].sum() / n.sum())
+        else:  # one ratio per completion, empty ones included (their log-ratio sum is 0)
+            a = sv.a[s]
+            rmin.append(a.min())
+            rmax.append(a.max())
+            rmean.append(a.mean())
+    f = ris._f
+    return {
+        "mismatch/abs_logp_diff": f(np.mean(means)) if means else None,
+        "mismatch/abs_logp_diff_max": f(max(maxes)) if maxes else None,
+        "rollout_is/applied/min": f(min(rmin)) if rmin else None,
+        "rollout_is/applied/mean": f(np.mean(rmean)) if rmean else None,
+        "rollout_is/applied/max": f(max(rmax)) if rmax else None,
+    }
+
+
+_SUMMARIES = {"xtuner": xtuner_summary, "verl": verl_summary, "trl": trl_summary}
+
+
+def step_summary(sd) -> dict[str, float | None]:
+    """All of this family's values for a step under ``sd.profile`` (computed once per step)."""
+    key = ("rollout_is", sd.profile)
+    if key not in sd.extra:
+        sd.extra[key] = _SUMMARIES.get(sd.profile, canonical_summary)(sd)
+    return sd.extra[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+def _value(name: str):
+    def fn(sd):
+        return step_summary(sd).get(name)
+    fn.__name__ = f"rollout_is[{name}]"
+    return fn
+
+
+def _isc(cfg: dict) -> ISConfig:
+    return ISConfig.from_cfg(cfg)
+
+
+WHEN = {
+    None: None,
+    "configured": lambda cfg: _isc(cfg).configured,
+    "band": lambda cfg: _isc(cfg).has_band,
+    "truncate": lambda cfg: _isc(cfg).truncates,
+    "icepop": lambda cfg: _isc(cfg).zeroes,
+    "mask": lambda cfg: _isc(cfg).masks,
+}
+
+_IS_BAND = "lower, upper"
+IS_METRICS: list[tuple[str, str, str | None, dict[str, str]]] = [
+    # (key, doc, when, names per profile)
+    ("valid_tokens", "Masked tokens with a defined log-ratio δ = log π_train − log π_rollout (the tokens every IS statistic is over).", None, {}),
+    ("undefined_tokens", "Masked tokens left out: δ is NaN (a NaN log-prob), or the sequence holds both +inf and −inf δ.", None, {}),
+    ("safety_bound_fraction", "Share of valid tokens whose level log-weight |X| exceeded the ±20 safety bound (weight saturated at e^±20).", None, {}),
+    ("raw/mean", "Raw IS weight w = exp(clip(X, ±20)) at the configured level (token X = δ, sequence X = Σδ, geometric X = mean δ), token-weighted mean.", None, {"xtuner": "rollout_is_mean"}),
+    ("raw/std", "Population std of the raw weights, token-weighted.", None, {}),
+    ("raw/min", "Smallest raw weight over valid tokens (xtuner, sequence/geometric level: exp(min X) over every row of a pack, unbounded).", None, {"xtuner": "rollout_is_min"}),
+    ("raw/max", "Largest raw weight over valid tokens (xtuner, sequence/geometric level: exp(min(max X, 20)) over every row of a pack).", None, {"xtuner": "rollout_is_max"}),
+    ("raw/ess", "Effective sample size of the raw weights as a fraction: (Σw)² / (N·Σw²), in (0, 1].", None, {}),
+    ("raw/fraction_high", "Share of valid tokens whose unbounded level weight exceeds `upper` (sequence level in xtuner/verl: share of rows).", "band", {"xtuner": "rollout_is_ratio_fraction_high", "verl": "rollout_is_ratio_fraction_high"}),
+    ("raw/fraction_low", "Share of valid tokens whose unbounded level weight is below `lower`.", "band", {"xtuner": "rollout_is_ratio_fraction_low", "verl": "rollout_is_ratio_fraction_low"}),
+    ("raw/seq_mean", "Mean over sequences with a valid token of s_b = the sequence's mean raw weight.", None, {"xtuner": "rollout_is_seq_mean"}),
+    ("raw/seq_std", "Unbiased std of s_b over sequences (null for fewer than two; xtuner logs 0).", None, {"xtuner": "rollout_is_seq_std"}),
+    ("raw/seq_min", "Smallest s_b.", None, {"xtuner": "rollout_is_seq_min"}),
+    ("raw/seq_max", "Largest s_b.", None, {"xtuner": "rollout_is_seq_max"}),
+    ("raw/seq_max_deviation", "max_b |s_b − 1|: the sequence whose weights are furthest from on-policy.", None, {"xtuner": "rollout_is_seq_max_deviation"}),
+    ("raw/seq_fraction_high", "Share of sequences with s_b > upper (verl: over every row, an empty row's s_b = 0).", "band", {"xtuner": "rollout_is_seq_fraction_high", "verl": "rollout_is_seq_fraction_high"}),
+    ("raw/seq_fraction_low", "Share of sequences with s_b < lower.", "band", {"xtuner": "rollout_is_seq_fraction_low", "verl": "rollout_is_seq_fraction_low"}),
+    ("clamped/std", "Population std of the raw weights clamped to [lower, upper], token-weighted (the reference's overflow-safe spread; xtuner: 0 when a pack has one token).", "band", {"xtuner": "rollout_is_std"}),
+    ("clamped/ess", "ESS fraction of the raw weights clamped to [lower, upper]: (Σw')² / (N·Σw'²).", "band", {"xtuner": "rollout_is_eff_sample_size"}),
+    ("applied/mean", "Applied weight a (after truncation or IcePop zeroing; rejected tokens keep theirs), token-weighted mean. TRL: per-rank mean (sequence modes: over completions), then mean over ranks.", None, {"verl": "rollout_is_mean", "trl": "sampling/importance_sampling_ratio/mean"}),
+    ("applied/std", "Population std of the applied weights, token-weighted (verl: 0 for a single token).", None, {"verl": "rollout_is_std"}),
+    ("applied/min", "Smallest applied weight (verl, sequence level: exp(min Σδ) over every row).", None, {"verl": "rollout_is_min", "trl": "sampling/importance_sampling_ratio/min"}),
+    ("applied/max", "Largest applied weight (verl, sequence level: exp(min(max Σδ, 20)) over every row).", None, {"verl": "rollout_is_max", "trl": "sampling/importance_sampling_ratio/max"}),
+    ("applied/ess", "ESS fraction of the applied weights: (Σa)² / (N·Σa²).", None, {"verl": "rollout_is_eff_sample_size"}),
+    ("applied/seq_mean", "Mean over sequences of the sequence's mean applied weight (verl: over every row).", None, {"verl": "rollout_is_seq_mean"}),
+    ("applied/seq_std", "Unbiased std of the per-sequence mean applied weight.", None, {"verl": "rollout_is_seq_std"}),
+    ("applied/seq_min", "Smallest per-sequence mean applied weight.", None, {"verl": "rollout_is_seq_min"}),
+    ("applied/seq_max", "Largest per-sequence mean applied weight.", None, {"verl": "rollout_is_seq_max"}),
+    ("applied/seq_max_deviation", "max_b |mean applied weight − 1|.", None, {"verl": "rollout_is_seq_max_deviation"}),
+    ("truncated_fraction", "Share of valid tokens whose weight truncation changed.", "truncate", {}),
+    ("zeroed_fraction", "Share of valid tokens whose weight IcePop set to 0 (raw weight outside [lower, upper]).", "icepop", {"verl": "rollout_is_oob_ratio"}),
+    ("mask/token_fraction", "Share of valid tokens rejected by the mask band [mask_lower, mask_upper] (mask/both modes).", "mask", {"xtuner": "rollout_is_masked_fraction"}),
+    ("mask/seq_fraction", "Share of sequences with a token rejected by the mask band (xtuner: over every row of a pack).", "mask", {"xtuner": "rollout_is_seq_masked_fraction"}),
+    ("veto/seq_fraction", "Share of sequences vetoed: some token's raw ratio e^δ is outside [veto_lower, veto_upper].", "configured", {"xtuner": "rollout_is_veto_fraction"}),
+    ("veto/catastrophic_token_fraction", "Share of valid tokens whose raw ratio is outside the veto band.", "configured", {"xtuner": "rollout_is_catastrophic_token_fraction"}),
+    ("rejected/token_fraction", "Share of valid tokens removed from the loss mask (mask band, veto, rejection filters).", "configured", {}),
+    ("rejected/seq_fraction", "Share of sequences with at least one removed token.", "configured", {}),
+    ("modified/token_fraction", "Share of valid tokens removed from the loss or re-weighted by truncation/zeroing.", "configured", {}),
+    ("modified/seq_fraction", "Share of sequences with at least one modified token.", "configured", {}),
+    ("kept_tokens", "Valid tokens still in the loss mask after rejection.", "configured", {}),
+    ("loss_mass_removed", "Share of the advantage mass removed: Σ|A| over removed or zero-weighted tokens / Σ|A| over valid tokens.", "configured", {}),
+]
+
+MISMATCH_METRICS: list[tuple[str, str, dict[str, str]]] = [
+    ("kl_k1", "k1 estimate of KL(π_rollout‖π_train): mean over masked finite tokens of log π_rollout − log π_train (may be negative).", {"xtuner": "mismatch_kl", "verl": "kl"}),
+    ("kl_k3", "k3 estimate: mean of e^δ − δ − 1, δ = log π_train − log π_rollout (unbounded, as the reference).", {"xtuner": "mismatch_k3_kl", "verl": "k3_kl"}),
+    ("abs_logp_diff", "Mean |δ| over masked finite tokens. TRL: per rank, then the plain mean over ranks.", {"xtuner": "mismatch_logprob_abs_diff", "trl": "sampling/sampling_logp_difference/mean"}),
+    ("abs_logp_diff_max", "Largest |δ|.", {"trl": "sampling/sampling_logp_difference/max"}),
+    ("training_ppl", "Mean over sequences of exp(−mean log π_train) (xtuner: per pack; verl: every row, an empty row counts 1).", {"xtuner": "mismatch_training_ppl", "verl": "training_ppl"}),
+    ("training_log_ppl", "Mean over sequences of −mean log π_train.", {"xtuner": "mismatch_training_log_ppl", "verl": "training_log_ppl"}),
+    ("rollout_ppl", "Mean over sequences of exp(−mean log π_rollout).", {"xtuner": "mismatch_rollout_ppl", "verl": "rollout_ppl"}),
+    ("rollout_log_ppl", "Mean over sequences of −mean log π_rollout.", {"xtuner": "mismatch_rollout_log_ppl", "verl": "rollout_log_ppl"}),
+    ("log_ppl_diff", "Mean over sequences of d_b = mean log π_rollout − mean log π_train (= log(train PPL / rollout PPL)).", {"xtuner": "mismatch_log_ppl_diff", "verl": "log_ppl_diff"}),
+    ("log_ppl_abs_diff", "Mean over sequences of |d_b|.", {"xtuner": "mismatch_log_ppl_abs_diff", "verl": "log_ppl_abs_diff"}),
+    ("log_ppl_diff_max", "Largest d_b.", {"xtuner": "mismatch_log_ppl_diff_max", "verl": "log_ppl_diff_max"}),
+    ("log_ppl_diff_min", "Smallest d_b.", {"xtuner": "mismatch_log_ppl_diff_min", "verl": "log_ppl_diff_min"}),
+    ("ppl_ratio", "Mean over sequences of exp(d_b) = train PPL / rollout PPL (a mean of ratios, as the reference).", {"xtuner": "mismatch_ppl_ratio", "verl": "ppl_ratio"}),
+    ("chi2_token", "χ² divergence per token: mean of e^(2·clip(δ, ±20)) − 1.", {"verl": "chi2_token"}),
+    ("chi2_seq", "χ² per sequence: mean over sequences of e^(2·clip(Σδ, ±20)) − 1.", {"verl": "chi2_seq"}),
+    ("delta_median", "Exact median of δ over the step's masked finite tokens.", {}),
+    ("delta_iqr", "Interquartile range of δ (the spread the median is judged against).", {}),
+    ("delta_sign_agreement", "Share of tokens whose δ has the sign of the median δ.", {}),
+    ("constant_offset", f"1 when the engines differ by a near-constant offset: |median δ| ≥ {OFFSET_MIN_NATS} nats and ≥ {OFFSET_MIN_AGREEMENT:.0%} of tokens on its side (temperature or top-p/top-k renormalisation mismatch), else 0.", {}),
+]
+
+RS_STATS = {
+    "mean": "token-weighted mean of the statistic (sequence filters: of the row value)",
+    "max": "largest value (token filters: over tokens; sequence filters: over rows)",
+    "min": "smallest value",
+    "fraction_high": "share above the upper bound (tokens, or rows for sequence filters)",
+    "fraction_low": "share below the lower bound (k1 only; 0 for k2/k3)",
+    "std": "population std of the statistic clamped to its band, token-weighted",
+    "seq_mean": "mean over rows of the row value (token filters: the row's mean statistic)",
+    "seq_std": "unbiased std over rows of the row value",
+    "seq_max": "largest row value",
+    "seq_min": "smallest row value",
+    "seq_max_deviation": "largest |row value|",
+    "seq_fraction_high": "share of rows whose value is above the upper bound",
+    "seq_fraction_low": "share of rows whose value is below the lower bound (k1 only)",
+    "masked_fraction": "share of valid tokens this filter rejects",
+    "seq_masked_fraction": "share of rows with a token this filter rejects",
+}
+
+MISMATCH_XTUNER = {f"mismatch/{k}": v["xtuner"] for k, _, v in MISMATCH_METRICS if "xtuner" in v}
+IS_XTUNER = {f"rollout_is/{k}": n["xtuner"] for k, _, _, n in IS_METRICS if "xtuner" in n}
+
+
+def _prefixed(names: dict[str, str]) -> dict[str, str]:
+    pre = {"xtuner": "mismatch/", "verl": "rollout_corr/", "trl": ""}
+    return {p: pre[p] + n for p, n in names.items()}
+
+
+for _key, _doc, _when, _names in IS_METRICS:
+    _name = f"rollout_is/{_key}"
+    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, config=("rollout_is",),
+                    names=_prefixed(_names), when=WHEN[_when]))
+for _key, _doc, _names in MISMATCH_METRICS:
+    _name = f"mismatch/{_key}"
+    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, names=_prefixed(_names)))
+for _key, _doc in (("masked_fraction", "Share of valid tokens rejected by the rejection filters together (verl rollout_rs)."),
+                   ("seq_masked_fraction", "Share of all sequences (empty ones too, as verl) with a token rejected by the filters.")):
+    _name = f"rollout_rs/{_key}"
+    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, config=("rollout_is",),
+                    names={"verl": f"rollout_corr/rollout_rs_{_key}"}, when=lambda cfg: bool(_isc(cfg).rs)))
+for _opt in RS_OPTIONS:
+    for _stat, _what in RS_STATS.items():
+        if _stat == "seq_fraction_low" and not _opt.endswith("k1"):
+            continue
+        _name = f"rollout_rs/{_opt}/{_stat}"
+        register(Metric(_name, FAMILY, f"Rejection filter {_opt}: {_what}.", kind="custom", fn=_value(_name),
+                        requires=REQ, config=("rollout_is",), names={"verl": f"rollout_corr/rollout_rs_{_opt}_{_stat}"},
+                        when=lambda cfg, o=_opt: any(f.option == o for f in _isc(cfg).rs)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnosis for recompute's notes
+# ---------------------------------------------------------------------------------------------
+
+def _ranges(steps: list[int]) -> str:
+    out, start, prev = [], None, None
+    for s in steps:
+        if start is None:
+            start = prev = s
+        elif s == prev + 1:
+            prev = s
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = s
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(out)
+
+
+def offset_cause(median: float) -> str:
+    """The likely cause of a constant per-token offset with this sign."""
+    if median < 0:
+        return ("the rollout engine's log-probs are higher than the trainer's almost everywhere: it likely "
+                "renormalised over a truncated support (top-p/top-k/min-p, e.g. vLLM processed log-probs) or "
+                "sampled at a lower temperature than the trainer's log-probs assume")
+    return ("the trainer's log-probs are higher than the rollout engine's almost everywhere: the trainer likely "
+            "scores with a lower temperature than the engine sampled with (logits not divided by the same "
+            "temperature on both sides) or renormalises over a truncated support the engine does not")
+
+
+def offset_notes(raw: pl.DataFrame) -> list[str]:
+    """One note when some steps show a constant offset between the engines (``mismatch/constant_offset``)."""
+    if "mismatch/constant_offset" not in raw.columns or "mismatch/delta_median" not in raw.columns:
+        return []
+    hit = raw.filter(pl.col("mismatch/constant_offset") == 1.0)
+    if hit.height == 0:
+        return []
+    med = float(hit["mismatch/delta_median"].median())
+    iqr = hit["mismatch/delta_iqr"].median() if "mismatch/delta_iqr" in hit.columns else None
+    spread = f", IQR {iqr:.3g}" if iqr is not None else ""
+    return [f"constant train–rollout offset at step(s) {_ranges(hit['step'].to_list())}: median δ = log π_train − "
+            f"log π_rollout = {med:+.3g} nats{spread}; {offset_cause(med)}"]
