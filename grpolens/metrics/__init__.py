@@ -16,7 +16,6 @@ FAMILY_MODULES = [
     "clip",
     "loss",
     "rollout_is",
-    "rollout_is",
 ]
 
 #: Other modules that register producers or visitors (imported after the families).
