@@ -19,7 +19,6 @@ sharing 2 of 4 (jaccard = 1 − 2/4 = 0.5).
 
 from __future__ import annotations
 
-from itertools import combinations
 from typing import Sequence
 
 import numpy as np
@@ -29,28 +28,63 @@ from grpolens.metrics.engine import visitor
 from grpolens.metrics.registry import Metric, register
 
 
+def _as_ids(completions: Sequence[Sequence]) -> list[np.ndarray]:
+    """Completions as int64 arrays (strings are numbered first, so text and ids share one path)."""
+    if all(isinstance(c, np.ndarray) and c.dtype.kind in "iu" for c in completions):
+        return [c.astype(np.int64, copy=False) for c in completions]
+    vocab: dict = {}
+    return [np.array([vocab.setdefault(t, len(vocab)) for t in c], dtype=np.int64) for c in completions]
+
+
 def distinct_n(tokens: Sequence, n: int) -> float:
-    if len(tokens) < n:
+    """|unique n-grams| / (L − n + 1) for n in {1, 2}; 0 when L < n."""
+    (ids,) = _as_ids([tokens])
+    if len(ids) < n:
         return 0.0
-    grams = {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
-    return len(grams) / (len(tokens) - n + 1)
+    if n == 1:
+        grams = ids
+    elif n == 2:
+        grams = ids[:-1] * (int(ids.max()) + 1) + ids[1:]  # one int per bigram, collision-free
+    else:
+        raise ValueError("distinct_n supports n = 1 or 2")
+    return _n_unique(grams) / (len(ids) - n + 1)
+
+
+def _n_unique(x: np.ndarray) -> int:
+    # sort-based: for the few thousand ints of a group this beats np.unique's hash path
+    if len(x) == 0:
+        return 0
+    u = np.sort(x)
+    return 1 + int(np.count_nonzero(u[1:] != u[:-1]))
 
 
 def jaccard_distance(completions: Sequence[Sequence]) -> float:
-    sets = [set(c) for c in completions]
-    if len(sets) < 2:
+    ids = _as_ids(completions)
+    g = len(ids)
+    if g < 2:
         return 0.0
-    dists = []
-    for a, b in combinations(sets, 2):
-        union = len(a | b)
-        dists.append(0.0 if union == 0 else 1.0 - len(a & b) / union)
-    return float(np.mean(dists))
+    # One sort of (token, completion) pairs gives the membership matrix (distinct tokens ×
+    # completions); M.T @ M then holds every pairwise intersection size at once.
+    owner = np.repeat(np.arange(g), [len(c) for c in ids])
+    pairs = np.sort(np.concatenate(ids) * g + owner)
+    pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))] if len(pairs) else pairs
+    tok, own = pairs // g, pairs % g
+    row = np.cumsum(np.concatenate(([True], tok[1:] != tok[:-1]))) - 1 if len(tok) else tok
+    member = np.zeros((int(row[-1]) + 1 if len(row) else 0, g))
+    member[row, own] = 1.0
+    inter = member.T @ member
+    size = np.diag(inter)
+    iu, ju = np.triu_indices(g, k=1)
+    union = size[iu] + size[ju] - inter[iu, ju]
+    dist = np.where(union > 0, 1.0 - inter[iu, ju] / np.where(union > 0, union, 1.0), 0.0)
+    return float(dist.mean())
 
 
 def group_diversity(completions: Sequence[Sequence]) -> dict[str, float]:
-    joined = [t for c in completions for t in c]
+    ids = _as_ids(completions)
+    joined = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     return {"distinct_1": distinct_n(joined, 1), "distinct_2": distinct_n(joined, 2),
-            "jaccard": jaccard_distance(completions)}
+            "jaccard": jaccard_distance(ids)}
 
 
 class SampleTokens:
@@ -97,7 +131,7 @@ def step_groups(sd) -> list[list]:
         by_group: dict[int, list] = {}
         for sid, gid, *text in s.select(["sample_id", "group_id", *(["completion"] if has_text else [])]).iter_rows():
             if sid in ids:
-                toks = ids[sid].tolist()
+                toks = ids[sid]
             elif has_text and text[0] is not None:
                 toks = text[0].split()
             else:
@@ -108,12 +142,19 @@ def step_groups(sd) -> list[list]:
     return groups
 
 
+def step_diversity(sd) -> list[dict[str, float]]:
+    """Each group's values, computed once per step for all six metrics."""
+    if "_diversity_values" not in sd.extra:
+        sd.extra["_diversity_values"] = [group_diversity(g) for g in step_groups(sd)]
+    return sd.extra["_diversity_values"]
+
+
 def _reducer(key: str, micro: bool):
     def fn(sd) -> float | None:
         groups = step_groups(sd)
         if not groups:
             return None
-        vals = np.array([group_diversity(g)[key] for g in groups])
+        vals = np.array([v[key] for v in step_diversity(sd)])
         if micro:
             w = np.array([len(g) for g in groups], dtype=np.float64)
             return float((vals * w).sum() / w.sum())
