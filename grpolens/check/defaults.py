@@ -27,6 +27,58 @@ DEFAULT_RULES_TOML = '''\
 # the median of the run's own first 20 % of steps; abs/rel apply only when --baseline is given.
 
 [[rule]]
+name = "KL to reference"
+metric = "kl/k3"
+direction = "upper"
+early = { factor = 10.0, abs = 0.05 }
+rel = 1.0
+abs = 0.005
+missing = "skip"
+why = """The KL penalty (or, with beta = 0, nothing) keeps the policy near its reference; a jump of \
+the mean k3 KL is the first sign of a blow-up (a bad batch, a learning-rate or loss-scale bug, a \
+reference model loaded wrong). The floor of 0.05 nats/token matters because KL starts at 0 when the \
+reference is the initial policy; the 10x factor lets a long run's KL grow the way it normally does. \
+Against a baseline: at most twice the baseline's KL at the same step, plus 0.005."""
+
+[[rule]]
+name = "token KL max"
+metric = "policy/token_kl_max"
+direction = "upper"
+early = { factor = 10.0, abs = 1.0 }
+rel = 2.0
+abs = 0.5
+missing = "skip"
+why = """The largest per-token k3 between the current and the behaviour policy: one token whose \
+probability moved e-fold or more since it was sampled (k3 > 1 means a ratio above ~3.1 or below \
+~0.16) escapes what PPO-style clipping and a mean over thousands of tokens can hide. It is 0 for \
+strictly on-policy training and grows with the batch size, hence a floor of 1 and the run's own \
+early level as the scale. Against a baseline: at most 3x the baseline's value plus 0.5."""
+
+[[rule]]
+name = "clip low rising"
+metric = "clip/low"
+direction = "upper"
+early = { factor = 5.0, abs = 0.05 }
+rel = 0.5
+abs = 0.02
+missing = "skip"
+why = """Fraction of tokens clipped below 1 - epsilon with a negative advantage. Above a few percent \
+the update is mostly clipped away: the policy moves too far per step (learning rate, too many \
+epochs per batch, stale rollouts). Rollouts are on-policy at first, so the fraction starts near 0: \
+floor 5 points, 5x the early level. Against a baseline: 1.5x plus 2 points."""
+
+[[rule]]
+name = "clip high rising"
+metric = "clip/high"
+direction = "upper"
+early = { factor = 5.0, abs = 0.05 }
+rel = 0.5
+abs = 0.02
+missing = "skip"
+why = """Fraction of tokens clipped above 1 + epsilon_high with a positive advantage; as for clip \
+low, a rise means over-large steps. DAPO's clip-higher makes this one the first to move."""
+
+[[rule]]
 name = "entropy collapse"
 metric = "entropy"
 direction = "lower"

@@ -153,10 +153,12 @@ def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, h
         out.status, out.message = SKIP, "compares against a baseline; none given"
         return out
     if compare and not b:
-        if c and rule.missing == "skip":
+        if not c:
+            compare = False  # neither has it: the rule's missing policy decides below
+        elif rule.missing == "skip":
             compare = False
             notes.append("the baseline has no values for this metric: compared without it")
-        elif c:
+        else:
             out.status = ERROR
             out.message = f"the baseline has no values for {metric} (write the golden with these rules, or drop the rule)"
             return out

@@ -71,7 +71,7 @@ class Window:
             return f"last {self.last}"
         if self.start is None and self.end is None:
             return "all steps"
-        return f"{'' if self.start is None else self.start}:{'' if self.end is None else self.end}"
+        return f"steps {'' if self.start is None else self.start}:{'' if self.end is None else self.end}"
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,8 @@ class Early:
         ``m / factor − abs`` and ``m · factor + abs``."""
         return m - (1 - 1 / self.factor) * abs(m) - self.abs, m + (self.factor - 1) * abs(m) + self.abs
 
-    def describe(self) -> str:
-        first = f"first {self.steps}" if self.steps is not None else f"first {self.fraction:.0%}"
-        return f"{self.factor:g}× median({first}) ± {self.abs:g}"
+    def reference_label(self) -> str:
+        return f"first {self.steps} steps" if self.steps is not None else f"first {self.fraction:.0%}"
 
 
 @dataclass(frozen=True)
@@ -130,6 +129,7 @@ class Rule:
         return any(c in self.metric for c in "*?[")
 
     def describe_checks(self) -> str:
+        """The checks in words, e.g. ``≤ 10× median(first 20%) + 0.05; ≤ b + (0.005 + 1·|b|)``."""
         parts = []
         if self.min is not None:
             parts.append(f"≥ {self.min:g}")
@@ -137,11 +137,17 @@ class Rule:
             parts.append(f"≤ {self.max:g}")
         if self.finite:
             parts.append("finite")
+        up, low = self.direction in ("upper", "both"), self.direction in ("lower", "both")
         if self.early is not None:
-            parts.append(f"{self.direction} {self.early.describe()}")
+            e, med = self.early, f"median({self.early.reference_label()})"
+            if up:
+                parts.append(f"≤ {e.factor:g}× {med} + {e.abs:g}")
+            if low:
+                parts.append(f"≥ {med} / {e.factor:g} − {e.abs:g}")
         if self.compares:
-            parts.append(f"{self.direction} vs baseline ± {self.abs or 0:g} + {self.rel or 0:g}·|b|")
-        return ", ".join(parts)
+            tol = f"{self.abs or 0:g} + {self.rel or 0:g}·|b|"
+            parts.append(f"|x − b| ≤ {tol}" if up and low else (f"≤ b + {tol}" if up else f"≥ b − ({tol})"))
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -245,8 +251,9 @@ def parse_rules(text: str, *, source: str = "<rules>", kind: str = "toml", base_
     data = _parse_text(text, source, kind)
     lines = _Lines(text, kind)
 
-    def fail(msg: str, index: int | None = None, key: str | None = None, name: str | None = None) -> UserError:
-        line = lines.find(index, key)
+    def fail(msg: str, index: int | None = None, key: str | None = None, name: str | None = None,
+             at: str | None = None) -> UserError:
+        line = lines.find(index, at or key)
         where = f"{source}:{line}" if line else source
         who = "" if index is None else f"rule {index + 1}{f' ({name!r})' if name else ''}: "
         return UserError(f"{where}: {who}{f'{key}: ' if key else ''}{msg}")
@@ -322,12 +329,12 @@ def _number(v: Any) -> bool:
 def _parse_rule(raw: dict, index: int, fail) -> Rule:
     name = raw.get("name")
 
-    def err(key: str | None, msg: str) -> UserError:
-        return fail(msg, index=index, key=key, name=name if isinstance(name, str) else None)
+    def err(key: str | None, msg: str, at: str | None = None) -> UserError:
+        return fail(msg, index=index, key=key, name=name if isinstance(name, str) else None, at=at)
 
     for k in raw:
         if k not in RULE_KEYS:
-            raise err(None, f"unknown key{_suggest(k, RULE_KEYS)}; rule keys are {', '.join(RULE_KEYS)}")
+            raise err(None, f"unknown key{_suggest(k, RULE_KEYS)}; rule keys are {', '.join(RULE_KEYS)}", at=k)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise err("name", "must be a non-empty string")
     metric = raw.get("metric")

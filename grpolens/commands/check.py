@@ -22,16 +22,14 @@ def check_cmd(
                                                 "values of the rules' metrics as a golden JSON baseline."),
     set_: List[str] = typer.Option([], "--set", help="Override a config key for the recompute of the run "
                                    "and of a baseline run: key=value. Repeatable."),
-    show_rules: bool = typer.Option(False, "--show-rules", help="Print the rules in force as TOML and exit "
-                                    "(with no --rules: the built-in defaults, a starting point for your own)."),
+    show_rules: bool = typer.Option(False, "--show-rules", help="Print the built-in rules as TOML (a starting point "
+                                    "for your own), or with --rules check that file and list its rules; then exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
 ) -> None:
     """Check a run against rules (and a baseline): exit 0 all pass, 1 a regression, 2 bad input or rules.
 
     A failure names its first failing step and the `grpolens tokens` command to drill into it.
     """
-    from rich.console import Console
-
     from grpolens.check.runner import check, resolve_rules
     from grpolens.compute import parse_overrides
 
@@ -41,8 +39,7 @@ def check_cmd(
         if rules is None:
             typer.echo(DEFAULT_RULES_TOML, nl=False)
         else:
-            resolve_rules(rules)  # validate, exit 2 with the line at fault
-            typer.echo(rules.read_text(), nl=False)
+            _print_rules(resolve_rules(rules))  # validated: a bad file exits 2 with the line at fault
         return
     overrides = parse_overrides(set_)
     report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden)
@@ -51,19 +48,14 @@ def check_cmd(
     from grpolens.format import atomic_write_bytes
 
     if junit is not None:
-        if not junit.parent.exists():
-            from grpolens.errors import UserError
-
-            raise UserError(f"--junit: directory {junit.parent} does not exist")
+        junit.parent.mkdir(parents=True, exist_ok=True)  # like pytest --junitxml: CI report dirs are fresh
         atomic_write_bytes(junit, rep.junit_xml(report))
     if summary_md is not None:
         rep.append_markdown(summary_md, rep.markdown_summary(report))
     if github:
         for line in rep.github_lines(report):
             typer.echo(line)
-    console = Console()
-    if not console.is_terminal:  # CI logs: rich would assume 80 columns and squeeze the table
-        console = Console(width=max(console.width, 160))
+    console = _console()
     if quiet:
         from rich.text import Text
 
@@ -73,6 +65,28 @@ def check_cmd(
     if report.exit_code:
         # SystemExit, not typer.Exit: click returns typer.Exit's code in non-standalone mode
         raise SystemExit(report.exit_code)
+
+
+def _print_rules(ruleset) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title=Text(f"{len(ruleset.rules)} rule(s) from {ruleset.source}"), title_justify="left")
+    for col in ("rule", "metric", "steps", "checks", "missing"):
+        t.add_column(col)
+    for r in ruleset.rules:
+        steps = r.window.describe() if r.reduce == "all" else f"{r.reduce}, {r.window.describe()}"
+        t.add_row(Text(r.name), Text(r.metric), Text(steps), Text(r.describe_checks()), r.missing)
+    _console().print(t)
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # CI logs: rich would assume 80 columns and squeeze the tables
+        console = Console(width=max(console.width, 160))
+    return console
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,242 @@
+"""The rule engine on hand-made per-step series: reducers, windows, tolerances, directions, allowed
+failing fractions, early bounds, missing metrics and short candidates.
+
+Expected verdicts come from a plain-Python reference written here from the rule definitions
+(|x − b| ≤ abs + rel·|b|, one-sided by direction), not from the engine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from grpolens.check.evaluate import ERROR, FAIL, PASS, SKIP, Series, evaluate
+from grpolens.check.rules import Early, Rule, Window, reduce_values
+
+
+def series(values, steps=None) -> Series:
+    steps = list(range(len(values))) if steps is None else steps
+    return Series(np.array(steps, np.int64), np.array(values, np.float64))
+
+
+def rule(**kw) -> Rule:
+    kw.setdefault("name", "r")
+    kw.setdefault("metric", "m")
+    return Rule(**kw)
+
+
+# -- reducers --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reducer,expected", [
+    ("last", 2.0), ("mean", 3.25), ("median", 2.5), ("min", 1.0), ("max", 7.0),
+    ("p50", 2.5), ("p0", 1.0), ("p100", 7.0),
+    ("p25", 1.75),  # sorted 1,2,3,7: rank 0.75 -> 1 + 0.75*(2-1)
+    ("p90", 5.8),  # rank 2.7 -> 3 + 0.7*(7-3)
+    ("p99.5", 6.94),  # rank 2.985 -> 3 + 0.985*4
+])
+def test_reducers_by_hand(reducer, expected):
+    assert reduce_values(reducer, np.array([1.0, 3.0, 7.0, 2.0])) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("reducer", ["last", "mean", "median", "min", "max", "p95"])
+def test_reducers_propagate_nan(reducer):
+    v = np.array([1.0, np.nan, 2.0]) if reducer != "last" else np.array([1.0, np.nan])
+    assert math.isnan(reduce_values(reducer, v))
+
+
+def test_reduced_rule_uses_the_reduced_value():
+    s = {"m": series([0.1, 0.2, 0.9, 0.2])}
+    assert evaluate(rule(reduce="mean", max=0.36), s, None).status == PASS  # mean 0.35
+    o = evaluate(rule(reduce="mean", max=0.34), s, None)
+    assert o.status == FAIL and o.value == pytest.approx(0.35)
+    assert o.step == 2  # the first step whose own value is beyond the limit
+    assert evaluate(rule(reduce="median", max=0.2), s, None).status == PASS
+    assert evaluate(rule(reduce="max", max=0.8), s, None).status == FAIL
+    assert evaluate(rule(reduce="min", min=0.1), s, None).status == PASS
+    assert evaluate(rule(reduce="last", max=0.19), s, None).status == FAIL
+
+
+# -- windows ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("window,expected", [
+    (Window(), [0, 10, 20, 30, 40]),
+    (Window(start=10), [10, 20, 30, 40]),
+    (Window(start=10, end=30), [10, 20, 30]),
+    (Window(end=-2), [0, 10, 20, 30]),  # -1 is the last step, -2 the one before
+    (Window(start=-2), [30, 40]),
+    (Window(start=-9), [0, 10, 20, 30, 40]),  # before the first: from the start
+    (Window(last=2), [30, 40]),
+    (Window(last=99), [0, 10, 20, 30, 40]),
+    (Window(start=11, end=19), []),
+])
+def test_window_selection(window, expected):
+    assert window.select([40, 0, 20, 10, 30]) == expected
+
+
+def test_window_restricts_what_is_judged():
+    s = {"m": series([5.0, 0.1, 0.1, 0.1])}  # warm-up spike at step 0
+    assert evaluate(rule(max=1.0), s, None).status == FAIL
+    assert evaluate(rule(max=1.0, window=Window(start=1)), s, None).status == PASS
+    assert evaluate(rule(max=1.0, window=Window(last=3)), s, None).status == PASS
+    empty = evaluate(rule(max=1.0, window=Window(start=50)), s, None)
+    assert empty.status == FAIL and "selects no step" in empty.message
+
+
+# -- tolerances and direction against a baseline ---------------------------------------------
+
+def reference_step_ok(x, b, abs_, rel, direction):
+    tol = abs_ + rel * abs(b)
+    if direction == "upper":
+        return x - b <= tol
+    if direction == "lower":
+        return b - x <= tol
+    return abs(x - b) <= tol
+
+
+@pytest.mark.parametrize("direction", ["upper", "lower", "both"])
+@pytest.mark.parametrize("abs_,rel", [(0.05, 0.0), (0.0, 0.1), (0.02, 0.05)])
+def test_per_step_tolerance_matches_reference(direction, abs_, rel):
+    rng = np.random.default_rng(7)
+    b = rng.normal(0, 1, 200)
+    x = b + rng.normal(0, 0.08, 200)
+    r = rule(abs=abs_, rel=rel, direction=direction, allow_fail_fraction=0.99)
+    o = evaluate(r, {"m": series(x)}, {"m": series(b)})
+    bad = [i for i in range(200) if not reference_step_ok(x[i], b[i], abs_, rel, direction)]
+    assert o.failing == len(bad) and 0 < len(bad) < 200
+    r0 = rule(abs=abs_, rel=rel, direction=direction)
+    o0 = evaluate(r0, {"m": series(x)}, {"m": series(b)})
+    assert o0.status == FAIL and o0.step == bad[0]
+    assert o0.value == x[bad[0]] and o0.baseline == b[bad[0]]
+
+
+@pytest.mark.parametrize("direction,x,ok", [
+    ("upper", 1.30, False), ("upper", 0.50, True),
+    ("lower", 1.30, True), ("lower", 0.50, False),
+    ("both", 1.30, False), ("both", 0.50, False), ("both", 1.09, True),
+])
+def test_direction_is_one_sided(direction, x, ok):
+    # baseline 1.0, tolerance 0.01 + 0.1*1.0 = 0.11
+    o = evaluate(rule(abs=0.01, rel=0.1, direction=direction, reduce="last"),
+                 {"m": series([0.0, x])}, {"m": series([0.0, 1.0])})
+    assert (o.status == PASS) is ok
+    assert o.baseline == 1.0
+
+
+def test_reduced_comparison_compares_reduced_values():
+    x, b = [1.0, 1.0, 4.0], [1.0, 1.0, 1.0]
+    # mean 2.0 vs 1.0: rel 0.5 gives limit 1.5 -> fail; median 1.0 passes
+    assert evaluate(rule(reduce="mean", rel=0.5, direction="upper"), {"m": series(x)}, {"m": series(b)}).status == FAIL
+    assert evaluate(rule(reduce="median", rel=0.5, direction="upper"), {"m": series(x)}, {"m": series(b)}).status == PASS
+    o = evaluate(rule(reduce="p50", abs=0.0), {"m": series(x)}, {"m": series(b)})
+    assert o.status == PASS and o.upper == 1.0 and o.lower == 1.0
+
+
+def test_tolerance_boundary_is_inclusive():
+    # |x - b| == abs + rel*|b| exactly (values exact in binary)
+    o = evaluate(rule(abs=0.25, rel=0.5, reduce="last"), {"m": series([3.25])}, {"m": series([2.0])})
+    assert o.status == PASS and o.excess == 0.0 and o.upper == 3.25
+
+
+# -- allowed fraction of failing steps -------------------------------------------------------
+
+@pytest.mark.parametrize("allow,status", [(0.0, FAIL), (0.09, FAIL), (0.1, PASS), (0.5, PASS)])
+def test_allowed_failing_fraction(allow, status):
+    x = [0.0] * 20
+    x[3] = x[11] = 1.0  # 2/20 = 10 % fail
+    o = evaluate(rule(max=0.5, allow_fail_fraction=allow), {"m": series(x)}, None)
+    assert o.status == status and o.failing == 2 and o.checked == 20
+    assert o.step == 3
+
+
+# -- absolute and early bounds ---------------------------------------------------------------
+
+def test_min_max_finite():
+    s = {"m": series([0.2, 0.3, 0.4])}
+    assert evaluate(rule(min=0.2, max=0.4), s, None).status == PASS
+    assert evaluate(rule(min=0.25), s, None).step == 0
+    assert evaluate(rule(max=0.35), s, None).step == 2
+    inf = {"m": series([0.2, np.inf, 0.4])}
+    assert evaluate(rule(finite=True), inf, None).status == FAIL
+    assert evaluate(rule(finite=True), inf, None).step == 1
+    assert evaluate(rule(min=0.0), inf, None).status == PASS  # +inf is above a lower bound
+    nan = {"m": series([0.2, np.nan, 0.4])}
+    assert evaluate(rule(min=0.0), nan, None).status == FAIL  # NaN never passes a bound
+
+
+def test_early_bounds_by_hand():
+    vals = [1.0, 3.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 25.0]  # first 20 % = steps 0, 1: median 2
+    up = rule(direction="upper", early=Early(factor=10.0, abs=1.0))  # limit 10*2 + 1 = 21
+    o = evaluate(up, {"m": series(vals)}, None)
+    assert o.status == FAIL and o.step == 9 and o.upper == pytest.approx(21.0)
+    assert evaluate(rule(direction="upper", early=Early(factor=10.0, abs=5.0)), {"m": series(vals)}, None).status == PASS
+    low = rule(direction="lower", early=Early(factor=4.0, steps=3))  # median(1,3,2)=2 -> limit 0.5
+    vals2 = [1.0, 3.0, 2.0, 0.6, 0.4]
+    o2 = evaluate(low, {"m": series(vals2)}, None)
+    assert o2.status == FAIL and o2.step == 4 and o2.lower == pytest.approx(0.5)
+
+
+def test_early_bound_is_sign_safe():
+    # a metric centred below zero: the upper bound must be above the early median, not below it
+    lo, hi = Early(factor=3.0, abs=0.1).bounds(-2.0)
+    assert hi == pytest.approx(-2.0 + 2 * 2.0 + 0.1) and lo == pytest.approx(-2.0 - (2 / 3) * 2.0 - 0.1)
+    assert lo < -2.0 < hi
+
+
+def test_early_without_finite_reference_fails_clearly():
+    o = evaluate(rule(direction="upper", early=Early(factor=2.0, steps=2)), {"m": series([np.nan, np.nan, 1.0])}, None)
+    assert o.status == FAIL and "early reference" in o.message
+
+
+# -- missing data, short candidates, baselines without the metric ------------------------------
+
+def test_missing_metric_fails_or_skips():
+    assert evaluate(rule(max=1.0), {}, None).status == FAIL
+    assert evaluate(rule(max=1.0, missing="skip"), {}, None).status == SKIP
+    assert evaluate(rule(max=1.0), {"m": series([])}, None).status == FAIL
+    # the baseline has it, the candidate does not: always a failure, even for skip rules
+    o = evaluate(rule(max=1.0, rel=0.1, missing="skip"), {}, {"m": series([1.0, 1.0])})
+    assert o.status == FAIL and "no values in this run" in o.message
+    # neither run has it: the rule's missing policy decides
+    assert evaluate(rule(rel=0.1, missing="skip"), {}, {"x": series([1.0])}).status == SKIP
+    assert evaluate(rule(rel=0.1), {}, {"x": series([1.0])}).status == FAIL
+
+
+def test_short_candidate_fails_at_first_missing_step():
+    o = evaluate(rule(abs=0.1), {"m": series([1.0] * 6)}, {"m": series([1.0] * 10)})
+    assert o.status == FAIL and o.step == 6 and "lacks 4" in o.message
+    # a window that only covers what both have passes
+    assert evaluate(rule(abs=0.1, window=Window(end=5)), {"m": series([1.0] * 6)}, {"m": series([1.0] * 10)}).status == PASS
+
+
+def test_candidate_longer_than_baseline_compares_common_steps():
+    o = evaluate(rule(abs=0.1), {"m": series([1.0] * 10 + [9.0])}, {"m": series([1.0] * 10)})
+    assert o.status == PASS and o.checked == 10
+
+
+def test_baseline_without_the_metric_is_an_error_or_ignored():
+    c = {"m": series([1.0, 2.0])}
+    assert evaluate(rule(abs=0.1), c, {"other": series([1.0])}).status == ERROR
+    o = evaluate(rule(abs=0.1, max=5.0, missing="skip"), c, {"other": series([1.0])})
+    assert o.status == PASS and "baseline has no values" in o.message
+
+
+def test_baseline_rule_without_baseline_skips():
+    assert evaluate(rule(abs=0.1), {"m": series([1.0])}, None).status == SKIP
+    assert evaluate(rule(abs=0.1, max=0.5), {"m": series([1.0])}, None).status == FAIL  # absolute part still runs
+
+
+def test_steps_align_by_number_not_position():
+    c = {"m": series([1.0, 1.0, 5.0], steps=[0, 10, 20])}
+    b = {"m": series([1.0, 5.0, 2.0, 5.0], steps=[0, 5, 10, 20])}
+    o = evaluate(rule(abs=0.1), c, b)
+    assert o.status == FAIL and o.step == 5 and "lacks 1" in o.message
+    o2 = evaluate(rule(abs=0.1, window=Window(start=10)), c, b)  # steps 10 (1 vs 2) and 20 (5 vs 5)
+    assert o2.status == FAIL and o2.step == 10 and o2.failing == 1 and o2.checked == 2
+
+
+def test_series_from_frame_drops_nulls_keeps_nan():
+    df = pl.DataFrame({"step": [2, 0, 1, 3], "m": [1.0, None, float("nan"), 4.0]})
+    s = Series.from_frame(df, "m")
+    assert s.steps.tolist() == [1, 2, 3] and math.isnan(s.values[0]) and s.values[1:].tolist() == [1.0, 4.0]
