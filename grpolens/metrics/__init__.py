@@ -21,4 +21,5 @@ FAMILY_MODULES = [
 #: Other modules that register producers or visitors (imported after the families).
 EXTRA_MODULES = [
     "grpolens.drilldown",
+    "grpolens.sidecars",
 ]
