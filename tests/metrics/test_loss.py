@@ -1,0 +1,185 @@
+"""Loss family: every variant against a numpy reference written from TRL's / the papers' formulas."""
+
+import numpy as np
+import pytest
+
+import grpolens
+from tests.refdata import approx, f32, random_calls, write_run
+
+DEFAULTS = {"epsilon": 0.2, "epsilon_high": None, "delta": None, "beta": 0.0, "use_bias_correction_kl": False,
+            "importance_sampling_level": "token", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
+            "max_completion_length": None, "log_ratio_clamp": None}
+
+
+def ref_token_loss(c, cfg):
+    """(L, v) on the padded (B, T) arrays of one loss call."""
+    cfg = {**DEFAULTS, **cfg}
+    lt, beta = cfg["loss_type"], cfg["beta"]
+    eps_lo = cfg["epsilon"]
+    eps_hi = cfg["epsilon_high"] if cfg["epsilon_high"] is not None else eps_lo
+    level = cfg["importance_sampling_level"]
+    if lt == "gspo" and level == "token":
+        level = "sequence"
+    with np.errstate(all="ignore"):
+        rv = c.mask & np.isfinite(c.logp) & np.isfinite(c.old)
+        v = rv & np.isfinite(c.adv_tok)
+        if beta:
+            v &= np.isfinite(c.ref)
+        d = np.where(rv, c.logp - c.old, 0.0)
+        if cfg["log_ratio_clamp"] is not None:
+            d = np.clip(d, -cfg["log_ratio_clamp"], cfg["log_ratio_clamp"])
+        if level == "token":
+            coef = np.exp(d)
+        else:
+            coef = np.exp(d.sum(1, keepdims=True) / np.maximum(rv.sum(1, keepdims=True), 1)) * np.ones_like(d)
+        A = c.adv_tok
+        if lt == "cispo":
+            L = -np.minimum(coef, eps_hi) * A * c.logp
+        elif lt == "sapo":
+            tau = np.where(A > 0, cfg["sapo_temperature_pos"], cfg["sapo_temperature_neg"])
+            L = -(4 / tau) / (1 + np.exp(-tau * (coef - 1))) * A
+        else:
+            c1 = coef if cfg["delta"] is None else np.minimum(coef, cfg["delta"])
+            c2 = np.clip(coef, 1 - eps_lo, 1 + eps_hi)
+            L = -np.minimum(c1 * A, c2 * A)
+        if beta:
+            x = c.ref - c.logp
+            kl = np.exp(x) - x - 1
+            if cfg["use_bias_correction_kl"]:
+                kl = kl * coef
+            L = L + beta * kl
+        return np.where(v, L, 0.0), v
+
+
+def ref_pooled(calls, step, cfg):
+    s, n = [], []
+    for c in calls:
+        if c.step == step:
+            L, v = ref_token_loss(c, cfg)
+            s += list(L.sum(1))
+            n += list(v.sum(1))
+    s, n = np.array(s), np.array(n, dtype=float)
+    if n.sum() == 0:
+        return None
+    lt = cfg["loss_type"]
+    if lt in ("grpo", "sapo", "gspo"):
+        return np.mean(s / np.maximum(n, 1))
+    if lt == "luspo":
+        return np.mean(s)
+    if lt == "dr_grpo":
+        return s.sum() / (len(s) * cfg["max_completion_length"]) if cfg.get("max_completion_length") else None
+    return s.sum() / n.sum()
+
+
+def ref_trl(calls, step, cfg):
+    """TRL's logged loss: Σ over a rank's micro-batches of _compute_loss' value, mean over ranks."""
+    lt = cfg["loss_type"]
+    cs = [c for c in calls if c.step == step]
+    ranks = sorted({c.rank for c in cs})
+    N = sum(ref_token_loss(c, cfg)[1].sum() for c in cs)  # num_items_in_batch: the generation batch (S = G)
+    per_rank = []
+    for r in ranks:
+        mine = [c for c in cs if c.rank == r]
+        G = len(mine)
+        total = 0.0
+        for c in mine:
+            L, v = ref_token_loss(c, cfg)
+            B = L.shape[0]
+            if lt in ("grpo", "sapo", "gspo"):
+                val = np.mean(L.sum(1) / np.maximum(v.sum(1), 1)) / G
+            elif lt == "bnpo":
+                val = L.sum() / max(v.sum(), 1) / G
+            elif lt == "dr_grpo":
+                val = L.sum() / (B * cfg["max_completion_length"]) / G
+            elif lt == "luspo":
+                val = np.mean(L.sum(1)) / G
+            else:  # dapo, cispo
+                val = L.sum() / (max(N, 1) / len(ranks))
+            total += val
+        per_rank.append(total)
+    return float(np.mean(per_rank))
+
+
+CASES = [
+    {"loss_type": "grpo"},
+    {"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": True, "delta": 1.3},
+    {"loss_type": "dapo", "epsilon_high": 0.28},
+    {"loss_type": "dapo", "beta": 0.04, "importance_sampling_level": "sequence"},
+    {"loss_type": "bnpo", "beta": 0.1},
+    {"loss_type": "dr_grpo", "max_completion_length": 12, "beta": 0.04, "use_bias_correction_kl": True},
+    {"loss_type": "gspo", "epsilon": 3e-3, "epsilon_high": 4e-3, "beta": 0.04, "use_bias_correction_kl": True},
+    {"loss_type": "cispo", "epsilon_high": 1.5},
+    {"loss_type": "cispo", "epsilon_high": 5.0, "beta": 0.02},
+    {"loss_type": "sapo"},
+    {"loss_type": "sapo", "sapo_temperature_pos": 0.7, "sapo_temperature_neg": 2.0, "beta": 0.04},
+    {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    {"loss_type": "luspo", "beta": 0.04},
+    {"loss_type": "grpo", "log_ratio_clamp": 0.3, "importance_sampling_level": "sequence"},
+]
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_loss_variants(tmp_path, cfg):
+    rng = np.random.default_rng(21)
+    calls = random_calls(rng, nonfinite=0.05, spread=0.5, batch=5, max_len=12)
+    run = write_run(tmp_path / "run", calls, config=cfg)
+    got = grpolens.recompute(run, write=False)
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    for step in (0, 1):
+        want = ref_pooled(calls, step, cfg)
+        assert approx(got.filter(got["step"] == step)["loss"][0], want), step
+        assert want is not None and want != 0.0
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], ref_trl(calls, step, cfg)), step
+
+
+def test_log_ratio_clamp_matters(tmp_path):
+    rng = np.random.default_rng(22)
+    calls = random_calls(rng, spread=0.5, batch=5, max_len=12)
+    calls[0].old[0, 0] = f32(calls[0].logp[0, 0] - 25.0)  # ratio e^25; A < 0 makes it count unclipped
+    calls[0].advantages[0] = -1.0
+    calls[0].mask[0, 0] = True
+    base = {"loss_type": "dapo"}
+    a = grpolens.recompute(write_run(tmp_path / "a", calls, config=base), write=False)["loss"][0]
+    b = grpolens.recompute(write_run(tmp_path / "b", calls, config={**base, "log_ratio_clamp": 20}), write=False)["loss"][0]
+    assert approx(a, ref_pooled(calls, 0, base)) and approx(b, ref_pooled(calls, 0, {**base, "log_ratio_clamp": 20}))
+    assert a > b > 0
+
+
+def test_unset_and_missing(tmp_path):
+    rng = np.random.default_rng(23)
+    calls = random_calls(rng)
+    # dr_grpo without max_completion_length: null (the normaliser is unknown)
+    run = write_run(tmp_path / "a", calls, config={"loss_type": "dr_grpo"})
+    assert grpolens.recompute(run, write=False)["loss"].to_list() == [None, None]
+    # beta != 0 but no reference log-probs: the trainer's KL term cannot be reproduced
+    run = write_run(tmp_path / "b", random_calls(rng, ref=False), config={"beta": 0.04})
+    assert grpolens.recompute(run, write=False)["loss"].to_list() == [None, None]
+    # everything masked: grpolens null, TRL's returned loss is 0.0
+    for c in calls:
+        c.mask[:] = False
+    run = write_run(tmp_path / "c", calls, config={"loss_type": "grpo"})
+    assert grpolens.recompute(run, write=False)["loss"].to_list() == [None, None]
+    assert grpolens.recompute(run, profile="trl", write=False)["loss"].to_list() == [0.0, 0.0]
+
+
+def test_loss_hand_worked(tmp_path):
+    # eps = 0.2, no KL, one call with two sequences:
+    #   seq A: A = +1, ratios [1.5, 1.0]: per token -min(rA, clip(r)A) = [-1.2, -1.0]; mean -1.1, sum -2.2
+    #   seq B: A = -1, ratio [0.5]:     -min(-0.5, -0.8) = 0.8;                          mean  0.8, sum  0.8
+    #   grpo  = (-1.1 + 0.8) / 2 = -0.15      dapo/bnpo = (-2.2 + 0.8) / 3 = -0.4666...
+    #   dr_grpo (max len 4) = -1.4 / (2·4) = -0.175      luspo = (-2.2 + 0.8) / 2 = -0.7
+    #   delta = 1.1: seq A token 1 becomes -min(1.1, 1.2) = -1.1 -> grpo = (-1.05 + 0.8) / 2 = -0.125
+    rng = np.random.default_rng(0)
+    (c,) = random_calls(rng, steps=(0,), ranks=1, micro_batches=1, batch=2, max_len=2, all_masked_row=False,
+                        single_token=False, zero_adv=False)
+    c.lengths[:] = [2, 1]
+    c.logp[:] = -1.0
+    c.old[:] = -1.0 - np.log([[1.5, 1.0], [0.5, 1.0]])
+    c.mask[:] = [[True, True], [True, False]]
+    c.advantages[:] = [1.0, -1.0]
+    want = {"grpo": -0.15, "dapo": -1.4 / 3, "bnpo": -1.4 / 3, "dr_grpo": -0.175, "luspo": -0.7}
+    for lt, w in want.items():
+        run = write_run(tmp_path / lt, [c], config={"loss_type": lt, "max_completion_length": 4})
+        assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(w, rel=1e-6), lt
+    run = write_run(tmp_path / "delta", [c], config={"loss_type": "grpo", "delta": 1.1})
+    assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(-0.125, rel=1e-6)
