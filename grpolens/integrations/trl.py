@@ -95,9 +95,12 @@ def run_config(trainer: GRPOTrainer) -> dict[str, Any]:
     weights = [float(w) for w in trainer.reward_weights.tolist()]
     rollout_is = None
     if getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False):
-        level, _, mode = str(trainer.vllm_importance_sampling_mode).partition("_")  # e.g. "sequence_mask"
-        rollout_is = {"level": level, "mode": mode, "lower": trainer.vllm_importance_sampling_clip_min,
-                      "upper": trainer.vllm_importance_sampling_clip_max, "veto_lower": None, "veto_upper": None}
+        # TRL's own spelling: grpolens' config reader maps it (TRL's "*_mask" zeroes weights, it does not
+        # reject tokens, so it is not grpolens' "mask" mode)
+        rollout_is = {"vllm_importance_sampling_correction": True,
+                      "vllm_importance_sampling_mode": trainer.vllm_importance_sampling_mode,
+                      "vllm_importance_sampling_clip_min": trainer.vllm_importance_sampling_clip_min,
+                      "vllm_importance_sampling_clip_max": trainer.vllm_importance_sampling_clip_max}
     cfg: dict[str, Any] = {
         "loss_type": a.loss_type,
         "epsilon": float(trainer.epsilon_low),

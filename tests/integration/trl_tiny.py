@@ -120,6 +120,26 @@ def simulated_rollout(noise: float, seed: int):
     return rollout
 
 
+#: Named configurations used by the tests and ``sample_runs/make_trl_tiny.py``. Each makes TRL clip,
+#: compute a KL and truncate completions within 4 steps (num_iterations=2: steps 2 and 4 are second
+#: passes over a generation batch, with a ratio away from 1).
+CONFIGS: dict[str, list[str]] = {
+    "dapo": [],  # TRL's default loss; 2 micro-batches per step, beta 0.04, eps 0.05/0.08
+    "grpo_masked": ["--loss-type", "grpo", "--mask-truncated-completions", "--delta", "1.03"],
+    "cispo": ["--loss-type", "cispo", "--epsilon-high", "1.02"],
+    "gspo": ["--loss-type", "grpo", "--importance-sampling-level", "sequence", "--epsilon", "0.01",
+             "--epsilon-high", "0.015"],
+    "dr_grpo": ["--loss-type", "dr_grpo", "--temperature", "0.7", "--nan-reward", "--scale-rewards", "batch"],
+    "is_sequence_mask": ["--simulate-vllm-is", "sequence_mask"],
+    "is_token_truncate": ["--simulate-vllm-is", "token_truncate", "--is-clip-min", "0.97", "--is-clip-max", "1.03"],
+    # 4 loss calls per step, a generation every 2: two generation rounds per optimizer step
+    "two_generations_per_step": ["--grad-accum", "4", "--per-device-batch", "4", "--steps-per-generation", "2",
+                                 "--num-iterations", "1"],
+    # for torchrun --nproc_per_node 2: 4 completions per rank and micro-batch
+    "ddp": ["--per-device-batch", "4"],
+}
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -215,6 +235,7 @@ def main(argv=None) -> None:
 
         trainer.use_vllm = True
         trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: None)
+        trainer._last_loaded_step = -1
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
