@@ -93,6 +93,11 @@ def check_columns(table: str, columns: Mapping[str, Any], where: str) -> tuple[d
             n = len(values)
         else:
             values = np.asarray(value)
+            if values.dtype == object and typ in (pa.float32(), pa.float64()):
+                try:  # a list with None in it (a reward that could not be computed): None -> NaN
+                    values = np.array(value, dtype=np.float64)
+                except (TypeError, ValueError):
+                    pass
             if values.ndim != 1:
                 raise ValueError(f"{where}: column {name!r} must be 1-D (one value per row), got shape {values.shape}")
             if values.dtype.kind not in _KINDS[_NUMPY_TYPE[typ]]:
@@ -128,6 +133,36 @@ def _to_numpy(name: str, values: np.ndarray, typ: pa.DataType) -> np.ndarray:
     if target is np.bool_ and values.dtype != np.bool_:
         return values != 0
     return values.astype(target, copy=False)
+
+
+def _validity(null: np.ndarray | None) -> tuple[pa.Buffer | None, int]:
+    if null is None or not null.any():
+        return None, 0
+    return pa.py_buffer(np.packbits(~null, bitorder="little")), int(null.sum())
+
+
+def _numeric_array(values: np.ndarray, typ: pa.DataType, null: np.ndarray | None = None) -> pa.Array:
+    """Zero-copy Arrow array from a numpy array already of ``typ``'s numpy type.
+
+    Built from buffers rather than with ``pa.array``, which imports pandas on first use (about a
+    second, holding the GIL, i.e. stalling the training thread once).
+    """
+    validity, nulls = _validity(null)
+    data = np.packbits(values, bitorder="little") if typ == pa.bool_() else np.ascontiguousarray(values)
+    return pa.Array.from_buffers(typ, len(values), [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+def _string_array(values: list) -> pa.Array:
+    """Arrow string array from a list of str/None (see ``_numeric_array`` for why not ``pa.array``).
+    Text that is not valid Unicode (lone surrogates) is stored with replacement characters."""
+    encoded = [b"" if v is None else v.encode("utf-8", "replace") for v in values]
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
+    if offsets[-1] > _INT32.max:
+        raise ValueError(f"more than 2 GiB of text in one shard ({offsets[-1]} bytes)")
+    validity, nulls = _validity(np.fromiter((v is None for v in values), bool, len(values)))
+    buffers = [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(pa.string(), len(values), buffers, null_count=nulls)
 
 
 @dataclass
@@ -177,16 +212,16 @@ def build_table(table: str, step: int, rank: int, chunks: Sequence[_Chunk]) -> p
     arrays = []
     for f in schema:
         if f.name == "step":
-            arrays.append(pa.array(np.full(n, step, np.int64), f.type))
+            arrays.append(_numeric_array(np.full(n, step, np.int64), f.type))
         elif f.name == "rank":
-            arrays.append(pa.array(np.full(n, rank, np.int32), f.type))
+            arrays.append(_numeric_array(np.full(n, rank, np.int32), f.type))
         elif f.name == "micro_batch":
-            arrays.append(pa.array(np.concatenate([np.full(c.rows, c.micro_batch, np.int32) for c in chunks]), f.type))
+            arrays.append(_numeric_array(np.concatenate([np.full(c.rows, c.micro_batch, np.int32) for c in chunks]), f.type))
         elif f.type == pa.string():
             values: list = []
             for c in chunks:
                 values += c.columns[f.name] if f.name in c.columns else [None] * c.rows
-            arrays.append(pa.array(values, f.type))
+            arrays.append(_string_array(values))
         else:
             dtype = _NUMPY_TYPE[f.type]
             parts, nulls = [], []
@@ -201,7 +236,7 @@ def build_table(table: str, step: int, rank: int, chunks: Sequence[_Chunk]) -> p
             null = np.concatenate(nulls) if nulls else np.zeros(0, bool)
             if table == fmt.SAMPLES and (f.name == "reward" or f.name.startswith(fmt.REWARD_PREFIX)):
                 null |= np.isnan(values)  # a reward function that could not score the completion
-            arrays.append(pa.array(values, f.type, mask=null if null.any() else None))
+            arrays.append(_numeric_array(values, f.type, null))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

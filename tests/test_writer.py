@@ -180,6 +180,24 @@ def test_samples_rewards_text_and_nulls(tmp_path):
     assert t.column_names[-2:] == ["reward/acc", "reward/format"]
 
 
+def test_text_that_is_not_unicode_is_replaced_and_pandas_never_imported(tmp_path):
+    # A separate interpreter: pa.array() would import pandas (a second holding the GIL) on first use.
+    code = f"""
+import sys
+from grpolens.writer import ShardWriter
+with ShardWriter({str(tmp_path)!r}) as w:
+    w.add_samples(0, {{"sample_id": [1, 2], "group_id": [0, 0], "completion_len": [1, 2], "truncated": [0, 1],
+                      "completion": ["ok \\ud800 \\u00e9", None], "reward": [0.5, None]}})
+    w.add_tokens(0, 0, {{"sample_id": [1], "pos": [0], "logp": [-1.0], "advantage": [0.5], "mask": [True]}})
+assert "pandas" not in sys.modules, "pandas was imported"
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (t,) = read_all(tmp_path, fmt.SAMPLES)[1]
+    assert t.column("completion").to_pylist() == ["ok ? \u00e9", None]
+    assert t.column("truncated").to_pylist() == [False, True] and t.column("reward").to_pylist() == [0.5, None]
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"pos": None}, "missing required column\\(s\\) 'pos'"),
     ({"logpp": np.zeros(3)}, "unknown column 'logpp'"),
