@@ -268,10 +268,12 @@ def recompute(
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
     cache_path = fmt.derived_dir(run) / "cache" / f"steps-{profile}.parquet"
     state_path = fmt.derived_dir(run) / "cache" / f"state-{profile}.json"
-    fingerprints = {}
-    for s in sel:
-        fingerprints[s] = _fingerprint(fmt.list_shards(run, fmt.TOKENS, [s]) + fmt.list_shards(run, fmt.SAMPLES, [s]))
-    cached_rows: dict[int, dict] = {}
+    fingerprints = {
+        s: _fingerprint(fmt.list_shards(run, fmt.TOKENS, [s]) + fmt.list_shards(run, fmt.SAMPLES, [s])) for s in all_steps
+    }
+    # every step of the run whose cached row is still valid (not only the selected ones: the
+    # cache is rewritten whole, and cumulative metrics need the steps before --steps)
+    valid_cache: dict[int, dict] = {}
     if incremental and not extra_visitors and cache_path.is_file() and state_path.is_file():
         try:
             state = json.loads(state_path.read_text())
@@ -280,9 +282,10 @@ def recompute(
                 for row in old.iter_rows(named=True):
                     s = row["step"]
                     if s in fingerprints and state.get("steps", {}).get(str(s)) == fingerprints[s]:
-                        cached_rows[s] = row
+                        valid_cache[s] = row
         except Exception:  # noqa: BLE001 - a damaged cache is simply rebuilt
-            cached_rows = {}
+            valid_cache = {}
+    cached_rows = {s: valid_cache[s] for s in sel if s in valid_cache}
     todo = [s for s in sel if s not in cached_rows]
 
     seqv = SequencePartials(cfg)
@@ -325,21 +328,27 @@ def recompute(
     records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
     schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
     raw = pl.DataFrame(records, schema=schema, orient="row")
-    final = finalize(raw, metrics, profile)
+    final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, profile))
 
     notes = _absent_notes(run, metrics, raw, present_any, computed)
+    from grpolens.metrics.rollout_is import offset_notes  # constant train-rollout offset diagnosis
+
+    notes += offset_notes(raw)
     if write:
         out_dir.mkdir(parents=True, exist_ok=True)
         fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
         fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        fmt.atomic_write_table(cache_path, raw.to_arrow())
         kept = set(cached_rows)
         for v in visitors:
             if getattr(v, "collect", False) and hasattr(v, "finish"):
                 v.finish(run, out_dir, collected.get(v.name, {}), kept)
         # the state goes last: if anything above fails, the next run recomputes these steps
-        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sel}}
+        keep = {s: r for s, r in valid_cache.items() if s not in rows}
+        cache = pl.DataFrame([{k: r.get(k) for k in names} for _, r in sorted({**keep, **rows}.items())],
+                             schema=schema, orient="row")
+        fmt.atomic_write_table(cache_path, cache.to_arrow())
+        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})}}
         fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
@@ -347,13 +356,32 @@ def recompute(
     return final
 
 
-def finalize(raw: pl.DataFrame, metrics: list[Metric], profile: str) -> pl.DataFrame:
-    """Rename to the profile's names; cumulative metrics become running totals."""
+def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, profile) -> dict[str, float]:
+    """Totals of cumulative metrics over the steps before ``--steps`` starts (samples only:
+    cumulative metrics count generated tokens, so no token shard is read)."""
+    cum = [m for m in metrics if m.cumulative]
+    if not cum or lo is None:
+        return {}
+    totals = {m.name: 0.0 for m in cum}
+    for s in all_steps:
+        if s >= lo:
+            break
+        row = valid_cache.get(s)
+        if row is None:
+            row = step_values(reduce.StepData(s, {}, cfg, profile, read_samples(run, s), set(), {}), cum)
+        for m in cum:
+            totals[m.name] += row.get(m.name) or 0.0
+    return totals
+
+
+def finalize(raw: pl.DataFrame, metrics: list[Metric], profile: str, offsets: dict[str, float] | None = None) -> pl.DataFrame:
+    """Rename to the profile's names; cumulative metrics become running totals (from ``offsets``)."""
     exprs = [pl.col("step")]
     for m in metrics:
         e = pl.col(m.name)
-        if getattr(m, "cumulative", False):
-            e = pl.when(e.is_not_null()).then(e.fill_null(0).cum_sum()).otherwise(None)
+        if m.cumulative:
+            start = (offsets or {}).get(m.name, 0.0)
+            e = pl.when(e.is_not_null()).then(e.fill_null(0).cum_sum() + start).otherwise(None)
         exprs.append(e.alias(m.name_in(profile)))
     return raw.select(exprs)
 

@@ -31,7 +31,7 @@ def test_catalogue_lists_every_metric_once():
     assert sorted(r["name"] for r in rows) == sorted(reg)
     md = catalogue_markdown(rows)
     for name in reg:
-        assert md.count(f"| `{name}` |") == 1, name
+        assert md.count(f"\n| `{name}` |") == 1, name
 
 
 def test_docs_metrics_md_is_generated():
@@ -44,3 +44,27 @@ def test_docs_metrics_md_is_generated():
     assert DOC.is_file(), "docs/metrics.md missing: run `grpolens metrics --markdown > docs/metrics.md`"
     assert DOC.read_text() == out.stdout, (
         "docs/metrics.md is stale: regenerate it with `grpolens metrics --markdown > docs/metrics.md`")
+
+
+def test_registry_order_does_not_depend_on_import_order():
+    import importlib
+
+    from grpolens.metrics import FAMILY_MODULES
+
+    importlib.import_module(f"grpolens.metrics.{FAMILY_MODULES[-1]}")  # a late family imported first
+    families = [m.family for m in load_builtins().values()]
+    first_seen = list(dict.fromkeys(families))
+    assert first_seen[0] == "health"
+
+
+def test_resolve_finds_aliases_and_template_instances():
+    import pytest
+
+    from grpolens.metrics.registry import resolve
+
+    assert resolve("entropy").name == "entropy"
+    assert resolve("train/entropy").name == "entropy"
+    m = resolve("rewards/accuracy/mean")
+    assert m.name == "rewards/accuracy/mean" and m.per_column is None
+    with pytest.raises(KeyError, match="did you mean"):
+        resolve("entropyy")

@@ -99,3 +99,21 @@ def test_broken_shard_is_a_user_error_and_nothing_is_written(run):
 
 def test_python_api_is_lazy_and_exported():
     assert grpolens.recompute is recompute
+
+
+def test_steps_run_keeps_the_cache_of_other_steps(run):
+    recompute(run)
+    part = recompute(run, steps="1:1", result=True)
+    assert part.reused_steps == [1] and part.metrics["step"].to_list() == [1]
+    again = recompute(run, result=True)
+    assert again.computed_steps == [] and again.reused_steps == [0, 1, 2]
+
+
+def test_cumulative_totals_include_steps_before_the_selection(tmp_path):
+    from tests.refdata import random_samples, samples_run
+
+    rng = np.random.default_rng(3)
+    run = samples_run(tmp_path / "s", [random_samples(rng, s) for s in range(4)])
+    full = recompute(run, write=False)
+    part = recompute(run, steps="2:3", write=False)
+    assert part["tokens/seen"].to_list() == full["tokens/seen"].to_list()[2:]

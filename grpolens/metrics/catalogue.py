@@ -38,7 +38,7 @@ def catalogue_markdown(rows: list[dict] | None = None) -> str:
         for r in rs:
             names = "<br>".join(f"{p}: `{n}`" for p, n in r["names"].items() if p != "grpolens") or "-"
             doc = r["doc"].replace("|", "\\|")
-            out.append(f"| `{r['name']}` | {doc} | {r['kind']} | {', '.join(r['requires']) or '-'} | "
-                       f"{', '.join(r['config']) or '-'} | {names} |")
+            out.append(f"| `{r['name']}` | {doc} | {r['kind']} | {', '.join(f'`{c}`' for c in r['requires']) or '-'} | "
+                       f"{', '.join(f'`{c}`' for c in r['config']) or '-'} | {names} |")
         out.append("")
     return "\n".join(out)

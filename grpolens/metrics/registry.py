@@ -26,6 +26,7 @@ into one ordinary custom metric per matching column of the run (``rewards/accura
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Iterable
@@ -88,6 +89,9 @@ class Metric:
 
 
 REGISTRY: dict[str, Metric] = {}
+#: name -> the module that registered it; load_builtins orders the registry by module so that
+#: catalogues and output columns do not depend on which module a caller happened to import first
+_ORIGIN: dict[str, str] = {}
 
 
 def register(metric: Metric) -> Metric:
@@ -106,16 +110,24 @@ def register(metric: Metric) -> Metric:
     if unknown:
         raise ValueError(f"metric {metric.name}: unknown profiles {sorted(unknown)}")
     REGISTRY[metric.name] = metric
+    _ORIGIN[metric.name] = sys._getframe(1).f_globals.get("__name__", "")
     return metric
 
 
 def load_builtins() -> dict[str, Metric]:
     """Import every built-in family module (each registers its metrics on import)."""
-    from grpolens.metrics import FAMILY_MODULES
+    from grpolens.metrics import EXTRA_MODULES, FAMILY_MODULES
     import importlib
 
     for mod in FAMILY_MODULES:
         importlib.import_module(f"grpolens.metrics.{mod}")
+    for mod in EXTRA_MODULES:
+        importlib.import_module(mod)
+    order = [f"grpolens.metrics.{m}" for m in FAMILY_MODULES] + list(EXTRA_MODULES)
+    rank = {m: i for i, m in enumerate(order)}
+    items = sorted(enumerate(REGISTRY.items()), key=lambda t: (rank.get(_ORIGIN.get(t[1][0], ""), len(order)), t[0]))
+    REGISTRY.clear()
+    REGISTRY.update(kv for _, kv in items)
     return REGISTRY
 
 
@@ -137,6 +149,14 @@ def resolve(name: str) -> Metric:
             for m in hits:
                 if m.names.get(p) == name:
                     return m
+    for m in REGISTRY.values():  # a concrete name of a template: rewards/accuracy/mean
+        if m.per_column is None:
+            continue
+        for pattern in (m.name, *m.names.values()):
+            head, _, tail = pattern.partition(PLACEHOLDER)
+            if name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail):
+                key = name[len(head):len(name) - len(tail)]
+                return m.expand([m.per_column + key])[0]
     import difflib
 
     every = list(REGISTRY) + [n for m in REGISTRY.values() for n in m.names.values()]
