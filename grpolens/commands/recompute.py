@@ -18,6 +18,7 @@ def recompute_cmd(
     full: bool = typer.Option(False, "--full", help="Ignore the per-step cache and recompute every step."),
     last: int = typer.Option(5, "--last", help="Steps shown in the summary table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
+    is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
 
@@ -30,9 +31,14 @@ def recompute_cmd(
 
     console = Console(stderr=True)
     overrides = parse_overrides(set_)
+    extra = None
+    if is_weights:
+        from grpolens.metrics.rollout_is import is_weight_writer
+
+        extra = [is_weight_writer(run, overrides, config)]
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
-                        incremental=not full, progress=tick, result=True)
+                        incremental=not full, progress=tick, result=True, extra_visitors=extra)
     if quiet:
         return
     for note in res.notes:

@@ -112,7 +112,7 @@ class DeltaQuantiles:
             return None
         old, roll = b.old, b.cols["rollout_logp"]
         f = b.mask & np.isfinite(old) & np.isfinite(roll)
-        return (old - roll)[f]
+        return old[f] - roll[f]
 
     def combine(self, step: int, pieces: list) -> dict[str, float] | None:
         parts = [p for p in pieces if p is not None]
@@ -518,7 +518,7 @@ def xtuner_pack(p: dict, c: ISConfig) -> tuple[dict, dict]:
         else:
             o["mask/token_fraction"] = f((n * sv.band_rej).sum() / N)
             o["mask/seq_fraction"] = f(np.mean(sv.band_rej))
-    return mm, o
+    return mm, {f"rollout_is/{k}": v for k, v in o.items()}
 
 
 def xtuner_summary(sd) -> dict[str, float | None]:

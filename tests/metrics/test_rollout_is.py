@@ -1,0 +1,787 @@
+"""Rollout IS and mismatch metrics against an independent reference on padded arrays.
+
+The reference below re-implements the published algorithm (xtuner's port of verl's mismatch
+helper, newest verl, TRL's vLLM correction) token by token on padded (B, T) loss calls, in plain
+numpy, without grpolens' partials; runs are written with the plain pyarrow writer of refdata.
+"""
+
+import json
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+import grpolens
+from grpolens.errors import UserError
+from grpolens.metrics.config import check_config, normalize_rollout_is
+from grpolens.format import CONFIG_DEFAULTS
+from tests.refdata import LossCall, approx, f32, random_calls, write_run
+
+S = 20.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (padded arrays)
+# ---------------------------------------------------------------------------------------------
+
+def _old(c):
+    return c.old if c.old is not None else c.logp
+
+
+def ref_call(c: LossCall, cfg: dict) -> dict:
+    """Per-token arrays of one loss call under a canonical rollout_is config."""
+    level, mode = cfg["level"], cfg["mode"]
+    lo, hi = cfg["lower"], cfg["upper"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = _old(c) - c.rollout
+    V = c.mask & c.valid & ~np.isnan(d)
+    mixed = (V & (d == np.inf)).any(1) & (V & (d == -np.inf)).any(1)
+    V &= ~mixed[:, None]
+    dz = np.where(V, d, 0.0)
+    n = V.sum(1)
+    L = dz.sum(1)
+    B, T = d.shape
+    if level == "token":
+        X = dz
+    elif level == "sequence":
+        X = np.repeat(L[:, None], T, 1)
+    else:
+        X = np.repeat(np.where(n > 0, L / np.maximum(n, 1), 0.0)[:, None], T, 1)
+    w = np.exp(np.clip(X, -S, S))
+    if mode in ("truncate", "both"):
+        a = np.clip(w, lo if lo is not None else 0.0, hi)
+    elif mode == "truncate_upper":
+        a = np.minimum(w, hi)
+    elif mode == "icepop":
+        a = np.where((w <= hi) & (w >= (lo if lo is not None else 0.0)), w, 0.0)
+    else:
+        a = w.copy()
+    band = np.ones((B, T), bool)
+    if mode in ("mask", "both"):
+        ml, mu = cfg["mask_lower"], cfg["mask_upper"]
+        band = (w <= mu) & (w >= (ml if ml is not None else 0.0))
+    cat = np.zeros((B, T), bool)
+    vl, vu = cfg["veto_lower"], cfg["veto_upper"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if vl:
+            cat |= d < np.log(vl)
+        if vu is not None:
+            cat |= d > np.log(vu)
+    cat &= V
+    vetoed = cat.any(1)
+    rs_keep = np.ones((B, T), bool)
+    ds = np.clip(dz, -S, S)
+    for f in cfg["rs"]:
+        k = int(f["option"][-1])
+        stat = {1: -ds, 2: 0.5 * ds ** 2, 3: np.exp(ds) - 1 - ds}[k]
+        if f["option"].startswith("token"):
+            v = stat
+        elif "_sum_" in f["option"]:
+            v = np.repeat(np.where(V, stat, 0).sum(1)[:, None], T, 1)
+        elif "_mean_" in f["option"]:
+            v = np.repeat((np.where(V, stat, 0).sum(1) / np.maximum(n, 1))[:, None], T, 1)
+        else:
+            v = np.repeat(np.where(n > 0, np.where(V, stat, -np.inf).max(1), 0.0)[:, None], T, 1)
+        if k == 1:
+            rs_keep &= (v >= np.log(f["lower"])) & (v <= np.log(f["upper"]))
+        else:
+            rs_keep &= v <= f["upper"]
+    rej = V & (~band | ~rs_keep | vetoed[:, None])
+    chg = V & (a != w)
+    A = np.where(np.isfinite(c.adv_tok), np.abs(c.adv_tok), 0.0)
+    return dict(V=V, n=n, X=X, w=w, a=a, band=V & ~band, cat=cat, vetoed=vetoed, rej=rej, chg=chg,
+                zero=chg & (a == 0), A=A, keep=V & ~rej)
+
+
+def _stats(x):
+    N = len(x)
+    m = x.mean()
+    s2 = (x * x).sum()
+    return m, np.sqrt(max(0.0, (x * x).mean() - m * m)), (x.sum() ** 2 / (N * s2) if s2 > 0 else None)
+
+
+def ref_canonical(calls, step, cfg) -> dict:
+    """grpolens' default profile: pooled over the step's valid tokens / sequences."""
+    rs = [ref_call(c, cfg) for c in calls if c.step == step]
+    cat = lambda k: np.concatenate([r[k][r["V"]] for r in rs])  # noqa: E731
+    rows = lambda k: np.concatenate([r[k] for r in rs])  # noqa: E731
+    V = [r["V"] for r in rs]
+    N = sum(v.sum() for v in V)
+    out = {"valid_tokens": float(N)}
+    if N == 0:
+        return out
+    w, a, X = cat("w"), cat("a"), cat("X")
+    U, Lo = cfg["upper"], cfg["lower"]
+    out["raw/mean"], out["raw/std"], out["raw/ess"] = _stats(w)
+    out["raw/max"], out["raw/min"] = w.max(), w.min()
+    out["applied/mean"], out["applied/std"], out["applied/ess"] = _stats(a)
+    out["applied/max"], out["applied/min"] = a.max(), a.min()
+    out["safety_bound_fraction"] = np.mean(np.abs(X) > S)
+    n = rows("n")
+    okrows = n > 0
+    s_raw = np.concatenate([np.where(r["V"], r["w"], 0).sum(1) / np.maximum(r["n"], 1) for r in rs])[okrows]
+    s_app = np.concatenate([np.where(r["V"], r["a"], 0).sum(1) / np.maximum(r["n"], 1) for r in rs])[okrows]
+    for pre, s in (("raw/", s_raw), ("applied/", s_app)):
+        out[pre + "seq_mean"] = s.mean()
+        out[pre + "seq_std"] = s.std(ddof=1) if len(s) > 1 else None
+        out[pre + "seq_min"], out[pre + "seq_max"] = s.min(), s.max()
+        out[pre + "seq_max_deviation"] = np.abs(s - 1).max()
+    if U is not None:
+        out["raw/seq_fraction_high"] = np.mean(s_raw > U)
+        out["raw/seq_fraction_low"] = np.mean(s_raw < Lo) if Lo is not None else None
+        with np.errstate(divide="ignore"):
+            out["raw/fraction_high"] = np.mean(X > np.log(U))
+            out["raw/fraction_low"] = np.mean(X < np.log(Lo)) if Lo is not None else None
+        _, out["clamped/std"], out["clamped/ess"] = _stats(np.clip(w, Lo or 0.0, U))
+    mode = cfg["mode"]
+    if mode in ("truncate", "truncate_upper", "both"):
+        out["truncated_fraction"] = cat("chg").mean()
+    if mode == "icepop":
+        out["zeroed_fraction"] = cat("chg").mean()
+    rowany = lambda k: np.concatenate([(r[k] & r["V"]).any(1) for r in rs])[okrows]  # noqa: E731
+    if mode in ("mask", "both"):
+        out["mask/token_fraction"] = cat("band").mean()
+        out["mask/seq_fraction"] = rowany("band").mean()
+    out["veto/seq_fraction"] = rows("vetoed")[okrows].mean()
+    out["veto/catastrophic_token_fraction"] = cat("cat").mean()
+    out["rejected/token_fraction"] = cat("rej").mean()
+    out["rejected/seq_fraction"] = rowany("rej").mean()
+    mod = [r["rej"] | r["chg"] for r in rs]
+    out["modified/token_fraction"] = np.concatenate([m[r["V"]] for m, r in zip(mod, rs)]).mean()
+    out["modified/seq_fraction"] = np.concatenate([(m & r["V"]).any(1) for m, r in zip(mod, rs)])[okrows].mean()
+    out["kept_tokens"] = float(sum(r["keep"].sum() for r in rs))
+    A = cat("A")
+    drop = np.concatenate([(r["rej"] | r["zero"])[r["V"]] for r in rs])
+    out["loss_mass_removed"] = (A * drop).sum() / A.sum() if A.sum() > 0 else None
+    return out
+
+
+def ref_mismatch(calls, step) -> dict:
+    """Mismatch metrics: masked finite tokens; row statistics over sequences with a token."""
+    ks = {k: [] for k in ("d", "nf", "lo", "lr", "L", "absmax")}
+    for c in calls:
+        if c.step != step:
+            continue
+        old = _old(c)
+        F = c.mask & c.valid & np.isfinite(old) & np.isfinite(c.rollout)
+        d = np.where(F, old - np.where(F, c.rollout, 0), 0.0)
+        nf = F.sum(1)
+        ks["d"].append(d[F])
+        ks["nf"].append(nf)
+        ks["lo"].append(np.where(F, old, 0).sum(1) / np.maximum(nf, 1))
+        ks["lr"].append(np.where(F, c.rollout, 0).sum(1) / np.maximum(nf, 1))
+        ks["L"].append(d.sum(1))
+    d = np.concatenate(ks["d"])
+    if len(d) == 0:
+        return {}
+    ok = np.concatenate(ks["nf"]) > 0
+    lo, lr, L = (np.concatenate(ks[k])[ok] for k in ("lo", "lr", "L"))
+    diff = lr - lo
+    return {"kl_k1": np.mean(-d), "kl_k3": np.mean(np.exp(d) - d - 1), "abs_logp_diff": np.abs(d).mean(),
+            "abs_logp_diff_max": np.abs(d).max(), "training_ppl": np.exp(-lo).mean(), "training_log_ppl": (-lo).mean(),
+            "rollout_ppl": np.exp(-lr).mean(), "rollout_log_ppl": (-lr).mean(), "log_ppl_diff": diff.mean(),
+            "log_ppl_abs_diff": np.abs(diff).mean(), "log_ppl_diff_max": diff.max(), "log_ppl_diff_min": diff.min(),
+            "ppl_ratio": np.exp(diff).mean(), "chi2_token": np.mean(np.exp(2 * np.clip(d, -S, S))) - 1,
+            "chi2_seq": np.mean(np.exp(2 * np.clip(L, -S, S))) - 1, "delta_median": np.median(d)}
+
+
+def close(got, want, rel=1e-7, abs_=1e-10):
+    if want is None or (isinstance(want, float) and np.isnan(want)):
+        return got is None
+    return got is not None and abs(got - want) <= abs_ + rel * abs(want)
+
+
+def check(df, step, ref, prefix):
+    row = df.filter(pl.col("step") == step).row(0, named=True)
+    bad = {k: (row.get(prefix + k), v) for k, v in ref.items() if not close(row.get(prefix + k), v)}
+    assert not bad, bad
+
+
+def norm(ris):
+    return check_config({**CONFIG_DEFAULTS, "rollout_is": ris})["rollout_is"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical profile: every level × mode × veto combination
+# ---------------------------------------------------------------------------------------------
+
+BANDS = {"token": (0.9, 1.1), "sequence": (0.75, 1.3), "geometric": (0.95, 1.05)}
+MODES = ("none", "truncate", "truncate_upper", "mask", "both", "icepop")
+
+
+@pytest.mark.parametrize("level", list(BANDS))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("veto", [None, (0.8, 1.25)])
+def test_levels_modes_veto(tmp_path, level, mode, veto):
+    rng = np.random.default_rng(list(BANDS).index(level) * 100 + MODES.index(mode) * 2 + (veto is None))
+    calls = random_calls(rng, spread=0.45)
+    lo, hi = BANDS[level]
+    ris = {"level": level, "mode": mode, "threshold": [lo, hi]}
+    if veto:
+        ris["veto_threshold"] = list(veto)
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": ris})
+    got = grpolens.recompute(run, write=False)
+    cfg = norm(ris)
+    for step in (0, 1):
+        check(got, step, ref_canonical(calls, step, cfg), "rollout_is/")
+    # something actually happened in the interesting combinations
+    if mode in ("mask", "both") or veto:
+        assert got["rollout_is/rejected/token_fraction"].max() > 0
+    if mode in ("truncate", "truncate_upper", "both"):
+        assert got["rollout_is/truncated_fraction"].max() > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_nonfinite_and_beyond_bound(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    calls = random_calls(rng, nonfinite=0.1, spread=0.3)
+    # exponents beyond ±20: per-token and per-sequence
+    calls[0].rollout[0, :] = f32(calls[0].logp[0, :] - 30.0)
+    calls[1].rollout[3, :] = f32(_old(calls[1])[3, :] + 25.0)
+    calls[2].rollout[0, 0] = -np.inf  # δ = +inf
+    for level in ("token", "sequence", "geometric"):
+        ris = {"level": level, "mode": "both", "threshold": [0.5, 2.0], "veto_threshold": [1e-3, 1e3]}
+        run = write_run(tmp_path / f"run-{level}", calls, config={"rollout_is": ris})
+        got = grpolens.recompute(run, write=False)
+        for step in (0, 1):
+            check(got, step, ref_canonical(calls, step, norm(ris)), "rollout_is/")
+            check(got, step, ref_mismatch(calls, step), "mismatch/")
+        assert got["rollout_is/safety_bound_fraction"].max() > 0
+        assert got["rollout_is/undefined_tokens"].max() > 0
+
+
+def test_mismatch_metrics(tmp_path):
+    rng = np.random.default_rng(5)
+    calls = random_calls(rng, spread=0.3)
+    got = grpolens.recompute(write_run(tmp_path / "run", calls), write=False)
+    for step in (0, 1):
+        check(got, step, ref_mismatch(calls, step), "mismatch/")
+    # no rollout_is config: the raw (token-level) weights are still described
+    check(got, 0, {k: v for k, v in ref_canonical(calls, 0, norm({"level": "token"})).items()
+                   if k.startswith(("raw/mean", "raw/max", "raw/min", "raw/ess", "applied/mean"))}, "rollout_is/")
+    assert "rollout_is/veto/seq_fraction" not in got.columns
+
+
+def test_rejection_filters(tmp_path):
+    rng = np.random.default_rng(7)
+    calls = random_calls(rng, spread=0.3)
+    ris = {"level": "token", "mode": "truncate_upper", "threshold": 2.0,
+           "rs": "token_k1,seq_sum_k2,seq_mean_k3,seq_max_k2", "rs_threshold": "0.9_1.1,0.05,0.004,0.02"}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": ris})
+    got = grpolens.recompute(run, write=False)
+    cfg = norm(ris)
+    for step in (0, 1):
+        check(got, step, ref_canonical(calls, step, cfg), "rollout_is/")
+    assert 0 < got["rollout_is/rejected/token_fraction"].max() < 1
+    # per-filter verl metrics: masked fractions against the reference
+    for step in (0, 1):
+        rs = [ref_call(c, {**cfg, "rs": [f]}) for c in calls if c.step == step for f in cfg["rs"][:1]]
+        frac = sum(r["rej"].sum() for r in rs) / sum(r["V"].sum() for r in rs)
+        assert close(got.filter(pl.col("step") == step)["rollout_rs/token_k1/masked_fraction"][0], frac)
+    verl = grpolens.recompute(run, profile="verl", write=False)
+    assert "rollout_corr/rollout_rs_seq_max_k2_seq_max" in verl.columns
+    assert "rollout_corr/rollout_rs_masked_fraction" in verl.columns
+
+
+def test_all_masked_and_empty(tmp_path):
+    rng = np.random.default_rng(3)
+    calls = random_calls(rng)
+    for c in calls:
+        c.mask[:] = False
+    ris = {"level": "sequence", "mode": "both", "threshold": [0.5, 2.0], "veto_threshold": [1e-4, 1e4]}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": ris})
+    got = grpolens.recompute(run, write=False)
+    assert got["rollout_is/valid_tokens"].to_list() == [0.0, 0.0]
+    for c in ("rollout_is/raw/mean", "rollout_is/veto/seq_fraction", "mismatch/kl_k1", "rollout_is/applied/ess"):
+        assert got[c].to_list() == [None, None], c
+    xt = grpolens.recompute(run, profile="xtuner", write=False)  # xtuner's merger logs 0.0 with no valid pack
+    assert xt["mismatch/rollout_is_mean"].to_list() == [0.0, 0.0]
+    assert xt["mismatch/mismatch_kl"].to_list() == [0.0, 0.0]
+    vl = grpolens.recompute(run, profile="verl", write=False)  # verl raises; grpolens reports null
+    assert vl["rollout_corr/kl"].to_list() == [None, None]
+
+
+def test_single_token(tmp_path):
+    c = random_calls(np.random.default_rng(0), steps=(0,), ranks=1, micro_batches=1, batch=1, max_len=3,
+                     all_masked_row=False, zero_adv=False)[0]
+    c.lengths[:] = 1
+    c.mask[:] = [[True, False, False]]
+    c.old[0, 0], c.rollout[0, 0] = -1.0, -1.5  # w = e^0.5
+    ris = {"level": "token", "mode": "truncate", "threshold": [0.5, 1.5]}
+    run = write_run(tmp_path / "run", [c], config={"rollout_is": ris})
+    got = grpolens.recompute(run, write=False).row(0, named=True)
+    assert got["rollout_is/raw/mean"] == pytest.approx(np.exp(0.5))
+    assert got["rollout_is/applied/mean"] == pytest.approx(1.5)
+    assert got["rollout_is/raw/std"] == 0 and got["rollout_is/raw/ess"] == pytest.approx(1.0)
+    assert got["rollout_is/raw/seq_std"] is None
+    xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+    assert xt["mismatch/rollout_is_std"] == 0.0 and xt["mismatch/rollout_is_seq_std"] == 0.0
+    assert xt["mismatch/rollout_is_eff_sample_size"] == pytest.approx(1.0)
+
+
+def test_hand_worked(tmp_path):
+    # one call, two sequences, token level, truncate [0.5, 2], veto [0.1, 10]:
+    #   seq A: δ = [ln 3, 0, ln 0.25]   w = [3, 1, 0.25] -> a = [2, 1, 0.5]
+    #   seq B: δ = [ln 20]              w = [20] -> vetoed (20 > 10), a = [2]
+    # raw mean = (3 + 1 + .25 + 20) / 4 = 6.0625; applied mean = (2 + 1 + .5 + 2) / 4 = 1.375
+    # truncated 3/4, rejected 1/4 tokens and 1/2 sequences, modified 3/4 (the w = 1 token is untouched)
+    c = random_calls(np.random.default_rng(0), steps=(0,), ranks=1, micro_batches=1, batch=2, max_len=3,
+                     all_masked_row=False, zero_adv=False, single_token=False)[0]
+    c.lengths[:] = [3, 1]
+    c.mask[:] = [[True, True, True], [True, False, False]]
+    c.old[:] = -1.0
+    c.rollout[:] = -1.0 - np.log([[3, 1, 0.25], [20, 1, 1]])
+    c.advantages[:] = [1.0, -2.0]
+    ris = {"level": "token", "mode": "truncate", "threshold": [0.5, 2.0], "veto_threshold": [0.1, 10]}
+    got = grpolens.recompute(write_run(tmp_path / "run", [c], config={"rollout_is": ris}), write=False).row(0, named=True)
+    assert got["rollout_is/raw/mean"] == pytest.approx(6.0625, rel=1e-6)
+    assert got["rollout_is/applied/mean"] == pytest.approx(1.375, rel=1e-6)
+    assert got["rollout_is/truncated_fraction"] == pytest.approx(0.75)
+    assert got["rollout_is/rejected/token_fraction"] == pytest.approx(0.25)
+    assert got["rollout_is/rejected/seq_fraction"] == pytest.approx(0.5)
+    assert got["rollout_is/modified/token_fraction"] == pytest.approx(0.75)
+    assert got["rollout_is/veto/seq_fraction"] == pytest.approx(0.5)
+    assert got["rollout_is/loss_mass_removed"] == pytest.approx(2.0 / 5.0)  # |A|: 1+1+1 kept, 2 vetoed
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer profiles
+# ---------------------------------------------------------------------------------------------
+
+def mm_(x, m):
+    return (np.where(m, x, 0) * m).sum() / (m.sum() + 1e-8)
+
+
+def xtuner_pack_ref(c: LossCall, cfg: dict, level: str) -> tuple[dict, dict]:
+    """xtuner's compute_mismatch_metrics (pack = one row) and compute_is_metrics on one pack."""
+    old, roll = _old(c), c.rollout
+    m = (c.mask & c.valid).astype(float)
+    valid = m.any()
+    mm = {}
+    if valid:
+        lo, lr = mm_(old, m), mm_(roll, m)
+        d = old - roll
+        mm = {"mismatch_training_ppl": np.exp(-lo), "mismatch_training_log_ppl": -lo, "mismatch_kl": mm_(roll - old, m),
+              "mismatch_k3_kl": mm_(np.exp(d) - d - 1, m), "mismatch_rollout_ppl": np.exp(-lr),
+              "mismatch_rollout_log_ppl": -lr, "mismatch_log_ppl_diff": lr - lo, "mismatch_log_ppl_abs_diff": abs(lr - lo),
+              "mismatch_log_ppl_diff_max": lr - lo, "mismatch_log_ppl_diff_min": lr - lo,
+              "mismatch_ppl_ratio": np.exp(lr - lo), "mismatch_logprob_abs_diff": mm_(np.abs(d), m)}
+    if not valid:
+        return mm, {}
+    U, Lo = cfg["upper"], cfg["lower"]
+    d = np.where(m > 0, old - roll, 0.0)
+    rowsum = (d * m).sum(1)
+    rowmean = rowsum / (m.sum(1) + 1e-8)
+    X = {"token": d, "sequence": rowsum[:, None], "geometric": rowmean[:, None]}[level]
+    w = np.broadcast_to(np.exp(np.clip(X, -S, S)), d.shape)
+    seq_valid = m.sum(1) > 0
+    vl, vu = cfg["veto_lower"], cfg["veto_upper"]
+    with np.errstate(divide="ignore"):
+        cat = ((d < np.log(vl)) | (d > np.log(vu))) & (m > 0)
+    o = {"rollout_is_veto_fraction": (cat.any(1) & seq_valid).sum() / (seq_valid.sum() + 1e-8),
+         "rollout_is_catastrophic_token_fraction": mm_(cat.astype(float), m)}
+    if level == "token":
+        o["rollout_is_mean"] = mm_(w, m)
+        o["rollout_is_ratio_fraction_high"], o["rollout_is_ratio_fraction_low"] = mm_(w > U, m), mm_(w < Lo, m)
+        o["rollout_is_max"], o["rollout_is_min"] = w[m > 0].max(), w[m > 0].min()
+    else:
+        o["rollout_is_max"], o["rollout_is_min"] = np.exp(min(X.max(), S)), np.exp(X.min())
+        o["rollout_is_mean"] = mm_(w, m)
+        hi_, lo_ = X > np.log(U), X < np.log(Lo)
+        if level == "sequence":
+            o["rollout_is_ratio_fraction_high"], o["rollout_is_ratio_fraction_low"] = hi_.mean(), lo_.mean()
+        else:
+            o["rollout_is_ratio_fraction_high"] = mm_(np.broadcast_to(hi_, m.shape), m)
+            o["rollout_is_ratio_fraction_low"] = mm_(np.broadcast_to(lo_, m.shape), m)
+    wc = np.clip(w, Lo, U)
+    if m.sum() > 1:
+        o["rollout_is_std"] = np.sqrt(max(0.0, mm_(wc ** 2, m) - mm_(wc, m) ** 2))
+    else:
+        o["rollout_is_std"] = 0.0
+    o["rollout_is_eff_sample_size"] = 1.0 / mm_((wc / (mm_(wc, m) + 1e-8)) ** 2, m)
+    s = ((w * m).sum(1) / (m.sum(1) + 1e-8))[seq_valid]
+    o["rollout_is_seq_mean"], o["rollout_is_seq_std"] = s.mean(), s.std(ddof=1) if len(s) > 1 else 0.0
+    o["rollout_is_seq_max"], o["rollout_is_seq_min"] = s.max(), s.min()
+    o["rollout_is_seq_max_deviation"] = np.abs(s - 1).max()
+    o["rollout_is_seq_fraction_high"], o["rollout_is_seq_fraction_low"] = (s > U).mean(), (s < Lo).mean()
+    keep = (w >= cfg["mask_lower"]) & (w <= cfg["mask_upper"])
+    o["rollout_is_masked_fraction"] = mm_(1 - keep, m)
+    if level == "token":
+        o["rollout_is_seq_masked_fraction"] = ((((1 - keep) * m).sum(1)) > 0).mean()
+    else:
+        o["rollout_is_seq_masked_fraction"] = (1 - keep[:, 0]).mean()
+    return mm, o
+
+
+def xtuner_merge(dicts: list[dict]) -> dict:
+    valid = [d for d in dicts if d]
+    keys = set().union(*[d.keys() for d in valid]) if valid else set()
+    out = {}
+    for k in keys:
+        vals = [d[k] for d in valid]
+        out[k] = max(vals) if "max" in k else min(vals) if "min" in k else sum(vals) / len(valid)
+    return out
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_xtuner_profile(tmp_path, level):
+    rng = np.random.default_rng(11)
+    calls = random_calls(rng, spread=0.3, ranks=2, micro_batches=3)
+    calls[2].mask[:] = False  # an invalid pack: dropped by the merger
+    xt = {"rollout_is_level": level, "rollout_is_mode": "both", "rollout_is_threshold": [1.3, 0.8],
+          "rollout_is_mask_threshold": [1.2, 0.85], "rollout_is_veto_threshold": [1.6, 0.6]}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": xt})
+    got = grpolens.recompute(run, profile="xtuner", write=False)
+    cfg = norm(xt)
+    assert cfg["mask_upper"] == 1.2 and cfg["upper"] == 1.3 and cfg["veto_lower"] == 0.6
+    for step in (0, 1):
+        packs = [xtuner_pack_ref(c, cfg, level) for c in calls if c.step == step]
+        ref = {**xtuner_merge([p[0] for p in packs]), **xtuner_merge([p[1] for p in packs])}
+        row = got.filter(pl.col("step") == step).row(0, named=True)
+        # rel 1e-5: the reference's masked means carry a +1e-8 guard, which the variance (a
+        # difference of two means) amplifies; grpolens divides exactly
+        bad = {k: (row.get("mismatch/" + k), v) for k, v in ref.items() if not close(row.get("mismatch/" + k), v, rel=1e-5)}
+        assert not bad, bad
+        assert set("mismatch/" + k for k in ref) == set(c for c in got.columns if c.startswith("mismatch/"))
+
+
+def test_xtuner_disabled_without_threshold(tmp_path):
+    calls = random_calls(np.random.default_rng(2))
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"rollout_is_veto_threshold": [20, 0]}})
+    got = grpolens.recompute(run, profile="xtuner", write=False)
+    assert "mismatch/rollout_is_veto_fraction" not in got.columns  # xtuner ignores a lone veto
+    assert "mismatch/mismatch_kl" in got.columns
+
+
+def verl_ref(calls, step, cfg) -> dict:
+    """Newest verl on the global batch (all rows of the step), applied-weight IS statistics."""
+    rs = [(c, ref_call(c, cfg)) for c in calls if c.step == step]
+    U, Lo, level = cfg["upper"], cfg["lower"], cfg["level"]
+    m = [r["V"].astype(float) for _, r in rs]
+    Mtot = sum(x.sum() for x in m)
+    gmm = lambda xs: sum((x * mm).sum() for x, mm in zip(xs, m)) / (Mtot + 1e-8)  # noqa: E731
+    raw = [np.where(r["V"], r["w"], 0) for _, r in rs]
+    app = [np.where(r["V"], r["a"], 0) for _, r in rs]
+    o = {"rollout_is_mean": gmm(app)}
+    rowmean = lambda xs: np.concatenate([(x * mm).sum(1) / (mm.sum(1) + 1e-8) for x, mm in zip(xs, m)])  # noqa: E731
+    if level == "token":
+        o["rollout_is_max"] = max(a[mm > 0].max() for a, mm in zip(app, m) if mm.any())
+        o["rollout_is_min"] = min(a[mm > 0].min() for a, mm in zip(app, m) if mm.any())
+        o["rollout_is_ratio_fraction_high"] = gmm([w > U for w in raw])
+        o["rollout_is_ratio_fraction_low"] = gmm([w < Lo for w in raw])
+    else:
+        L = np.concatenate([np.where(r["V"], _old(c) - c.rollout, 0).sum(1) for c, r in rs])
+        o["rollout_is_max"], o["rollout_is_min"] = np.exp(min(L.max(), S)), np.exp(L.min())
+        o["rollout_is_ratio_fraction_high"], o["rollout_is_ratio_fraction_low"] = (L > np.log(U)).mean(), (L < np.log(Lo)).mean()
+    wc = [np.clip(a, 0, U) for a in app]
+    o["rollout_is_std"] = np.sqrt(max(0.0, gmm([x ** 2 for x in wc]) - gmm(wc) ** 2)) if Mtot > 1 else 0.0
+    mean_c = gmm(wc)
+    o["rollout_is_eff_sample_size"] = 1.0 / gmm([(x / (mean_c + 1e-8)) ** 2 for x in wc])
+    s = rowmean(app)
+    o["rollout_is_seq_mean"], o["rollout_is_seq_std"] = s.mean(), s.std(ddof=1)
+    o["rollout_is_seq_max"], o["rollout_is_seq_min"] = s.max(), s.min()
+    o["rollout_is_seq_max_deviation"] = np.abs(s - 1).max()
+    sr = rowmean(raw)
+    o["rollout_is_seq_fraction_high"], o["rollout_is_seq_fraction_low"] = (sr > U).mean(), (sr < Lo).mean()
+    o["rollout_is_oob_ratio"] = gmm([(w < Lo) | (w > U) for w in raw])
+    # off-policy metrics over every row (an empty row: mean log-prob 0)
+    F = [(c.mask & c.valid).astype(float) for c, _ in rs]
+    lo = np.concatenate([mm_r(_old(c), f) for (c, _), f in zip(rs, F)])
+    lr = np.concatenate([mm_r(c.rollout, f) for (c, _), f in zip(rs, F)])
+    d = lr - lo
+    Ls = np.concatenate([np.where(f > 0, _old(c) - c.rollout, 0).sum(1) for (c, _), f in zip(rs, F)])
+    Ft = sum(f.sum() for f in F)
+    tok = lambda g: sum((np.where(f > 0, g(c), 0)).sum() for (c, _), f in zip(rs, F)) / Ft  # noqa: E731
+    o.update({"training_ppl": np.exp(-lo).mean(), "training_log_ppl": (-lo).mean(), "rollout_ppl": np.exp(-lr).mean(),
+              "rollout_log_ppl": (-lr).mean(), "log_ppl_diff": d.mean(), "log_ppl_abs_diff": np.abs(d).mean(),
+              "log_ppl_diff_max": d.max(), "log_ppl_diff_min": d.min(), "ppl_ratio": np.exp(d).mean(),
+              "kl": tok(lambda c: c.rollout - _old(c)), "k3_kl": tok(lambda c: np.exp(_old(c) - c.rollout) - (_old(c) - c.rollout) - 1),
+              "chi2_token": tok(lambda c: np.exp(2 * np.clip(_old(c) - c.rollout, -S, S))) - 1,
+              "chi2_seq": np.exp(2 * np.clip(Ls, -S, S)).mean() - 1})
+    return o
+
+
+def mm_r(x, m):
+    return (np.where(m > 0, x, 0) * m).sum(1) / (m.sum(1) + 1e-8)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_verl_profile(tmp_path, level):
+    rng = np.random.default_rng(13)
+    calls = random_calls(rng, spread=0.3)
+    band = "0.9_1.1" if level == "token" else "0.75_1.3"
+    verl = {"rollout_is": level, "rollout_is_threshold": band}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": verl})
+    got = grpolens.recompute(run, profile="verl", write=False)
+    cfg = norm(verl)
+    assert cfg["mode"] == "icepop"
+    for step in (0, 1):
+        ref = verl_ref(calls, step, cfg)
+        row = got.filter(pl.col("step") == step).row(0, named=True)
+        bad = {k: (row.get("rollout_corr/" + k), v) for k, v in ref.items() if not close(row.get("rollout_corr/" + k), v, rel=1e-6)}
+        assert not bad, bad
+    # TIS (a float threshold): upper cap only; lower = 1/U for the fraction metrics
+    tis = norm({"rollout_is": "token", "rollout_is_threshold": 1.05})
+    assert tis["mode"] == "truncate_upper" and tis["lower"] == pytest.approx(1 / 1.05)
+    run2 = write_run(tmp_path / "run2", calls, config={"rollout_is": {"rollout_is": "token", "rollout_is_threshold": 1.05}})
+    got2 = grpolens.recompute(run2, profile="verl", write=False)
+    for step in (0, 1):
+        ref = verl_ref(calls, step, tis)
+        ref.pop("rollout_is_oob_ratio")
+        row = got2.filter(pl.col("step") == step).row(0, named=True)
+        bad = {k: (row.get("rollout_corr/" + k), v) for k, v in ref.items() if not close(row.get("rollout_corr/" + k), v, rel=1e-6)}
+        assert not bad, bad
+    assert got2["rollout_corr/rollout_is_max"].max() <= 1.05
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_trl_profile(tmp_path, mode):
+    rng = np.random.default_rng(17)
+    calls = random_calls(rng, spread=0.3, ranks=3)
+    trl = {"vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": 0.9,
+           "vllm_importance_sampling_clip_max": 1.1}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": trl})
+    got = grpolens.recompute(run, profile="trl", write=False)
+    level, _, kind = mode.partition("_")
+    for step in (0, 1):
+        dmeans, dmax, rmin, rmean, rmax = [], [], [], [], []
+        for rank in range(3):
+            cs = [c for c in calls if c.step == step and c.rank == rank]
+            d = np.concatenate([np.abs(_old(c) - c.rollout)[c.mask & c.valid] for c in cs])
+            dmeans.append(d.mean() if len(d) else 0.0)
+            dmax.append(d.max())
+            ratios = []
+            for c in cs:
+                m = c.mask & c.valid
+                dd = np.where(m, _old(c) - c.rollout, 0.0)
+                r = np.exp(dd) if level == "token" else np.exp(dd.sum(1))
+                r = np.clip(r, 0.9, 1.1) if kind == "truncate" else np.where((r >= 0.9) & (r <= 1.1), r, 0.0)
+                ratios.append(r[m] if level == "token" else r)
+            r = np.concatenate(ratios)
+            rmin.append(r.min())
+            rmean.append(r.mean())
+            rmax.append(r.max())
+        row = got.filter(pl.col("step") == step).row(0, named=True)
+        assert close(row["sampling/sampling_logp_difference/mean"], np.mean(dmeans))
+        assert close(row["sampling/sampling_logp_difference/max"], max(dmax))
+        assert close(row["sampling/importance_sampling_ratio/min"], min(rmin))
+        assert close(row["sampling/importance_sampling_ratio/mean"], np.mean(rmean))
+        assert close(row["sampling/importance_sampling_ratio/max"], max(rmax))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public verl fixtures (verl-xtuner-notes §2, §6.7): exact numbers
+# ---------------------------------------------------------------------------------------------
+
+def one_call(tmp_path, old, rollout, mask=None, adv=None, config=None, name="run"):
+    old, rollout = np.asarray(old, float), np.asarray(rollout, float)
+    B, T = old.shape
+    c = LossCall(0, 0, 0, np.arange(B), np.full(B, T), f32(old - 1.0), np.ones((B, T), bool) if mask is None else mask,
+                 f32(np.ones(B) if adv is None else adv), old=f32(old), rollout=f32(rollout),
+                 token_ids=np.zeros((B, T), int))
+    return write_run(tmp_path / name, [c], config={"rollout_is": config} if config else None), c
+
+
+def weights_of(run):
+    from grpolens.commands.recompute import recompute_cmd  # noqa: F401  (the CLI path is tested elsewhere)
+    from grpolens.metrics.rollout_is import is_weight_writer
+
+    grpolens.recompute(run, write=False, extra_visitors=[is_weight_writer(run)])
+    return pl.read_parquet(run / "grpolens" / "is_weights" / "step=00000000" / "rank=00000.parquet")
+
+
+def test_fixture_icepop_triplet(tmp_path):
+    # raw weights [0.4, 0.8, 6.0], "0.5_5.0": weights [0, 0.8, 0], mask unchanged,
+    # oob 2/3, std 0.3771236, ESS 1/3
+    run, _ = one_call(tmp_path, [[0.0, 0.0, 0.0]], [-np.log([0.4, 0.8, 6.0])],
+                      config={"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"})
+    w = weights_of(run)
+    assert np.allclose(w["is_weight"].to_numpy(), [0.0, 0.8, 0.0], atol=1e-6)
+    assert w["is_mask"].to_list() == [True, True, True]
+    v = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert v["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 3, abs=1e-6)
+    assert v["rollout_corr/rollout_is_std"] == pytest.approx(0.3771236, abs=1e-6)
+    assert v["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_fixture_icepop_loss(tmp_path):
+    # old = −1, rollout = [−0.5, −3.5, −0.8], A = [1, −1, 2], "0.5_5.0":
+    # weights [0.60653067, 0, 0.81873075], loss = mean(w·(−A)) over all three tokens, oob 1/3
+    run, _ = one_call(tmp_path, [[-1.0, -1.0, -1.0]], [[-0.5, -3.5, -0.8]],
+                      config={"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"})
+    w = weights_of(run)["is_weight"].to_numpy()
+    assert np.allclose(w, [0.60653067, 0.0, 0.81873075], atol=1e-6)
+    assert np.mean(w * -np.array([1.0, -1.0, 2.0])) == pytest.approx(-(0.60653067 + 2 * 0.81873075) / 3, abs=1e-6)
+    v = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert v["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_fixture_mask_mode_k1(tmp_path):
+    # constant rows δ = −1 (r ≈ 0.368) and +0.5 (r ≈ 1.649); token TIS U = 2 + token_k1 "0.5_2.0":
+    # weights untouched by the filter, row 0 rejected whole, row 1 kept, masked fraction 0.5
+    old = np.zeros((2, 5))
+    rollout = np.array([[1.0] * 5, [-0.5] * 5])
+    run, _ = one_call(tmp_path, old, rollout, config={"rollout_is": "token", "rollout_is_threshold": 2.0,
+                                                     "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"})
+    w = weights_of(run).sort(["sample_id", "pos"])
+    assert w["is_weight"][0] == pytest.approx(0.368, abs=0.01) and w["is_weight"][5] == pytest.approx(1.649, abs=0.01)
+    assert w["is_mask"].to_list() == [False] * 5 + [True] * 5
+    v = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert v["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_fixture_veto(tmp_path):
+    # rollout log-prob +15 above the old one at [0, 2] (r ≈ 3e-7), veto 1e-4: row 0 rejected whole,
+    # row 1 kept, row 0's weights still positive, 0 < veto fraction ≤ 1
+    rng = np.random.default_rng(0)
+    old = rng.normal(-1.0, 0.3, size=(2, 5))
+    rollout = old + rng.normal(0, 0.01, size=(2, 5))
+    rollout[0, 2] = old[0, 2] + 15.0
+    run, _ = one_call(tmp_path, old, rollout, config={"level": "token", "mode": "truncate", "threshold": [0.5, 2.0],
+                                                     "veto_lower": 1e-4})
+    w = weights_of(run).sort(["sample_id", "pos"])
+    m = w["is_mask"].to_numpy().reshape(2, 5)
+    assert m[0].sum() == 0 and m[1].sum() > 0
+    assert (w["is_weight"].to_numpy()[:5] > 0).all()
+    g = grpolens.recompute(run, write=False).row(0, named=True)
+    assert 0 < g["rollout_is/veto/seq_fraction"] <= 1
+
+
+def test_fixture_seq_fraction_high_raw(tmp_path):
+    # raw [[1, 6], [0.9, 1.1]], U = 2: seq_fraction_high from raw weights = 0.5 (verl)
+    run, _ = one_call(tmp_path, np.zeros((2, 2)), -np.log([[1.0, 6.0], [0.9, 1.1]]),
+                      config={"rollout_is": "token", "rollout_is_threshold": 2.0})
+    v = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert v["rollout_corr/rollout_is_seq_fraction_high"] == pytest.approx(0.5)
+
+
+def test_fixture_k1_inversion(tmp_path):
+    # verl's k1 band is on π_rollout/π_train: "0.8_1.5" keeps IS ratios in [1/1.5, 1/0.8] = [0.667, 1.25]
+    ratios = np.array([[0.6, 0.7, 1.2, 1.3]])
+    run, _ = one_call(tmp_path, np.zeros((1, 4)), -np.log(ratios).reshape(1, 4),
+                      config={"rs": "token_k1", "rs_threshold": "0.8_1.5"})
+    assert weights_of(run)["is_mask"].to_list() == [False, True, True, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# --is-weights output equals the reference weights
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("level,mode", [("token", "both"), ("sequence", "icepop"), ("geometric", "truncate")])
+def test_is_weights_output(tmp_path, level, mode):
+    rng = np.random.default_rng(23)
+    calls = random_calls(rng, spread=0.3, nonfinite=0.05)
+    lo, hi = BANDS[level]
+    ris = {"level": level, "mode": mode, "threshold": [lo, hi], "veto_threshold": [0.7, 1.4],
+           "rs": "seq_max_k2", "rs_threshold": 0.05}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": ris})
+    from grpolens.cli import main
+
+    main(["recompute", str(run), "--is-weights", "-q"])
+    cfg = norm(ris)
+    root = run / "grpolens" / "is_weights"
+    assert json.loads((root / "config.json").read_text())["mode"] == mode
+    for c in calls:
+        r = ref_call(c, cfg)
+        t = pl.read_parquet(root / f"step={c.step:08d}" / f"rank={c.rank:05d}.parquet")
+        t = t.filter(pl.col("micro_batch") == c.micro_batch).sort(["sample_id", "pos"])
+        rows = np.nonzero(c.valid)
+        assert t["valid"].to_list() == r["V"][rows].tolist()
+        v = r["V"][rows]
+        np.testing.assert_allclose(t["is_weight_raw"].to_numpy()[v], r["w"][rows][v], rtol=1e-12)
+        np.testing.assert_allclose(t["is_weight"].to_numpy()[v], r["a"][rows][v], rtol=1e-12)
+        assert t["is_weight"].null_count() == (~v).sum()
+        assert t["is_mask"].to_list() == r["keep"][rows].tolist()
+    # the IS-weight histogram of every step sits next to metrics.parquet
+    h = pl.read_parquet(run / "grpolens" / "is_hist.parquet")
+    n_valid = sum(ref_call(c, cfg)["V"].sum() for c in calls if c.step == 0)
+    assert h.filter((pl.col("step") == 0) & (pl.col("kind") == "raw"))["count"].sum() == n_valid
+    assert h.filter((pl.col("step") == 0) & (pl.col("kind") == "applied"))["count"].sum() == n_valid
+
+
+def test_is_weights_needs_rollout(tmp_path):
+    from grpolens.metrics.rollout_is import is_weight_writer
+
+    run = write_run(tmp_path / "run", random_calls(np.random.default_rng(0), rollout=False))
+    with pytest.raises(UserError, match="rollout_logp"):
+        is_weight_writer(run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Constant-offset diagnosis
+# ---------------------------------------------------------------------------------------------
+
+def test_constant_offset_diagnosis(tmp_path):
+    rng = np.random.default_rng(29)
+    calls = random_calls(rng, spread=0.03)
+    for c in calls:
+        if c.step == 1:  # top-p 0.9 renormalisation: every rollout log-prob raised by −log S
+            c.rollout = f32(c.rollout - np.log(rng.uniform(0.88, 0.93, size=c.rollout.shape)))
+    res = grpolens.recompute(write_run(tmp_path / "run", calls), write=False, result=True)
+    df = res.metrics
+    assert df["mismatch/constant_offset"].to_list() == [0.0, 1.0]
+    ref = ref_mismatch(calls, 1)["delta_median"]
+    assert df["mismatch/delta_median"][1] == pytest.approx(ref, rel=1e-9)
+    assert any("constant train–rollout offset at step(s) 1" in n and "top-p" in n for n in res.notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Threshold conventions
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,band", [
+    ({"rollout_is_threshold": [2.0, 0.5]}, (0.5, 2.0)),          # xtuner (upper, lower)
+    ({"rollout_is_threshold": "0.5_2.0"}, (0.5, 2.0)),           # verl "lower_upper"
+    ({"threshold": [0.5, 2.0]}, (0.5, 2.0)),                     # [low, high]
+    ({"threshold": {"lower": 0.5, "upper": 2.0}}, (0.5, 2.0)),
+    ({"lower": 0.5, "upper": 2.0}, (0.5, 2.0)),
+    ({"rollout_is_threshold": [5, 0]}, (0.0, 5.0)),              # xtuner: lower 0 disables that side
+    ({"upper": 3.0}, (None, 3.0)),
+])
+def test_threshold_conventions(spec, band):
+    got = normalize_rollout_is(spec)
+    assert (got["lower"], got["upper"]) == band
+
+
+@pytest.mark.parametrize("spec,match", [
+    ({"rollout_is_threshold": [0.5, 2.0]}, r"rollout_is_threshold.*\(upper, lower\)"),
+    ({"threshold": [2.0, 0.5]}, r"'rollout_is.threshold'.*inverted"),
+    ({"rollout_is_threshold": "2.0_0.5"}, r"lower_upper"),
+    ({"rollout_is_threshold": "0_2"}, r"> 0"),
+    ({"upper": 0}, r"rollout_is.upper"),
+    ({"threshold": [-1, 2]}, r"threshold"),
+    ({"rollout_is_threshold": True}, r"boolean"),
+    ({"veto_threshold": [1e4, 1e-4]}, r"veto_threshold.*inverted"),
+    ({"mode": "truncate"}, r"needs an upper"),
+    ({"level": "tokens"}, r"rollout_is.level"),
+    ({"rs": "token_k4", "rs_threshold": 2}, r"unknown rejection option"),
+    ({"rs": "token_k2", "rs_threshold": "0.5_2"}, r"single upper bound"),
+    ({"rs": "token_k1,seq_max_k2", "rs_threshold": "1,2,3"}, r"one per option"),
+    ({"threshold": [0.5, 2], "upper": 3}, r"given twice"),
+    ({"bogus": 1}, r"unknown setting"),
+])
+def test_threshold_errors(spec, match):
+    with pytest.raises(UserError, match=match):
+        normalize_rollout_is(spec)
+
+
+def test_threshold_error_from_cli(tmp_path, capsys):
+    from grpolens.cli import main
+
+    run = write_run(tmp_path / "run", random_calls(np.random.default_rng(0)),
+                    config={"rollout_is": {"rollout_is_threshold": [0.5, 2.0]}})
+    with pytest.raises(SystemExit) as e:
+        main(["recompute", str(run), "-q"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "rollout_is.rollout_is_threshold" in err and "Traceback" not in err
+
+
+def test_normalisation_is_idempotent():
+    spec = {"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0", "rollout_rs": "token_k1,seq_max_k3",
+            "rollout_rs_threshold": "0.4_1.8,3.0", "veto_threshold": [1e-4, 1e4]}
+    once = normalize_rollout_is(spec)
+    assert normalize_rollout_is(once) == once
+    assert once["rs"] == [{"option": "token_k1", "lower": 0.4, "upper": 1.8},
+                          {"option": "seq_max_k3", "lower": None, "upper": 3.0}]
