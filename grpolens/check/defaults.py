@@ -91,6 +91,33 @@ depends on vocabulary, temperature and model, so the bound is relative to the ru
 than absolute. Against a baseline: at least 70 % of the baseline's entropy at the same step."""
 
 [[rule]]
+name = "mismatch KL"
+metric = "mismatch/kl_k3"
+direction = "upper"
+early = { factor = 3.0, abs = 0.001 }
+rel = 1.0
+abs = 0.0005
+missing = "skip"
+why = """k3 KL between the trainer's and the inference engine's log-probs of the same tokens. For a \
+fixed model, engine and precision it is a small constant (~1e-3 nats/token for bf16 engines); \
+tripling means the stack changed: an engine upgrade, a precision or kernel change, sampling \
+settings (temperature, top-p) applied on one side only. Against a baseline: at most twice the \
+baseline's value plus 0.0005."""
+
+[[rule]]
+name = "veto fraction"
+metric = "rollout_is/veto/seq_fraction"
+direction = "upper"
+early = { factor = 10.0, abs = 0.05 }
+rel = 1.0
+abs = 0.05
+missing = "skip"
+why = """Share of sequences the rollout-IS veto throws away: a token whose trainer and engine \
+probabilities differ by the veto factor (1e4 by default, about 9 nats). Engine and trainer then \
+disagree about tokens, not about rounding; every vetoed sequence is lost training data. The floor \
+of 5 % keeps a single vetoed sequence in a small CI batch from failing the build."""
+
+[[rule]]
 name = "non-finite tokens"
 metric = "health/nonfinite/*"
 max = 0

@@ -1,0 +1,245 @@
+"""``grpolens check`` end to end on synthetic runs: clean runs pass the built-in rules, injected
+pathologies fail them at the injected step (alone and against a baseline run or golden file), and
+the command's inputs and outputs (exit codes, --junit, --github, --summary-md, --write-golden,
+--show-rules, bad input) behave."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from grpolens.check import check
+from grpolens.check.baseline import read_golden
+from grpolens.check.defaults import DEFAULT_RULES_TOML
+from grpolens.check.rules import parse_rules
+from grpolens.cli import main
+from grpolens.synth import synth_run
+
+STEPS = 16
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+#: injection -> the built-in rules it must trip (the pathology's own signature)
+INJECTED = {
+    "kl-spike@12": {"KL to reference"},
+    "rollout-drift@10": {"mismatch KL"},
+    "entropy-collapse@15": {"entropy collapse"},
+    "nan@8": {"non-finite tokens"},
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("check-runs")
+    out = {"clean": synth_run(root / "clean", steps=STEPS, seed=3),
+           "clean-other-seed": synth_run(root / "clean4", steps=STEPS, seed=4)}
+    for spec in INJECTED:
+        out[spec] = synth_run(root / spec.replace("@", "-"), steps=STEPS, seed=3, inject=[spec])
+    short = root / "short"
+    shutil.copytree(out["clean-other-seed"], short)
+    for d in (short / "tokens").iterdir():
+        if int(d.name.split("=")[1]) >= 12:
+            shutil.rmtree(d)
+            shutil.rmtree(short / "samples" / d.name, ignore_errors=True)
+    out["short"] = short
+    return out
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def failures(report):
+    return {o.rule.name: o for o in report.outcomes if o.status == "FAIL"}
+
+
+def test_clean_run_passes_default_rules(runs):
+    report = check(runs["clean"])
+    assert report.exit_code == 0, [(o.rule.name, o.message) for o in report.outcomes if o.failed]
+    # the rules that have data in a synthetic run were really evaluated, not skipped
+    names = {o.rule.name for o in report.outcomes if o.status == "PASS"}
+    assert {n for rules in INJECTED.values() for n in rules} <= names
+
+
+@pytest.mark.parametrize("spec", list(INJECTED))
+def test_injected_pathology_fails_at_injected_step(runs, spec):
+    step = int(spec.split("@")[1])
+    report = check(runs[spec])
+    fails = failures(report)
+    assert report.exit_code == 1
+    assert INJECTED[spec] <= set(fails), sorted(fails)
+    for name in INJECTED[spec]:
+        assert fails[name].step == step, (name, fails[name].message)
+    # nothing fails before the pathology: the rules point at the right step
+    assert min(o.step for o in fails.values()) == step
+
+
+@pytest.mark.parametrize("spec", ["kl-spike@12", "rollout-drift@10"])
+def test_against_baseline_run(runs, spec):
+    assert check(runs["clean-other-seed"], baseline=runs["clean"]).exit_code == 0
+    report = check(runs[spec], baseline=runs["clean"])
+    fails = failures(report)
+    assert report.exit_code == 1 and min(o.step for o in fails.values()) == int(spec.split("@")[1])
+    assert any(o.baseline is not None for o in fails.values())
+
+
+def test_golden_round_trip(runs, tmp_path):
+    golden = tmp_path / "golden.json"
+    report = check(runs["clean"], write_golden_to=golden)
+    assert report.exit_code == 0 and report.golden_written == golden
+    data = json.loads(golden.read_text())
+    assert data["format"] == "grpolens-golden" and data["steps"] == list(range(STEPS))
+    assert "entropy" in data["metrics"] and data["rules"] == "built-in defaults"
+    # values are the recomputed metrics, exactly
+    import polars as pl
+
+    df = pl.read_parquet(runs["clean"] / "grpolens" / "metrics.parquet")
+    base = read_golden(golden)
+    assert base.series["entropy"].values.tolist() == df["entropy"].to_list()
+    assert check(runs["clean-other-seed"], baseline=golden).exit_code == 0
+    bad = check(runs["entropy-collapse@15"], baseline=golden)
+    assert bad.exit_code == 1 and failures(bad)["entropy collapse"].step == 15
+
+
+def test_short_candidate_is_a_clear_failure(runs, capsys):
+    code, out, _ = cli(capsys, "check", runs["short"], "--baseline", runs["clean"])
+    assert code == 1
+    assert "baseline coverage" in out and "this run lacks 4 of the baseline's 16 step(s) (first missing: step 12" in out
+
+
+def test_cli_outputs(runs, tmp_path, capsys):
+    junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
+    summary.write_text("previous\n")
+    code, out, _ = cli(capsys, "check", runs["nan@8"], "--junit", junit, "--github", "--summary-md", summary)
+    assert code == 1
+    gh = [ln for ln in out.splitlines() if ln.startswith("::error ")]
+    assert gh and "non-finite tokens" in gh[0] and f"grpolens tokens {runs['nan@8']} --step 8" in gh[0]
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites" and int(root.get("failures")) >= 1
+    assert len(root.find("testsuite").findall("testcase")) == len(parse_rules(DEFAULT_RULES_TOML).rules)
+    text = summary.read_text()
+    assert text.startswith("previous\n") and "❌ regression" in text
+    code, out, _ = cli(capsys, "check", runs["clean"], "--summary-md", summary, "-q")
+    assert code == 0 and "passed" in out and summary.read_text().count("### grpolens check") == 2
+
+
+def test_cli_bad_input_exits_2(runs, tmp_path, capsys):
+    rules = tmp_path / "bad.toml"
+    rules.write_text("[[rule]]\nmetric = 'entropy'\nreduce = 'average'\nmin = 0\n")
+    code, _, err = cli(capsys, "check", runs["clean"], "--rules", rules)
+    assert code == 2 and f"{rules}:3: rule 1: reduce: unknown reducer 'average'" in err
+    code, _, err = cli(capsys, "check", runs["clean"], "--baseline", tmp_path / "nowhere")
+    assert code == 2 and "no such run directory or golden file" in err
+    (tmp_path / "g.json").write_text('{"format": "something else"}')
+    code, _, err = cli(capsys, "check", runs["clean"], "--baseline", tmp_path / "g.json")
+    assert code == 2 and "not a grpolens golden file" in err
+    code, _, err = cli(capsys, "check", tmp_path / "no-run")
+    assert code == 2 and "does not exist" in err
+
+
+def test_rule_missing_from_golden_is_an_error(runs, tmp_path, capsys):
+    golden = tmp_path / "g.json"
+    rules = tmp_path / "r.toml"
+    rules.write_text("[[rule]]\nmetric = 'entropy'\nrel = 0.1\n")
+    check(runs["clean"], rules=rules, write_golden_to=golden)
+    assert set(json.loads(golden.read_text())["metrics"]) == {"entropy"}
+    rules.write_text("[[rule]]\nmetric = 'entropy'\nrel = 0.5\n[[rule]]\nmetric = 'health/tokens'\nrel = 0.5\n")
+    code, out, _ = cli(capsys, "check", runs["clean"], "--rules", rules, "--baseline", golden)
+    assert code == 2 and "ERROR" in out and "the baseline has no values for health/tokens" in out
+
+
+def test_set_overrides_reach_golden_and_leave_the_cache_alone(runs, tmp_path):
+    cache = runs["clean"] / "grpolens" / "metrics.parquet"
+    check(runs["clean"])
+    before = cache.stat().st_mtime_ns
+    golden = tmp_path / "g.json"
+    check(runs["clean"], overrides={"epsilon": 0.1}, write_golden_to=golden)
+    assert json.loads(golden.read_text())["overrides"] == {"epsilon": 0.1}
+    assert cache.stat().st_mtime_ns == before
+
+
+def test_show_rules_prints_parseable_defaults(capsys):
+    code, out, _ = cli(capsys, "check", "unused", "--show-rules")
+    assert code == 0 and out == DEFAULT_RULES_TOML
+    assert parse_rules(out).rules
+
+
+def test_example_rules_against_example_baseline(runs, tmp_path, capsys):
+    """docs/examples/ci-rules.toml: the documented CI rules, run as the docs show them."""
+    golden = tmp_path / "golden.json"
+    code, _, _ = cli(capsys, "check", runs["clean"], "--rules", EXAMPLES / "ci-rules.toml", "--write-golden", golden)
+    assert code == 0
+    code, out, _ = cli(capsys, "check", runs["clean-other-seed"], "--rules", EXAMPLES / "ci-rules.toml",
+                       "--baseline", golden)
+    assert code == 0, out
+    code, out, _ = cli(capsys, "check", runs["kl-spike@12"], "--rules", EXAMPLES / "ci-rules.toml", "--baseline", golden)
+    assert code == 1 and "--step 12" in out
+
+
+def test_subprocess_exit_code(runs):
+    """The real entry point: the exit status a CI job sees (the in-process tests above cover the rest)."""
+    done = subprocess.run([sys.executable, "-m", "grpolens.cli", "check", str(runs["nan@8"]), "-q"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "1 failed" in done.stdout
+
+
+def test_sample_github_workflow_runs(runs, tmp_path, monkeypatch, capsys):
+    """docs/examples/github-workflow.yml: its grpolens steps run as written, in a checkout laid out as
+    its header says, and the check passes, writes the JUnit report and appends the job summary."""
+    yaml = pytest.importorskip("yaml")
+    wf = yaml.safe_load((EXAMPLES / "github-workflow.yml").read_text())
+    steps = [s["run"] for s in wf["jobs"]["grpo-check"]["steps"] if str(s.get("run", "")).startswith("grpolens ")]
+    assert len(steps) == 2 and steps[1].startswith("grpolens check runs/ci")
+    (tmp_path / "ci").mkdir()
+    shutil.copy(EXAMPLES / "ci-rules.toml", tmp_path / "ci" / "grpolens-rules.toml")
+    check(runs["clean"], rules=tmp_path / "ci" / "grpolens-rules.toml", write_golden_to=tmp_path / "ci" / "golden.json")
+    summary = tmp_path / "summary.md"
+    summary.touch()
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.chdir(tmp_path)
+    for cmd in steps:  # as the runner's shell would split them
+        argv = [os.path.expandvars(a) for a in shlex.split(cmd)]
+        code, out, err = cli(capsys, *argv[1:])
+        assert code == 0, out + err
+    assert ET.parse(tmp_path / "reports" / "grpolens-check.xml").getroot().get("failures") == "0"
+    assert "### grpolens check: ✅ passed" in summary.read_text()
+
+
+def test_docs_console_example_runs(tmp_path, monkeypatch, capsys):
+    """The first console block of docs/check.md, run line by line: exit codes as its comments say,
+    and the output lines it shows appear."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
+    block = text.split("```console\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    (tmp_path / "docs").symlink_to(EXAMPLES.parent)
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.chdir(tmp_path)
+    commands: list[tuple[str, list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            commands.append((line[2:], []))
+        elif line.strip():
+            commands[-1][1].append(line.strip())
+    assert len(commands) >= 5
+    for cmd, shown in commands:
+        command, _, comment = cmd.partition("#")
+        argv = [os.path.expandvars(a) for a in shlex.split(command)]
+        code, out, err = cli(capsys, *argv[1:])
+        expected = 1 if "exit 1" in comment else 0
+        assert code == expected, (cmd, out, err)
+        flat = " ".join(out.split())
+        for s in shown:
+            assert " ".join(s.split()) in flat, (s, out)
+    assert "❌ regression" in summary.read_text()
