@@ -300,6 +300,10 @@ class GRPOLensHook:
                   _stack(bools, torch.bool, device, pool) if bools else None,
                   _stack(list(ints.values()), torch.int32, device, pool) if ints else None]
         fblock, bblock, iblock = (host.owned(b) if b is not None else None for b in blocks)
+        # CPU blocks go back to the pool once read; device blocks are dropped now (the allocator
+        # orders their reuse after the copies on this stream), so queued calls hold no device memory.
+        reusable = [b for b in blocks if b is not None] if device.type == "cpu" else []
+        del blocks
         mask_row = 0 if mask_t is not None else None
         valid_row = len(bools) - 1 if valid is not None else mask_row
         sids = host.copy(sample_ids_t, torch.int64, "sample_ids")
@@ -321,10 +325,8 @@ class GRPOLensHook:
             else:
                 layout = ("padded", shape[1])
             rows = token_rows(fblock, names, valid_np, mask_np, int_cols, sids, adv_np, layout)
-            if device.type == "cpu":  # read and copied: the blocks can serve a later call
-                for b in blocks:
-                    if b is not None:
-                        pool.give(b)
+            for b in reusable:  # read and copied: the blocks can serve a later call
+                pool.give(b)
             return rows
 
         if not events and packed:  # the data is on the host already: report bad packing now, not later

@@ -195,6 +195,29 @@ def test_inputs_untouched_no_graph_and_training_unchanged(tmp_path):
         assert torch.equal(v.detach(), before[k][0]) and v._version == before[k][1], k
 
 
+def test_reused_input_buffers_and_reused_host_blocks_keep_each_call_s_data(tmp_path):
+    # A trainer that refills the same tensors in place for every call; the hook's own CPU blocks are
+    # recycled once read. Every call must still be stored with the values it had when logged.
+    buf = make_batch(10)
+    batches = [make_batch(100 + i) for i in range(12)]
+    with GRPOLensHook(tmp_path) as hook:
+        for i, d in enumerate(batches):
+            for k in ("logp", "mask", "valid", "token_ids", "advantages", *OPTIONAL):
+                buf[k].copy_(d[k])
+            log(hook, buf, step=i // 3)
+            if i % 3 == 2:
+                hook.end_step(i // 3)
+    got = {}
+    for s in fmt.list_shards(tmp_path):
+        t = pq.read_table(s.path)
+        names = ("micro_batch", "sample_id", "pos", "logp", "advantage", "mask", "token_id", *OPTIONAL)
+        for row in zip(*(t.column(n).to_pylist() for n in names)):
+            got.setdefault(3 * s.step + row[0], []).append(row[1:])
+    # sample ids are the buffer's (never refilled), everything else comes from batch i
+    for i, d in enumerate(batches):
+        assert got[i] == reference_rows({**d, "sample_ids": buf["sample_ids"]}), i
+
+
 def test_micro_batch_counter_per_step(tmp_path):
     d = make_batch(7, B=3)
     with GRPOLensHook(tmp_path) as hook:
