@@ -38,7 +38,7 @@ SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
 _MERGE = {
     "kl.n": "sum", "kl.masked": "sum",
     "kl.k1.sum": "sum", "kl.k2.sum": "sum", "kl.k3.sum": "sum", "kl.k3_c60.sum": "sum",
-    "kl.k3c.sum": "sum", "kl.k3c.n": "sum",
+    "kl.k3c.sum": "sum", "kl.k3c.n": "sum", "kl.k3.max": "max",
 }
 
 
@@ -66,6 +66,7 @@ def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         "kl.k1.sum": b.masked_sum(-x, v),
         "kl.k2.sum": b.masked_sum(0.5 * x * x, v),
         "kl.k3.sum": b.masked_sum(k3, v),
+        "kl.k3.max": b.seq_max(k3, v),
         "kl.k3_c60.sum": b.masked_sum(k3m, v),
         "kl.k3c.sum": b.masked_sum(k3c, vc),
         "kl.k3c.n": b.count(vc),
