@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "sidecars",
     "check",
     "serve",
+    "sweep",
 ]
 
 app = typer.Typer(
@@ -47,11 +48,14 @@ def _print_error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turning user errors into one line and an exit code."""
-    from grpolens.errors import UserError
-    from grpolens.format import RunFormatError
+    from grpolens.errors import RunFormatError, UserError
 
     try:
-        app(args=argv, standalone_mode=False)
+        # In non-standalone mode click *returns* the exit code of a command that raised
+        # typer.Exit(code) instead of exiting with it.
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc != 0:
+            sys.exit(rc)
     except UserError as e:
         _print_error(e.message)
         sys.exit(e.exit_code)
@@ -66,17 +70,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _print_error("interrupted")
         sys.exit(130)
-    except Exception as e:  # click usage errors come through here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.UsageError):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:
+        # Usage errors (unknown command or option, bad value) are click exceptions; typer ships
+        # its own copy of click, so they are recognised by their interface, not their class.
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)
         raise
-
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -14,3 +14,18 @@ class UserError(Exception):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+
+
+class RunFormatError(ValueError):
+    """A run (or a file in it) does not follow the format. ``path`` names the file at fault.
+
+    Defined here rather than in :mod:`grpolens.format` so that the CLI can catch it without
+    importing pyarrow at start-up; ``grpolens.format.RunFormatError`` is the same class.
+    """
+
+    def __init__(self, path, message: str, column: str | None = None):
+        self.path = str(path)
+        self.column = column
+        where = f"{self.path}" + (f" (column {column!r})" if column else "")
+        super().__init__(f"{where}: {message}")
+        self.message = message

@@ -31,6 +31,8 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from grpolens.errors import RunFormatError  # noqa: F401  (re-exported: readers raise it)
+
 FORMAT_NAME = "grpolens-run"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "grpolens.json"
@@ -40,17 +42,6 @@ TABLES = (TOKENS, SAMPLES)
 #: Directory inside a run where grpolens writes what it derives.
 DERIVED_DIR = "grpolens"
 REWARD_PREFIX = "reward/"
-
-
-class RunFormatError(ValueError):
-    """A run (or a file in it) does not follow the format. ``path`` names the file at fault."""
-
-    def __init__(self, path: os.PathLike | str, message: str, column: str | None = None):
-        self.path = str(path)
-        self.column = column
-        where = f"{self.path}" + (f" (column {column!r})" if column else "")
-        super().__init__(f"{where}: {message}")
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,2 @@
+grpolens metrics --family entropy
+grpolens metrics --profile trl
