@@ -1,0 +1,250 @@
+"""verl integration: record a verl actor's ``update_policy`` inputs into a grpolens run.
+
+verl is not imported here (it needs Ray and GPUs); everything is read by key from the batch verl
+hands its actor: a ``DataProto`` (``.batch`` TensorDict, ``.non_tensor_batch`` numpy arrays,
+``.meta_info``), a TensorDict, or a plain dict of tensors. Five lines in the actor
+(``docs/integrations/verl.md``)::
+
+    from grpolens.integrations.verl import VerlCapture
+    self.grpolens = VerlCapture("runs/my-run", config=verl_config(actor_config))   # __init__
+
+    # update_policy(self, data):
+    self.grpolens.begin_step(data)                      # before data.select(...): samples + ids
+    select_keys.append(VerlCapture.SAMPLE_ID_KEY)       # let the ids travel with the rows
+    ...  entropy, log_prob = self._forward_micro_batch(micro_batch, ...)
+    self.grpolens.log_micro_batch(micro_batch, log_prob=log_prob, entropy=entropy)
+    self.grpolens.end_step()                            # after the last mini-batch
+
+Keys read (verl's names): ``responses``, ``response_mask`` (the loss mask, after rollout
+rejection), ``attention_mask`` (its last ``T`` columns mark the real response tokens, its first
+columns the prompt), ``old_log_probs``, ``ref_log_prob``, ``rollout_log_probs``, ``advantages``
+(per token); non-tensor ``uid`` (the prompt group), the reward scores (``token_level_scores``,
+else ``token_level_rewards``, summed over the response) and numeric reward-info arrays;
+``meta_info["global_steps"]`` for the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from grpolens.hook import GRPOLensHook
+
+__all__ = ["VerlCapture", "verl_config", "group_id_of"]
+
+#: ``sample_id = (step * world_size + rank) * SAMPLE_ID_STRIDE + row`` (row: index in the rank's batch).
+SAMPLE_ID_STRIDE = 1_000_000
+#: Non-tensor keys that are never reward components.
+_NOT_REWARDS = {"uid", "index", "data_source", "raw_prompt", "raw_prompt_ids", "multi_modal_data",
+                "multi_modal_inputs", "extra_info", "reward_model", "tools_kwargs", "interaction_kwargs",
+                "ability", "request_id", "agent_name"}
+
+
+def group_id_of(uid: Any) -> int:
+    """A stable non-negative int64 for verl's ``uid`` (a uuid string): the same on every rank."""
+    digest = hashlib.blake2b(str(uid).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _tensors(x: Any) -> Any:
+    """The tensor part of a DataProto (``.batch``), or ``x`` itself (TensorDict / dict)."""
+    return x.batch if hasattr(x, "batch") and not isinstance(x, Mapping) else x
+
+
+def _keys(t: Any) -> set[str]:
+    return set(t.keys())  # TensorDict refuses `in`; keys() works for it and for dicts
+
+
+def _get(t: Any, key: str, required: bool = True):
+    if key in _keys(t):
+        return t[key]
+    if required:
+        raise KeyError(f"verl batch has no {key!r} (keys: {', '.join(sorted(_keys(t)))})")
+    return None
+
+
+def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) -> dict[str, Any]:
+    """grpolens config keys from verl's ``actor_rollout_ref.actor`` (and ``algorithm``) config.
+
+    ``clip_ratio_low/high`` -> ``epsilon/epsilon_high``; ``kl_loss_coef`` (if ``use_kl_loss``) ->
+    ``beta``; ``policy_loss.loss_mode`` gspo -> sequence-level ratios, cispo/sapo kept, anything
+    else -> ``grpo`` (PPO clip); verl's rollout correction (``rollout_is``, ``rollout_is_threshold``,
+    ``rollout_rs``, ``rollout_rs_threshold``) -> ``rollout_is`` in verl's spelling. Every input key
+    is also kept under ``verl_actor`` / ``verl_algorithm``.
+    """
+    actor = dict(actor or {})
+    algorithm = dict(algorithm or {})
+    policy = dict(actor.get("policy_loss") or {})
+    mode = str(policy.get("loss_mode", "vanilla"))
+    eps = actor.get("clip_ratio_low", actor.get("clip_ratio", 0.2))
+    cfg: dict[str, Any] = {
+        "loss_type": mode if mode in ("cispo", "sapo") else "grpo",
+        "importance_sampling_level": "sequence" if mode == "gspo" else "token",
+        "epsilon": eps,
+        "epsilon_high": actor.get("clip_ratio_high", eps),
+        "beta": float(actor.get("kl_loss_coef", 0.0)) if actor.get("use_kl_loss") else 0.0,
+        "loss_agg_mode": actor.get("loss_agg_mode"),
+        "kl_loss_type": actor.get("kl_loss_type"),
+    }
+    if mode == "sapo":
+        cfg["sapo_temperature_pos"] = policy.get("tau_pos", 1.0)
+        cfg["sapo_temperature_neg"] = policy.get("tau_neg", 1.05)
+    corr = dict(algorithm.get("rollout_correction") or {})
+    ris = {k: corr[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
+           if corr.get(k) is not None}
+    cfg["rollout_is"] = ris or None
+    cfg["verl_actor"] = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v)) for k, v in actor.items()}
+    if algorithm:
+        cfg["verl_algorithm"] = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+                                 for k, v in algorithm.items()}
+    return {k: v for k, v in cfg.items() if v is not None or k == "rollout_is"}
+
+
+class VerlCapture:
+    """Writes a verl actor's batches through :class:`~grpolens.hook.GRPOLensHook`.
+
+    ``rank`` must be the data-parallel rank (under Ulysses sequence parallelism pass
+    ``enabled=(sp_rank == 0)`` so that each sequence is written once). ``eos_token_id`` lets
+    ``truncated`` mean "hit the length limit without EOS"; without it a completion is truncated
+    when it fills the whole response width. ``tokenizer`` (optional) decodes prompt/completion
+    text into the samples table. ``reward_keys`` names the non-tensor arrays stored as
+    ``reward/<key>``; by default every numeric 1-D non-tensor array except ids.
+    """
+
+    SAMPLE_ID_KEY = "grpolens_sample_id"
+
+    def __init__(self, run_dir, *, config: dict | None = None, rank: int | None = None,
+                 world_size: int | None = None, eos_token_id: int | Iterable[int] | None = None,
+                 tokenizer: Any = None, reward_keys: Iterable[str] | None = None, enabled: bool = True,
+                 run_name: str | None = None, **writer_kwargs):
+        self.enabled = enabled
+        self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=_trainer_info(),
+                                 rank=rank, world_size=world_size, enabled=enabled, **writer_kwargs)
+        self.rank, self.world_size = self.hook.rank, self.hook.world_size
+        self.eos = None if eos_token_id is None else (
+            {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) else {int(e) for e in eos_token_id})
+        self.tokenizer = tokenizer
+        self.reward_keys = None if reward_keys is None else list(reward_keys)
+        self.step: int | None = None
+        self._last_step = 0
+        self._micro_batch = 0
+
+    # ------------------------------------------------------------------ once per training step
+    def begin_step(self, data: Any, step: int | None = None) -> int:
+        """Record the step's completions (this rank's rows) and attach their ids to ``data`` so that
+        they follow the rows through verl's mini-batch split, shuffle and micro-batching. Returns the
+        step: ``step``, else ``data.meta_info["global_steps"]``, else the previous step + 1."""
+        if step is None:
+            meta = getattr(data, "meta_info", None) or {}
+            step = meta.get("global_steps")
+        step = int(step) if step is not None else self._last_step + 1
+        self.step, self._last_step, self._micro_batch = step, step, 0
+        t = _tensors(data)
+        responses = _get(t, "responses")
+        n, width = responses.shape
+        if n > SAMPLE_ID_STRIDE:
+            raise ValueError(f"VerlCapture: {n} rows on one rank exceed {SAMPLE_ID_STRIDE}")
+        sample_ids = (step * self.world_size + self.rank) * SAMPLE_ID_STRIDE + torch.arange(n, dtype=torch.int64)
+        t[self.SAMPLE_ID_KEY] = sample_ids.to(responses.device)
+        if not self.enabled:
+            return step
+
+        attn = _get(t, "attention_mask")
+        valid = attn[:, -width:].bool()
+        lengths = valid.sum(-1)
+        prompt_lens = attn[:, :-width].sum(-1)
+        last = responses.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        full = lengths == width
+        truncated = full if self.eos is None else full & ~torch.isin(last, torch.tensor(sorted(self.eos), device=last.device))
+        non_tensor = dict(getattr(data, "non_tensor_batch", None) or {})
+        uid = non_tensor.get("uid")
+        group_ids = (torch.tensor([group_id_of(u) for u in uid], dtype=torch.int64) if uid is not None else sample_ids)
+        scores = _get(t, "token_level_scores", False)
+        if scores is None:
+            scores = _get(t, "token_level_rewards", False)
+        reward = (scores * valid).sum(-1).double() if scores is not None else None
+        adv = _get(t, "advantages", False)
+        first = None
+        if adv is not None:  # GRPO broadcasts one value over the response: take the first real token's
+            first = adv.gather(1, torch.zeros(n, 1, dtype=torch.int64, device=adv.device)).squeeze(1)
+        texts = {}
+        if self.tokenizer is not None:
+            ids = _get(t, "input_ids")
+            texts = {
+                "prompts": [self.tokenizer.decode(ids[i, :-width][attn[i, :-width].bool()].tolist(), skip_special_tokens=True)
+                            for i in range(n)],
+                "completions": [self.tokenizer.decode(responses[i, : int(lengths[i])].tolist(), skip_special_tokens=True)
+                                for i in range(n)],
+            }
+        self.hook.log_samples(step=step, sample_ids=sample_ids, group_ids=group_ids, completion_lens=lengths,
+                              truncated=truncated, rewards=self._rewards(non_tensor, n), reward=reward,
+                              advantages=first, prompt_lens=prompt_lens, **texts)
+        return step
+
+    def _rewards(self, non_tensor: dict, n: int) -> dict[str, np.ndarray] | None:
+        keys = self.reward_keys
+        if keys is None:
+            keys = [k for k, v in non_tensor.items() if k not in _NOT_REWARDS and _numeric(v, n)]
+        out = {}
+        for k in keys:
+            if k not in non_tensor:
+                raise KeyError(f"VerlCapture: reward key {k!r} is not in the non-tensor batch "
+                               f"(keys: {', '.join(sorted(non_tensor))})")
+            out[k.replace("/", "_")] = np.array([np.nan if v is None else float(v) for v in non_tensor[k]])
+        return out or None
+
+    # ------------------------------------------------------------------ once per loss call
+    def log_micro_batch(self, micro_batch: Any, *, log_prob, entropy=None, entropys=None, step: int | None = None,
+                        micro_batch_index: int | None = None) -> None:
+        """Record one loss call: ``log_prob`` (and ``entropy``) from the actor's forward on
+        ``micro_batch``, plus the batch's own old/ref/rollout log-probs, advantages and masks."""
+        if not self.enabled:
+            return
+        step = self.step if step is None else step
+        if step is None:
+            raise RuntimeError("VerlCapture.log_micro_batch before begin_step: call begin_step(data) first")
+        t = _tensors(micro_batch)
+        if self.SAMPLE_ID_KEY not in _keys(t):
+            raise KeyError(f"micro-batch has no {self.SAMPLE_ID_KEY!r}: call begin_step(data) before verl's "
+                           f"data.select(...) and add VerlCapture.SAMPLE_ID_KEY to its select_keys")
+        responses = _get(t, "responses")
+        width = responses.shape[1]
+        mb = self._micro_batch if micro_batch_index is None else micro_batch_index
+        self._micro_batch = mb + 1
+        self.hook.log_loss_call(
+            step=step, micro_batch=mb, sample_ids=t[self.SAMPLE_ID_KEY], logp=log_prob,
+            entropy=entropy if entropy is not None else entropys, advantages=_get(t, "advantages"),
+            mask=_get(t, "response_mask").bool(), valid=_get(t, "attention_mask")[:, -width:].bool(),
+            old_logp=_get(t, "old_log_probs", False), ref_logp=_get(t, "ref_log_prob", False),
+            rollout_logp=_get(t, "rollout_log_probs", False), token_ids=responses)
+
+    def end_step(self, step: int | None = None) -> None:
+        """The step's loss calls are done on this rank: its shards are written in the background."""
+        step = self.step if step is None else step
+        if step is not None:
+            self.hook.end_step(step)
+
+    def close(self) -> None:
+        self.hook.close()
+
+
+def _numeric(v: Any, n: int) -> bool:
+    arr = np.asarray(v)
+    if arr.ndim != 1 or len(arr) != n:
+        return False
+    if arr.dtype.kind in "biuf":
+        return True
+    return arr.dtype == object and all(x is None or isinstance(x, (bool, int, float, np.number)) for x in arr)
+
+
+def _trainer_info() -> dict[str, Any]:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"name": "verl", "version": version}
