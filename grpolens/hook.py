@@ -246,7 +246,8 @@ class GRPOLensHook:
         logp = _as_tensor(logp, "logp")
         sample_ids_t = _as_tensor(sample_ids, "sample_ids")
         if sample_ids_t.dim() != 1:
-            raise ValueError(f"log_loss_call: sample_ids must be 1-D (one id per sequence), got shape {tuple(sample_ids_t.shape)}")
+            raise ValueError("log_loss_call: sample_ids must be 1-D (one id per sequence), "
+                             f"got shape {tuple(sample_ids_t.shape)}")
         n_seq = sample_ids_t.shape[0]
         packed = cu_seqlens is not None or position_ids is not None
         shape = tuple(logp.shape)
@@ -286,7 +287,8 @@ class GRPOLensHook:
         if cu_seqlens is not None:
             cu_t = _as_tensor(cu_seqlens, "cu_seqlens")
             if tuple(cu_t.shape) != (n_seq + 1,):
-                raise ValueError(f"log_loss_call: cu_seqlens must be ({n_seq + 1},) for {n_seq} sequences, got {tuple(cu_t.shape)}")
+                raise ValueError(f"log_loss_call: cu_seqlens must be ({n_seq + 1},) for {n_seq} sequences, "
+                                 f"got {tuple(cu_t.shape)}")
         if position_ids is not None:
             ints["position_ids"] = per_token(position_ids, "position_ids")
 

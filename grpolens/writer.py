@@ -249,7 +249,7 @@ class ShardWriter:
 
     def __init__(self, run_dir, rank: int = 0, world_size: int = 1, *, manifest: fmt.Manifest | None = None,
                  max_part_rows: int = 8_000_000, max_queue_bytes: int = 512 * 2**20, compression: str = "zstd"):
-        if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
+        if not all(isinstance(v, (int, np.integer)) for v in (rank, world_size)) or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}")
         if max_part_rows < 1 or max_queue_bytes < 1:
             raise ValueError(f"max_part_rows and max_queue_bytes must be positive, got {max_part_rows}, {max_queue_bytes}")
