@@ -218,12 +218,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask_mode() -> int:
+    # mkstemp creates files 0600; give them the mode an ordinary open() would (0666 & ~umask)
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+#: Columns worth dictionary-encoding: few distinct values per file. Dictionary-encoding random
+#: floats costs CPU for nothing (it made the writer ~2x slower and files ~45% larger).
+DICTIONARY_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "group_id", "mask", "truncated", "by")
+
+
 def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader sees either the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _umask_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -246,8 +259,10 @@ def atomic_write_table(path: os.PathLike | str, table: pa.Table, compression: st
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _umask_mode())
         with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f, compression=compression)
+            dictionary = [c for c in DICTIONARY_COLUMNS if c in table.column_names]
+            pq.write_table(table, f, compression=compression, use_dictionary=dictionary)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
