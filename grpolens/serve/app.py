@@ -29,4 +29,14 @@ def create_app(runs: RunSet | Iterable[os.PathLike | str], baseline: os.PathLike
     app.layout = build_layout(runs, watch)
     register_callbacks(app, runs)
     app.grpolens_runs = runs  # for tests and the serve command
+    warm(runs)
     return app
+
+
+def warm(runs: RunSet) -> None:
+    """Load the metric catalogue and each run's per-step series now, so the first page is quick."""
+    from grpolens.serve import data
+
+    data.metric_families()
+    for path in runs.runs.values():
+        data.series(path)

@@ -9,6 +9,7 @@ cells without Markdown): React escapes them, so markup in a completion is shown,
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -28,7 +29,7 @@ from grpolens.serve.runs import RunSet
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
-GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+GRAPH_CONFIG = {"displaylogo": False}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +116,10 @@ def _lines(runs: RunSet, names: list[str], column: str, lo, hi, smoothing, with_
 
 def _verdicts(runs: RunSet, names: list[str], column: str) -> list[dict]:
     out = []
+    base = runs.path(runs.baseline) if runs.baseline else None
     for n in names:
-        out += [v for v in data.check_verdicts(runs.path(n)) if v["metric"] == column]
+        if n != runs.baseline:
+            out += [v for v in data.check_verdicts(runs.path(n), base) if v["metric"] == column]
     return out
 
 
@@ -137,14 +140,23 @@ def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+#: Most metric graphs on one page; the metric filter narrows the rest down.
+MAX_GRAPHS = 36
+
+
+def _matches(column: str, pattern: str | None) -> bool:
+    return not pattern or all(p in column for p in pattern.lower().split())
+
+
 def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: float = 0.0, rng=None,
-                        with_baseline: bool = True) -> list:
-    """The graphs of a curve page (overview, policy, mismatch, rewards) for the selected runs."""
+                        with_baseline: bool = True, pattern: str | None = None) -> list:
+    """The graphs of a curve page (overview, policy, mismatch, rewards) for the selected runs;
+    ``pattern``: only metrics whose name contains each of its words."""
     names = runs.check(names)
     if not names:
         return [error_box("select at least one run")]
     lo, hi = _range(rng)
-    frames = [data.series(runs.path(n)) for n in names]
+    frames = [data.series(runs.path(n), with_samples=page == "rewards") for n in names]
     docs = data.metric_docs()
     out: list = []
     if page == "overview":
@@ -160,10 +172,16 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
             if g is not None:
                 out.append(g)
     if page in data.PAGE_FAMILIES:
-        for col in data.family_metrics(frames, data.PAGE_FAMILIES[page]):
+        banded = {c for f in frames for c in f.columns if re.search(r"/p\d\d$", c)} if page == "rewards" else set()
+        cols = [c for c in data.family_metrics(frames, data.PAGE_FAMILIES[page]) if c not in banded]
+        cols = [c for c in cols if _matches(c, pattern)]
+        for col in cols[:MAX_GRAPHS]:
             g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline)
             if g is not None:
                 out.append(g)
+        if len(cols) > MAX_GRAPHS:
+            out.append(html.Div(f"{len(cols) - MAX_GRAPHS} more metric(s) not drawn: narrow them down with the "
+                                "metric filter", className="hint"))
     if page == "mismatch":
         for n in names[:2]:
             hm = data.is_heatmap(runs.path(n))
@@ -179,19 +197,20 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
 
 def reward_graphs(runs: RunSet, names: list[str], frames: list[pl.DataFrame], lo, hi) -> list:
     """Quantile bands over steps of the total reward, each reward function, and the lengths."""
-    prefix = data.SAMPLES_PREFIX
-    keys: list[str] = []
+    keys: list[str] = []  # every "<key>/p50" with its quartiles: recomputed rewards, then samples-derived
     for f in frames:
         for c in f.columns:
-            if c.startswith(prefix) and c.endswith("/p50"):
-                k = c[len(prefix):-len("/p50")]
-                if k not in keys:
-                    keys.append(k)
+            k = c[:-len("/p50")]
+            if c.endswith("/p50") and f"{k}/p25" in f.columns and k not in keys and f[c].null_count() < f.height:
+                keys.append(k)
+    have = set(keys)
+    keys = [k for k in keys if not (k.startswith(data.SAMPLES_PREFIX)
+                                    and _recomputed_twin(k[len(data.SAMPLES_PREFIX):]) in have)]
     out = []
     for k in keys:
         bands = []
         for n, f in zip(names, frames):
-            cols = {q: f"{prefix}{k}/{q}" for q in ("p05", "p25", "p50", "p75", "p95", "mean")}
+            cols = {q: f"{k}/{q}" for q in ("p05", "p25", "p50", "p75", "p95", "mean")}
             if cols["p50"] not in f.columns:
                 continue
             d = f.select("step", *[c for c in cols.values() if c in f.columns])
@@ -203,9 +222,19 @@ def reward_graphs(runs: RunSet, names: list[str], frames: list[pl.DataFrame], lo
             q = {name: d[c].cast(pl.Float64).fill_null(np.nan).to_numpy()[idx] for name, c in cols.items() if c in d.columns}
             bands.append({"run": n, "idx": runs.names.index(n), "x": d["step"].to_numpy()[idx], "q": q})
         if bands:
-            title = "completion length (tokens)" if k == "length" else f"{k}: quantiles over completions"
+            title = ("completion length (tokens): quantiles over completions" if k.endswith("length")
+                     else f"{k}: quantiles over completions")
             out.append(_graph(f"rewards:band:{k}", figures.band_figure(title, bands)))
     return out
+
+
+def _recomputed_twin(key: str) -> str:
+    """The recomputed metric prefix holding the same quantiles as a samples-derived one."""
+    if key == "reward":
+        return "reward"
+    if key.startswith("reward/"):
+        return "rewards/" + key[len("reward/"):]
+    return key
 
 
 def sweep_tables(runs: RunSet, names: list[str]) -> list:
@@ -230,7 +259,7 @@ def sweep_tables(runs: RunSet, names: list[str]) -> list:
 
 
 def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
-    """Raw vs applied IS weights of one step, masked/vetoed fractions and the offset check."""
+    """Raw vs applied IS weights of one step, its mismatch metrics and the offset check."""
     path = runs.path(name)
     steps = fmt.list_steps(path, fmt.TOKENS)
     if not steps:
@@ -241,17 +270,21 @@ def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
     if "raw" not in d or not d.get("tokens"):
         return [error_box(f"{name} step {step}: no rollout_logp, so no IS weights")]
     m, sd = d.get("offset_mean", float("nan")), d.get("offset_sd", float("nan"))
-    ratio = abs(m) / sd if sd and math.isfinite(sd) and sd > 0 else float("inf")
-    verdict = ("a constant offset dominates: the engines disagree systematically (sampling temperature, "
-               "logit processing or precision), not by noise" if ratio > 0.5 else
-               "no constant offset: the disagreement looks like noise around 0")
-    cfg = d.get("config") or {}
+    flag = d["metrics"].get("mismatch/constant_offset")
+    if flag is not None:  # the rollout-IS family's diagnosis (median and sign agreement of δ)
+        verdict = ("constant offset: the engines differ by a near-constant shift (sampling temperature or "
+                   "top-p/top-k renormalisation), not by noise" if flag >= 1 else "no constant offset")
+    else:
+        ratio = abs(m) / sd if sd and math.isfinite(sd) and sd > 0 else float("inf")
+        verdict = (f"|mean|/sd = {ratio:.3g}: " + ("a constant offset dominates" if ratio > 0.5 else
+                                                   "looks like noise around 0"))
     text = [
-        html.Div(f"{name}, step {step}: {d['tokens']} tokens, {d['seqs']} completions; rollout_is config: "
-                 f"{cfg or 'none'}"),
-        html.Div(f"masked or vetoed tokens: {d['masked_frac']:.4%}; vetoed completions: {d['vetoed_seqs']}"),
-        html.Div(f"log(train / rollout): mean {m:.4g}, sd {sd:.4g} (|mean|/sd = {ratio:.3g}): {verdict}"),
+        html.Div(f"{name}, step {step}: {d['tokens']:,} loss tokens in {d['seqs']} completions; histograms from "
+                 f"{d['source']}; rollout_is config: {d['config'] or 'none'}"),
+        html.Div(f"δ = log π_train − log π_rollout: mean {m:.4g}, sd {sd:.4g}; {verdict}"),
     ]
+    if d["metrics"]:
+        text.append(html.Div(" · ".join(f"{k} {_fmt(v)}" for k, v in d["metrics"].items())))
     return [html.Div(text, className="summary"),
             dcc.Graph(figure=figures.is_step_figure(d, step), config=GRAPH_CONFIG, className="graph")]
 
@@ -339,6 +372,7 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
         col = data.DIVERGING.get(color_by, color_by)
         diverging = color_by in data.DIVERGING
         scale = data.score_scale(path, step, color_by)
+        decode, source = data.decoder(path)
         shown = toks.head(MAX_TOKENS_SHOWN)
         spans = []
         for r in shown.iter_rows(named=True):
@@ -348,11 +382,13 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
                      f"ratio {_fmt(r['ratio'])} KL {_fmt(r['kl'])} |Δ| {_fmt(r['mismatch'])} "
                      f"IS w {_fmt(r['is_weight'])}\nentropy {_fmt(r['entropy'])} advantage {_fmt(r['advantage'])}")
             cls = "tok" + ("" if r["mask"] else " masked") + (" focus" if r["pos"] == focus_pos else "")
-            label = "·" if r["token_id"] is None else str(r["token_id"])
+            label = "·" if r["token_id"] is None else decode(int(r["token_id"]))
             spans.append(html.Span(label, title=title, className=cls,
                                    style={"backgroundColor": _color(r[col], scale, diverging)}))
         more = toks.height - shown.height
-        legend = (f"{toks.height} tokens (token ids; no tokenizer in this run), coloured by {SCORE_LABELS[color_by]}"
+        how = {"ids": "token ids: the run names no vocab_file or tokenizer", "vocab": "decoded with the run's vocab_file",
+               "tokenizer": "decoded with the run's tokenizer"}.get(source, source)
+        legend = (f"{toks.height} tokens ({how}), coloured by {SCORE_LABELS[color_by]}"
                   f" -- {'blue < 0 < red' if diverging else 'white 0 → red'}, saturating at {scale:.3g}"
                   f" (99th percentile of the step); dashed: masked out of the loss; hover a token for its numbers")
         parts += [html.Div(legend, className="hint"), html.Div(spans, className="tokens", id="completion-tokens")]
@@ -404,7 +440,7 @@ def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=No
     graphs = []
     for m in chosen[:12]:
         c = data.delta_curve(fa, fb, m, lo, hi)
-        fig = figures.delta_figure(m, a, b, c["x"], c["y"])
+        fig = figures.delta_figure(m, a, b, c["x"], c["y"], runs.names.index(b))
         graphs.append(_graph(f"compare:{m}", fig))
     common = fa.join(fb, on="step", how="inner").height if fa.height and fb.height else 0
     summary = (f"B - A per step over {common} common step(s); table: mean of each metric in A and B, the mean "
@@ -416,9 +452,9 @@ def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=No
 # Navigation
 # ---------------------------------------------------------------------------------------------
 
-def click_target(runs: RunSet, names: list[str] | None, key: str, click: dict | None,
-                 cmp_b: str | None = None) -> tuple[str, str] | None:
-    """Where a click on a curve point leads: the Tokens page for that run and step."""
+def click_target(runs: RunSet, names: list[str] | None, click: dict | None) -> tuple[str, str] | None:
+    """Where a click on a curve point leads: the Tokens page for that run and step (the point's
+    ``customdata`` is its run's index; a delta curve of the Compare page carries run B's)."""
     if not click or not click.get("points"):
         return None
     pts = click["points"]
@@ -427,9 +463,7 @@ def click_target(runs: RunSet, names: list[str] | None, key: str, click: dict | 
     if step is None:
         return None
     idx = pt.get("customdata")
-    if key.startswith("compare:"):
-        name = cmp_b
-    elif isinstance(idx, (int, float)) and 0 <= int(idx) < len(runs.names):
+    if isinstance(idx, (int, float)) and 0 <= int(idx) < len(runs.names):
         name = runs.names[int(idx)]
     else:
         name = (names or runs.names)[0]
@@ -485,12 +519,13 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         def make(path=path, page=page):
             @app.callback(Output(f"{page}-graphs", "children"),
                           Input("url", "pathname"), Input("runs", "value"), Input("smoothing", "value"),
-                          Input("range", "value"), Input("show-baseline", "value"), Input("version", "data"))
-            def render(pathname, names, smoothing, rng, baseline, _version):
+                          Input("range", "value"), Input("show-baseline", "value"), Input("metric-filter", "value"),
+                          Input("version", "data"))
+            def render(pathname, names, smoothing, rng, baseline, pattern, _version):
                 if (pathname or "/") != path:
                     return no_update
                 return _guard(curve_page_children, 1)(runs, page, names, float(smoothing or 0), rng,
-                                                      bool(baseline))
+                                                      bool(baseline), pattern)
         make()
 
     @app.callback(Output("mismatch-step", "children"),
@@ -507,15 +542,15 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         return _guard(mismatch_step_panel, 1)(runs, names[0], as_int(step))
 
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
-                  Input({"type": "curve", "key": ALL}, "clickData"), State("runs", "value"), State("cmp-b", "value"),
+                  Input({"type": "curve", "key": ALL}, "clickData"), State("runs", "value"),
                   prevent_initial_call=True)
-    def on_curve_click(_clicks, names, cmp_b):
+    def on_curve_click(_clicks, names):
         trig = ctx.triggered_id
         value = ctx.triggered[0].get("value") if ctx.triggered else None
         if not isinstance(trig, dict) or not value:
             raise PreventUpdate
         try:
-            target = click_target(runs, names, trig.get("key", ""), value, cmp_b)
+            target = click_target(runs, names, value)
         except UserError:
             raise PreventUpdate from None
         if target is None:

@@ -161,17 +161,20 @@ def samples_summary(run: Path) -> pl.DataFrame:
     return _RUN_MEMO.get(("samples", str(run), run_version(run)), make)
 
 
-def series(run: Path) -> pl.DataFrame:
-    """All per-step series of a run: recomputed metrics joined with :func:`samples_summary`."""
+def series(run: Path, with_samples: bool = False) -> pl.DataFrame:
+    """All per-step series of a run: recomputed metrics, joined with :func:`samples_summary` when
+    ``with_samples`` or when the metrics lack the reward and length curves (older runs)."""
     def make() -> pl.DataFrame:
-        m, s = read_metrics(run), samples_summary(run)
+        m = read_metrics(run)
+        need = with_samples or not {"reward/mean", "completions/length/mean"} <= set(m.columns)
+        s = samples_summary(run) if need else pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
         if m.height == 0:
             return s
         if s.height == 0:
             return m
         return m.join(s, on="step", how="full", coalesce=True).sort("step")
 
-    return _RUN_MEMO.get(("series", str(run), run_version(run)), make)
+    return _RUN_MEMO.get(("series", str(run), run_version(run), with_samples), make)
 
 
 def metric_families() -> dict[str, str]:
@@ -428,10 +431,13 @@ def top_tokens(run: Path, step: int, by: str = "kl", k: int = 50, masked_only: b
         df = df.filter(pl.col("mask"))
     score = _score_expr(by)
     out = (df.filter(score.is_not_null()).with_columns(score.alias("score"))
-           .sort("score", descending=True).head(k))
-    keep = ["score", "sample_id", "rank", "micro_batch", "pos", "token_id", "logp", "old_logp", "ref_logp",
-            "rollout_logp", "ratio", "kl", "mismatch", "entropy", "advantage", "mask"]
-    return out.select([c for c in keep if c in out.columns])
+           .sort("score", descending=True, maintain_order=True).head(k))
+    return out.select([c for c in TOP_COLUMNS if c in out.columns])
+
+
+#: Columns of a top-K table, in display order.
+TOP_COLUMNS = ("score", "sample_id", "rank", "micro_batch", "pos", "token_id", "logp", "old_logp", "ref_logp",
+               "rollout_logp", "ratio", "entropy", "advantage", "mask")
 
 
 def _precomputed_top(run: Path, step: int, by: str, k: int) -> pl.DataFrame | None:
@@ -452,80 +458,140 @@ def _precomputed_top(run: Path, step: int, by: str, k: int) -> pl.DataFrame | No
     if by_col is None or "score" not in tab.columns:
         return None
     sel = tab.filter((pl.col("step") == step) & (pl.col(by_col) == by))
-    if sel.height == 0:
+    if sel.height < k:  # recompute kept fewer than asked for: rank this step's tokens here
         return None
-    return sel.drop("step", by_col).sort("score", descending=True).head(k)
+    sel = sel.sort("score", descending=True, maintain_order=True).head(k)
+    return sel.select([c for c in TOP_COLUMNS if c in sel.columns])
 
 
 def step_samples(run: Path, step: int) -> pl.DataFrame:
     """The samples rows of one step (all ranks), texts included."""
-    from grpolens.compute import read_samples
-
     def make() -> pl.DataFrame:
-        df = read_samples(run, step)
-        return pl.DataFrame() if df is None else df
+        frames = []
+        for sh in fmt.list_shards(run, fmt.SAMPLES, [step]):
+            try:
+                frames.append(pl.read_parquet(sh.path))
+            except Exception as e:  # noqa: BLE001
+                raise fmt.RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
     return _STEP_MEMO.get(("samples", str(run), step, _step_fingerprint(run, step)), make)
 
 
 def _run_config(run: Path) -> dict:
-    return _RUN_MEMO.get(("config", str(run), _stat(run / fmt.MANIFEST_NAME)),
-                         lambda: fmt.read_manifest(run).resolved_config())
+    """The run's config with defaults, ``rollout_is`` normalised as the metric families see it."""
+    def make() -> dict:
+        cfg = fmt.read_manifest(run).resolved_config()
+        try:
+            from grpolens.metrics.config import check_config
+
+            cfg = check_config(cfg)
+        except Exception:  # noqa: BLE001 - display only: fall back to the raw config
+            pass
+        return cfg
+
+    return _RUN_MEMO.get(("config", str(run), _stat(run / fmt.MANIFEST_NAME)), make)
+
+
+#: Columns of the completions table, in display order (the sidecar table's names, see
+#: :mod:`grpolens.sidecars`); ``reward/<name>`` columns follow ``reward_total``.
+COMPLETION_COLUMNS = ("sample_id", "rank", "group_id", "reward_rank_desc", "reward_total", "advantage",
+                      "completion_len", "truncated", "tokens", "masked_tokens", "kl_mean", "kl_max", "mismatch_mean",
+                      "is_weight_max", "entropy_mean", "clip_frac", "is_vetoed", "prompt", "completion")
+#: Characters of prompt/completion text shown in the table (the completion view shows all).
+PREVIEW_CHARS = 80
+
+
+def completions_file(run: Path) -> Path:
+    from grpolens.sidecars import COMPLETIONS_FILE
+
+    return fmt.derived_dir(run) / COMPLETIONS_FILE
 
 
 def sequence_table(run: Path, step: int) -> pl.DataFrame:
-    """One row per completion of ``step``: the samples columns (texts shortened to a preview),
-    the reward rank within its group, and per-completion aggregates of its tokens."""
+    """One row per completion of ``step`` (:data:`COMPLETION_COLUMNS`), texts cut to a preview.
+
+    Read from the sidecar table ``RUN/grpolens/completions.parquet`` that recompute writes (only
+    this step's rows); for runs without one, computed here from the step's samples and tokens.
+    """
     def make() -> pl.DataFrame:
-        s = step_samples(run, step)
-        t = step_tokens(run, step)
-        cfg = _run_config(run)
-        agg = None
-        if t.height:
-            m = pl.col("mask")
-            eps_lo = float(cfg.get("epsilon") or 0.2)
-            eps_hi = float(cfg.get("epsilon_high") or eps_lo)
-            clipped = (((pl.col("advantage") > 0) & (pl.col("ratio") > 1 + eps_hi))
-                       | ((pl.col("advantage") < 0) & (pl.col("ratio") < 1 - eps_lo)))
-            aggs = [
-                pl.len().alias("tokens"),
-                (~m).sum().alias("masked"),
-                pl.col("kl").filter(m).mean().alias("kl_mean"),
-                pl.col("kl").filter(m).max().alias("kl_max"),
-                pl.col("mismatch").filter(m).mean().alias("mismatch_mean"),
-                pl.col("is_weight").filter(m).max().alias("is_max"),
-                pl.col("ratio").filter(m).max().alias("ratio_max"),
-                pl.col("entropy").filter(m).mean().alias("entropy_mean"),
-                clipped.filter(m).cast(pl.Float64).mean().alias("clip_frac"),
-            ]
-            ris = cfg.get("rollout_is") or {}
-            vlo, vhi = ris.get("veto_lower"), ris.get("veto_upper")
-            if vlo is not None or vhi is not None:
-                w = pl.col("is_weight")
-                out = pl.lit(False)
-                if vlo is not None:
-                    out = out | (w < float(vlo))
-                if vhi is not None:
-                    out = out | (w > float(vhi))
-                aggs.append(out.fill_null(False).any().alias("vetoed"))
-            agg = t.group_by("sample_id").agg(aggs)
-        if s.height == 0:
-            return agg if agg is not None else pl.DataFrame()
-        rewards = sorted(c for c in s.columns if c.startswith(fmt.REWARD_PREFIX))
-        cols = [c for c in ("sample_id", "rank", "group_id", "reward", *rewards, "advantage", "completion_len",
-                            "truncated", "prompt", "completion") if c in s.columns]
-        out = s.select(cols)
-        if "reward" in out.columns:
-            out = out.with_columns(
-                pl.col("reward").rank("min", descending=True).over("group_id").cast(pl.Int64).alias("reward_rank"))
+        out = _sidecar_rows(run, step)
+        if out is None:
+            out = _computed_rows(run, step)
+        if out.height == 0:
+            return out
+        rewards = sorted(c for c in out.columns if c.startswith(fmt.REWARD_PREFIX))
+        order = [c for c in COMPLETION_COLUMNS[:5] if c in out.columns] + rewards + \
+                [c for c in COMPLETION_COLUMNS[5:] if c in out.columns]
+        out = out.select(order)
         for c in ("prompt", "completion"):
             if c in out.columns:
-                out = out.with_columns(pl.col(c).str.slice(0, 80).alias(c))
-        if agg is not None:
-            out = out.join(agg, on="sample_id", how="left")
+                out = out.with_columns(pl.col(c).str.slice(0, PREVIEW_CHARS))
         return out.sort("sample_id")
 
-    return _STEP_MEMO.get(("seqtable", str(run), step, _step_fingerprint(run, step)), make)
+    key = ("seqtable", str(run), step, _step_fingerprint(run, step), _stat(completions_file(run)))
+    return _STEP_MEMO.get(key, make)
+
+
+def _sidecar_rows(run: Path, step: int) -> pl.DataFrame | None:
+    p = completions_file(run)
+    if not p.is_file():
+        return None
+    try:
+        df = pl.scan_parquet(p).filter(pl.col("step") == step).collect()
+    except Exception:  # noqa: BLE001 - a damaged sidecar: compute from the shards instead
+        return None
+    return df if df.height else None
+
+
+def _computed_rows(run: Path, step: int) -> pl.DataFrame:
+    """The completions table from the step's samples and tokens (same columns as the sidecar:
+    reward rank 1 = best in the group, ties by (rank, sample_id); ``masked_tokens`` counts the
+    tokens in the loss; per-token means over those tokens)."""
+    s = step_samples(run, step)
+    t = step_tokens(run, step)
+    cfg = _run_config(run)
+    agg = None
+    if t.height:
+        m = pl.col("mask")
+        eps_lo = float(cfg.get("epsilon") or 0.2)
+        eps_hi = float(cfg.get("epsilon_high") or eps_lo)
+        clipped = (((pl.col("advantage") > 0) & (pl.col("ratio") > 1 + eps_hi))
+                   | ((pl.col("advantage") < 0) & (pl.col("ratio") < 1 - eps_lo)))
+        aggs = [
+            pl.len().alias("tokens"),
+            m.sum().alias("masked_tokens"),
+            pl.col("kl").filter(m).mean().alias("kl_mean"),
+            pl.col("kl").filter(m).max().alias("kl_max"),
+            pl.col("mismatch").filter(m).mean().alias("mismatch_mean"),
+            pl.col("is_weight").filter(m).max().alias("is_weight_max"),
+            pl.col("entropy").filter(m).mean().alias("entropy_mean"),
+            clipped.filter(m).cast(pl.Float64).mean().alias("clip_frac"),
+        ]
+        ris = cfg.get("rollout_is") or {}
+        vlo, vhi = (ris.get("veto_lower"), ris.get("veto_upper")) if isinstance(ris, dict) else (None, None)
+        if vlo is not None or vhi is not None:
+            w = pl.col("is_weight")
+            bad = pl.lit(False)
+            if vlo is not None:
+                bad = bad | (w < float(vlo))
+            if vhi is not None:
+                bad = bad | (w > float(vhi))
+            aggs.append(bad.fill_null(False).any().alias("is_vetoed"))
+        agg = t.group_by("sample_id").agg(aggs)
+    if s.height == 0:
+        return agg if agg is not None else pl.DataFrame()
+    keep = [c for c in ("sample_id", "rank", "group_id", "reward", "advantage", "completion_len", "truncated",
+                        "prompt", "completion") if c in s.columns]
+    out = s.select(*keep, *sorted(c for c in s.columns if c.startswith(fmt.REWARD_PREFIX)))
+    if "reward" in out.columns:
+        out = (out.rename({"reward": "reward_total"})
+               .sort(["group_id", "reward_total", "rank", "sample_id"], descending=[False, True, False, False],
+                     nulls_last=True)
+               .with_columns((pl.int_range(pl.len()).over("group_id") + 1).cast(pl.Int64).alias("reward_rank_desc")))
+    if agg is not None:
+        out = out.join(agg, on="sample_id", how="left")
+    return out
 
 
 _FILTER_CLAUSE = re.compile(r"^\s*\{(?P<col>[^}]+)\}\s+(?P<op>\S+)\s+(?P<val>.+?)\s*$")
@@ -580,10 +646,10 @@ def completions_page(run: Path, step: int, page: int = 0, page_size: int = 20,
         t = t.filter(pl.col("group_id") == group)
     if truncated is not None and "truncated" in t.columns:
         t = t.filter(pl.col("truncated") == truncated)
-    if vetoed is not None and "vetoed" in t.columns:
-        t = t.filter(pl.col("vetoed").fill_null(False) == vetoed)
-    if max_rank is not None and "reward_rank" in t.columns:
-        t = t.filter(pl.col("reward_rank") <= max_rank)
+    if vetoed is not None and "is_vetoed" in t.columns:
+        t = t.filter(pl.col("is_vetoed").fill_null(False) == vetoed)
+    if max_rank is not None and "reward_rank_desc" in t.columns:
+        t = t.filter(pl.col("reward_rank_desc") <= max_rank)
     e = parse_filter_query(filter_query, t.columns, dict(t.schema))
     if e is not None:
         t = t.filter(e)
@@ -607,6 +673,20 @@ def completion(run: Path, step: int, sample_id: int) -> dict[str, Any] | None:
     return {"sample": row[0] if row else {"sample_id": sample_id}, "tokens": toks}
 
 
+def decoder(run: Path):
+    """``(id -> text, source)`` for token labels (see :mod:`grpolens.decode`); the text is
+    untrusted and is only ever shown as text."""
+    def make():
+        try:
+            from grpolens.decode import make_decoder
+
+            return make_decoder(run, _run_config(run))
+        except Exception:  # noqa: BLE001
+            return (lambda i: f"⟨{i}⟩"), "ids"
+
+    return _RUN_MEMO.get(("decoder", str(run), _stat(run / fmt.MANIFEST_NAME)), make)
+
+
 def score_scale(run: Path, step: int, by: str) -> float:
     """The value at which the colour of score ``by`` saturates: the step's 99th percentile (of
     |value| for diverging scores), so colours compare across the completions of a step."""
@@ -626,8 +706,9 @@ def score_scale(run: Path, step: int, by: str) -> float:
 # Rollout importance-sampling weights
 # ---------------------------------------------------------------------------------------------
 
-#: Log-spaced bins of the IS weight exp(old - rollout): log10 edges from 1e-3 to 1e3.
-IS_LOG10_EDGES = np.linspace(-3, 3, 61)
+#: Log-spaced bins of the IS weight exp(old - rollout): log10 edges from 1e-3 to 1e3, 0.025 wide
+#: (a 6 % step in the weight, fine enough to see a 1e-2 mismatch).
+IS_LOG10_EDGES = np.linspace(-3, 3, 241)
 
 
 def is_hist_file(run: Path) -> Path:
@@ -641,20 +722,54 @@ def _hist_log10(w: np.ndarray) -> np.ndarray:
     return np.histogram(lw, IS_LOG10_EDGES)[0].astype(np.float64)
 
 
+def is_hist_table(run: Path) -> pl.DataFrame | None:
+    """``RUN/grpolens/is_hist.parquet`` (long form: step, kind raw/applied, weight bin [lo, hi),
+    count), written by recompute's IS-histogram visitor; None when absent or unreadable."""
+    p = is_hist_file(run)
+    if not p.is_file():
+        return None
+
+    def make():
+        try:
+            df = pl.read_parquet(p)
+        except Exception:  # noqa: BLE001 - fall back to computing from tokens
+            return None
+        return df if {"step", "kind", "lo", "hi", "count"} <= set(df.columns) else None
+
+    return _RUN_MEMO.get(("ishist", str(run), _stat(p)), make)
+
+
+def _hist_from_table(df: pl.DataFrame, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(steps, log10 edges, counts steps x bins)`` of one kind; bins with lo <= 0 (the applied
+    weights' exact zeros) are left out."""
+    d = df.filter((pl.col("kind") == kind) & (pl.col("lo") > 0)).sort("step", "lo")
+    bins = d.select("lo", "hi").unique().sort("lo")
+    steps = d["step"].unique().sort().to_numpy()
+    edges = np.log10(np.append(bins["lo"].to_numpy(), bins["hi"].to_numpy()[-1:]))
+    counts = np.zeros((len(steps), bins.height))
+    si = np.searchsorted(steps, d["step"].to_numpy())
+    bi = np.searchsorted(bins["lo"].to_numpy(), d["lo"].to_numpy())
+    np.add.at(counts, (si, bi), d["count"].to_numpy().astype(np.float64))
+    return steps, edges, counts
+
+
 def is_heatmap(run: Path, max_steps: int = 64) -> dict[str, Any]:
     """IS-weight distribution per step: ``{steps, log10_edges, counts (steps x bins), source}``.
 
     From ``RUN/grpolens/is_hist.parquet`` when recompute wrote it (every step, mergeable
     histograms); otherwise computed here from the tokens of at most ``max_steps`` evenly spaced
     steps (``source`` says which)."""
-    p = is_hist_file(run)
-    if p.is_file():
-        got = _RUN_MEMO.get(("ishist", str(run), _stat(p)), lambda: _read_is_hist(p))
-        if got is not None:
-            return got
+    tab = is_hist_table(run)
+    if tab is not None and tab.height:
+        def from_file() -> dict[str, Any]:
+            steps, edges, counts = _hist_from_table(tab, "raw")
+            return {"steps": steps, "log10_edges": edges, "counts": counts, "source": is_hist_file(run).name}
+
+        return _RUN_MEMO.get(("ishist-map", str(run), _stat(is_hist_file(run))), from_file)
 
     def make() -> dict[str, Any]:
-        steps = fmt.list_steps(run, fmt.TOKENS)
+        all_steps = fmt.list_steps(run, fmt.TOKENS)
+        steps = all_steps
         if len(steps) > max_steps:
             steps = [steps[i] for i in np.linspace(0, len(steps) - 1, max_steps).round().astype(int)]
         rows = []
@@ -663,61 +778,60 @@ def is_heatmap(run: Path, max_steps: int = 64) -> dict[str, Any]:
             w = t.filter(pl.col("mask"))["is_weight"].drop_nulls().to_numpy() if t.height else np.zeros(0)
             rows.append(_hist_log10(w))
         counts = np.vstack(rows) if rows else np.zeros((0, len(IS_LOG10_EDGES) - 1))
-        src = "tokens" if len(steps) == len(fmt.list_steps(run, fmt.TOKENS)) else f"tokens of {len(steps)} sampled steps"
+        src = "tokens" if len(steps) == len(all_steps) else f"tokens of {len(steps)} sampled steps"
         return {"steps": np.asarray(steps, np.int64), "log10_edges": IS_LOG10_EDGES, "counts": counts, "source": src}
 
     return _RUN_MEMO.get(("ishist-tokens", str(run), run_version(run), max_steps), make)
 
 
-def _read_is_hist(p: Path) -> dict[str, Any] | None:
-    """Read a histogram table with columns step, a bin edge or bin index, and a count. Accepts
-    long form (step, lo/hi or log10_lo/log10_hi, count) -- returns None when unrecognised."""
-    try:
-        df = pl.read_parquet(p)
-    except Exception:  # noqa: BLE001
-        return None
-    if "weight" in df.columns and "kind" in df.columns:
-        df = df.filter(pl.col("kind") == "raw")
-    lo = next((c for c in ("log10_lo", "lo", "edge_lo", "bin_lo") if c in df.columns), None)
-    cnt = next((c for c in ("count", "counts", "n") if c in df.columns), None)
-    if "step" not in df.columns or lo is None or cnt is None:
-        return None
-    if not lo.startswith("log10"):
-        df = df.with_columns(pl.when(pl.col(lo) > 0).then(pl.col(lo).log10()).otherwise(-np.inf).alias("__l"))
-        lo = "__l"
-    wide = df.group_by("step", lo).agg(pl.col(cnt).sum()).sort("step", lo)
-    steps = wide["step"].unique().sort().to_numpy()
-    bins = np.sort(wide.filter(pl.col(lo).is_finite())[lo].unique().to_numpy())
-    if len(bins) < 2:
-        return None
-    width = float(np.median(np.diff(bins)))
-    edges = np.append(bins, bins[-1] + width)
-    counts = np.zeros((len(steps), len(bins)))
-    si = {s: i for i, s in enumerate(steps)}
-    for s, l, c in wide.filter(pl.col(lo).is_finite()).iter_rows():
-        counts[si[s], int(np.searchsorted(bins, l))] += c
-    return {"steps": steps, "log10_edges": edges, "counts": counts, "source": str(p.name)}
+#: Step metrics shown beside one step's IS weights, when the run has them.
+IS_STEP_METRICS = ("mismatch/kl_k3", "mismatch/abs_logp_diff", "mismatch/delta_median", "mismatch/delta_iqr",
+                   "mismatch/delta_sign_agreement", "mismatch/constant_offset", "rollout_is/raw/max",
+                   "rollout_is/raw/ess", "rollout_is/truncated_fraction", "rollout_is/zeroed_fraction",
+                   "rollout_is/modified/token_fraction", "rollout_is/veto/seq_fraction",
+                   "rollout_is/mask/seq_fraction")
 
 
 def is_step_detail(run: Path, step: int) -> dict[str, Any]:
-    """Raw and applied IS weights of one step under the run's ``rollout_is`` config, the masked
-    and vetoed fractions, and the mean/sd of log(train/rollout) for the constant-offset check."""
+    """One step's raw and applied IS weights (log10 bins), with the step's mismatch/rollout-IS
+    metrics and the mean/sd of log(train/rollout) for the constant-offset check.
+
+    Histograms come from ``is_hist.parquet`` (the rollout-IS family's exact weights) when
+    present; otherwise raw weights are binned here and "applied" follows the manifest's
+    ``rollout_is`` (truncate at ``upper``; mask outside [lower, upper]; veto whole sequences)."""
     t = step_tokens(run, step)
-    cfg = (_run_config(run).get("rollout_is") or {})
-    out: dict[str, Any] = {"config": cfg, "edges": IS_LOG10_EDGES}
+    cfg = _run_config(run).get("rollout_is") or {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    out: dict[str, Any] = {"config": cfg, "edges": IS_LOG10_EDGES, "source": "tokens"}
+    m = read_metrics(run)
+    row = m.filter(pl.col("step") == step).row(0, named=True) if m.height and step in set(m["step"]) else {}
+    out["metrics"] = {k: row[k] for k in IS_STEP_METRICS if row.get(k) is not None}
     if t.height == 0:
         return out
     t = t.filter(pl.col("mask") & pl.col("is_weight").is_not_null())
     w = t["is_weight"].to_numpy()
-    out["raw"] = _hist_log10(w)
     out["tokens"] = int(len(w))
+    out["seqs"] = int(t["sample_id"].n_unique())
     if len(w) == 0:
         return out
+    d = np.log(w)
+    out["offset_mean"] = float(d.mean())
+    out["offset_sd"] = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
+    tab = is_hist_table(run)
+    if tab is not None and step in set(tab["step"]):
+        one = tab.filter(pl.col("step") == step)
+        _, edges, raw = _hist_from_table(one, "raw")
+        _, edges_a, applied = _hist_from_table(one, "applied")
+        if len(edges_a) == len(edges):
+            out.update(edges=edges, raw=raw[0], applied=applied[0], source=is_hist_file(run).name)
+            zero = one.filter((pl.col("kind") == "applied") & (pl.col("lo") <= 0))["count"].sum()
+            out["zeroed"] = int(zero or 0)
+            return out
+    out["raw"] = _hist_log10(w)
     lo, hi = cfg.get("lower"), cfg.get("upper")
-    mode = cfg.get("mode", "truncate")
     keep = np.ones(len(w), bool)
     applied = w.copy()
-    if mode == "mask":
+    if cfg.get("mode") == "mask":
         if lo is not None:
             keep &= w >= float(lo)
         if hi is not None:
@@ -731,16 +845,9 @@ def is_step_detail(run: Path, step: int) -> dict[str, Any]:
     if vhi is not None:
         bad |= w > float(vhi)
     sid = t["sample_id"].to_numpy()
-    vetoed_ids = np.unique(sid[bad])
-    in_vetoed = np.isin(sid, vetoed_ids)
-    keep &= ~in_vetoed
+    keep &= ~np.isin(sid, np.unique(sid[bad]))
     out["applied"] = _hist_log10(applied[keep])
-    out["masked_frac"] = float(1 - keep.mean())
-    out["vetoed_seqs"] = int(len(vetoed_ids))
-    out["seqs"] = int(len(np.unique(sid)))
-    d = np.log(w)
-    out["offset_mean"] = float(d.mean())
-    out["offset_sd"] = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
+    out["zeroed"] = int((~keep).sum())
     return out
 
 
@@ -748,21 +855,26 @@ def is_step_detail(run: Path, step: int) -> dict[str, Any]:
 # Checks and runs list
 # ---------------------------------------------------------------------------------------------
 
-def check_verdicts(run: Path) -> list[dict]:
-    """Failed checks recorded by ``grpolens check`` under ``RUN/grpolens/`` (if any), as
-    ``{metric, step, status, message}`` dicts to mark on the curves."""
-    for name in ("check.json", "check-report.json"):
-        p = fmt.derived_dir(run) / name
-        if p.is_file():
-            try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError):
-                return []
-            items = data.get("results", data.get("checks", [])) if isinstance(data, dict) else data
-            out = []
-            for it in items if isinstance(items, list) else []:
-                if isinstance(it, dict) and it.get("metric"):
-                    out.append({"metric": str(it["metric"]), "status": str(it.get("status", "")),
-                                "step": it.get("step"), "message": str(it.get("message", ""))})
-            return out
-    return []
+def check_verdicts(run: Path, baseline: Path | None = None) -> list[dict]:
+    """Failed ``grpolens check`` rules (the built-in defaults, against ``baseline`` when given)
+    as ``{metric, step, status, message}``, to mark on the curves. Evaluated on the metrics
+    already read (no recompute); empty when the check module cannot judge them."""
+    def make() -> list[dict]:
+        try:
+            from grpolens.check.baseline import run_series
+            from grpolens.check.defaults import default_rules
+            from grpolens.check.evaluate import ERROR, FAIL, evaluate
+
+            cand = run_series(read_metrics(run))
+            base = run_series(read_metrics(baseline)) if baseline is not None else None
+            outs = []
+            for rule in default_rules().rules:
+                got = evaluate(rule, cand, base)
+                outs += got if isinstance(got, list) else [got]
+        except Exception:  # noqa: BLE001 - verdicts are an overlay; never break a page for them
+            return []
+        return [{"metric": o.metric, "step": o.step, "status": o.status, "message": o.message}
+                for o in outs if o.status in (FAIL, ERROR)]
+
+    bkey = None if baseline is None else (str(baseline), run_version(baseline))
+    return _RUN_MEMO.get(("verdicts", str(run), run_version(run), bkey), make)

@@ -55,10 +55,12 @@ def header(runs: RunSet) -> html.Header:
 def curve_controls(runs: RunSet) -> html.Div:
     return html.Div([
         _labelled("smoothing", dcc.Slider(id="smoothing", min=0, max=0.99, step=0.01, value=0.0,
-                                          marks={0: "0", 0.5: "0.5", 0.9: "0.9", 0.99: ".99"},
+                                          marks={0: "0", 0.5: "0.5", 0.9: "0.9"},
                                           updatemode="mouseup", tooltip={"placement": "bottom"}), "ctl ctl-wide"),
         _labelled("steps", dcc.RangeSlider(id="range", min=0, max=1, step=1, value=[0, 1], allowCross=False,
                                            updatemode="mouseup", tooltip={"placement": "bottom"}), "ctl ctl-wider"),
+        _labelled("metric filter", dcc.Input(id="metric-filter", type="text", debounce=True, placeholder="e.g. raw seq",
+                                             className="filter")),
         dcc.Checklist(id="show-baseline", options=[{"label": " baseline", "value": "on"}],
                       value=["on"] if runs.baseline else [], className="ctl",
                       style={} if runs.baseline else {"display": "none"}),

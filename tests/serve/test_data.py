@@ -129,8 +129,10 @@ def test_series_joins_metrics_and_samples(serve_runs):
     s = data.series(alpha)
     m = pl.read_parquet(alpha / "grpolens" / "metrics.parquet")
     assert s.height == m.height == 14
-    assert set(m.columns) <= set(s.columns)
-    assert "samples/reward/p50" in s.columns
+    assert set(m.columns) == set(s.columns)  # recompute gave rewards and lengths: no samples scan needed
+    both = data.series(alpha, with_samples=True)
+    assert set(m.columns) < set(both.columns) and "samples/length/p50" in both.columns
+    assert both.height == 14
 
 
 def test_samples_summary_against_numpy(serve_runs):
@@ -237,31 +239,61 @@ def test_step_tokens_nonfinite_scores_are_null(tmp_path):
     assert np.all(np.diff(top["score"].to_numpy()) <= 0)
 
 
-def test_sequence_table_against_numpy(serve_runs):
+def copy_run(src: Path, dst: Path, drop: tuple[str, ...] = ()) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    for name in drop:
+        (dst / "grpolens" / name).unlink()
+    return dst
+
+
+@pytest.mark.parametrize("source", ["sidecar", "computed"])
+def test_sequence_table_against_numpy(serve_runs, tmp_path, source):
     _, alpha, _ = serve_runs
+    run = alpha if source == "sidecar" else copy_run(alpha, tmp_path / "run", ("completions.parquet",))
     step = 9
-    t = token_reference(alpha, step)
-    s = raw_step(alpha, "samples", step)
-    tab = data.sequence_table(alpha, step)
+    t = token_reference(run, step)
+    s = raw_step(run, "samples", step)
+    tab = data.sequence_table(run, step)
     assert tab.height == len(s["sample_id"])
+    assert list(tab.columns[:5]) == ["sample_id", "rank", "group_id", "reward_rank_desc", "reward_total"]
     cfg = {"epsilon": 0.2, "epsilon_high": 0.28}  # the synthetic runs' config
     for row in tab.iter_rows(named=True):
         sel = t["sample_id"] == row["sample_id"]
         m = sel & t["mask"]
         assert row["tokens"] == sel.sum()
-        assert row["masked"] == (sel & ~t["mask"]).sum()
+        assert row["masked_tokens"] == m.sum()
         assert row["kl_mean"] == pytest.approx(t["kl_ref"][m].mean())
         assert row["kl_max"] == pytest.approx(t["kl_ref"][m].max())
         assert row["mismatch_mean"] == pytest.approx(t["mismatch_ref"][m].mean())
+        assert row["is_weight_max"] == pytest.approx(t["w_ref"][m].max(), rel=1e-6)
+        assert row["entropy_mean"] == pytest.approx(t["entropy"][m].astype(float).mean())
         r, a = t["ratio_ref"][m], t["advantage"][m]
         clipped = ((a > 0) & (r > 1 + cfg["epsilon_high"])) | ((a < 0) & (r < 1 - cfg["epsilon"]))
         assert row["clip_frac"] == pytest.approx(clipped.mean())
-        w = t["w_ref"][sel]
-        assert row["vetoed"] == bool(np.any((w < 1e-4) | (w > 1e4)))
-        # reward rank: 1 + number of completions of the group with a strictly higher reward
-        g = s["group_id"] == row["group_id"]
-        assert row["reward_rank"] == 1 + int((s["reward"][g] > row["reward"]).sum())
-        assert row["completion"] is None or len(row["completion"]) <= 80
+        assert row["is_vetoed"] is False  # no weight leaves [1e-4, 1e4] in this run
+        assert row["completion"] is None or len(row["completion"]) <= data.PREVIEW_CHARS
+    # reward rank: within a group, 1..n in order of non-increasing reward
+    for _, g in tab.group_by("group_id"):
+        g = g.sort("reward_rank_desc")
+        assert g["reward_rank_desc"].to_list() == list(range(1, g.height + 1))
+        assert g["reward_total"].to_list() == sorted(g["reward_total"].to_list(), reverse=True)
+
+
+def test_sidecar_and_computed_tables_agree(serve_runs, tmp_path):
+    _, _, beta = serve_runs
+    other = copy_run(beta, tmp_path / "run", ("completions.parquet",))
+    for step in (0, 8):
+        a = data.sequence_table(beta, step)
+        b = data.sequence_table(other, step)
+        assert a.columns == b.columns
+        for c in a.columns:
+            if a[c].dtype.is_float():
+                np.testing.assert_allclose(a[c].fill_null(np.nan).to_numpy(), b[c].fill_null(np.nan).to_numpy(),
+                                           rtol=1e-6, err_msg=c)
+            else:
+                assert a[c].to_list() == b[c].to_list(), c
 
 
 def test_completions_paging_sorting_filtering(serve_runs):
@@ -278,13 +310,13 @@ def test_completions_paging_sorting_filtering(serve_runs):
     rows, total = data.completions_page(alpha, step, 0, 100, [{"column_id": "kl_max", "direction": "desc"}])
     assert rows["kl_max"].to_list() == sorted(full["kl_max"].to_list(), reverse=True)
 
-    rows, total = data.completions_page(alpha, step, 0, 100, None, "{reward} > 0.5 && {truncated} = false")
-    want = full.filter((pl.col("reward") > 0.5) & ~pl.col("truncated"))
+    rows, total = data.completions_page(alpha, step, 0, 100, None, "{reward_total} > 0.5 && {truncated} = false")
+    want = full.filter((pl.col("reward_total") > 0.5) & ~pl.col("truncated"))
     assert total == want.height and set(rows["sample_id"]) == set(want["sample_id"])
 
     g = int(full["group_id"][0])
     rows, total = data.completions_page(alpha, step, 0, 100, group=g, max_rank=1)
-    want = full.filter((pl.col("group_id") == g) & (pl.col("reward_rank") <= 1))
+    want = full.filter((pl.col("group_id") == g) & (pl.col("reward_rank_desc") <= 1))
     assert total == want.height >= 1
 
     rows, total = data.completions_page(alpha, step, 0, 100, None, '{completion} contains "<script>"')
@@ -308,13 +340,14 @@ def test_completion_returns_full_texts_and_tokens_in_order(serve_runs):
     assert data.completion(alpha, 3, 10**9) is None
 
 
-def test_is_step_detail_against_numpy(serve_runs):
+def test_is_step_detail_computed_against_numpy(serve_runs, tmp_path):
     _, _, beta = serve_runs
+    run = copy_run(beta, tmp_path / "run", ("is_hist.parquet",))
     step = 10  # rollout drift from step 7 on
-    t = token_reference(beta, step)
+    t = token_reference(run, step)
     w = t["w_ref"][t["mask"]]
-    d = data.is_step_detail(beta, step)
-    assert d["tokens"] == len(w)
+    d = data.is_step_detail(run, step)
+    assert d["tokens"] == len(w) and d["source"] == "tokens"
     edges = data.IS_LOG10_EDGES
     clipped = np.clip(np.log10(w), edges[0], edges[-1] - 1e-12)
     np.testing.assert_array_equal(d["raw"], np.histogram(clipped, edges)[0])
@@ -325,29 +358,36 @@ def test_is_step_detail_against_numpy(serve_runs):
     assert d["offset_mean"] > 0.05  # the injected drift: rollout log-probs ~0.1 lower
 
 
-def test_is_heatmap_from_tokens(serve_runs):
+def test_is_step_detail_from_recomputed_histograms(serve_runs):
+    _, _, beta = serve_runs
+    step = 10
+    t = token_reference(beta, step)
+    w = t["w_ref"][t["mask"]]
+    d = data.is_step_detail(beta, step)
+    assert d["source"] == "is_hist.parquet"
+    weight_edges = 10 ** d["edges"]
+    np.testing.assert_array_equal(d["raw"], np.histogram(w, weight_edges)[0])
+    assert d["applied"].sum() + d["zeroed"] == len(w)
+    assert d["metrics"]["mismatch/constant_offset"] == 1.0  # the family flags the injected drift
+
+
+def test_is_heatmap_from_recomputed_histograms(serve_runs):
     _, alpha, _ = serve_runs
     hm = data.is_heatmap(alpha)
-    assert hm["counts"].shape == (14, len(data.IS_LOG10_EDGES) - 1)
+    assert hm["source"] == "is_hist.parquet" and list(hm["steps"]) == list(range(14))
     t = token_reference(alpha, 4)
-    assert hm["counts"][4].sum() == t["mask"].sum()
-    few = data.is_heatmap(alpha, max_steps=5)
-    assert list(few["steps"]) == [0, 3, 6, 10, 13] and "sampled" in few["source"]
+    np.testing.assert_array_equal(hm["counts"][4], np.histogram(t["w_ref"][t["mask"]], 10 ** hm["log10_edges"])[0])
 
 
-def test_is_heatmap_prefers_the_recomputed_file(tmp_path, serve_runs):
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(serve_runs[1], run)
-    lo = np.array([-1.0, -0.5, 0.0, 0.5])
-    table = pl.DataFrame({"step": np.repeat([0, 1], 4), "log10_lo": np.tile(lo, 2),
-                          "count": [1, 2, 3, 4, 5, 6, 7, 8]})
-    table.write_parquet(run / "grpolens" / "is_hist.parquet")
+def test_is_heatmap_from_tokens(serve_runs, tmp_path):
+    _, alpha, _ = serve_runs
+    run = copy_run(alpha, tmp_path / "run", ("is_hist.parquet",))
     hm = data.is_heatmap(run)
-    assert hm["source"] == "is_hist.parquet"
-    np.testing.assert_array_equal(hm["counts"], [[1, 2, 3, 4], [5, 6, 7, 8]])
-    np.testing.assert_allclose(hm["log10_edges"], [-1, -0.5, 0, 0.5, 1.0])
+    assert hm["counts"].shape == (14, len(data.IS_LOG10_EDGES) - 1) and hm["source"] == "tokens"
+    t = token_reference(run, 4)
+    assert hm["counts"][4].sum() == t["mask"].sum()
+    few = data.is_heatmap(run, max_steps=5)
+    assert list(few["steps"]) == [0, 3, 6, 10, 13] and "sampled" in few["source"]
 
 
 def test_caches_follow_file_changes(tmp_path, serve_runs):

@@ -1,0 +1,193 @@
+"""End-to-end: the dashboard in headless Chromium (Selenium), on two synthetic runs.
+
+One server and one browser serve the whole module (starting Chromium costs seconds). Each page
+is screenshotted to ``test-artifacts/serve/`` for people to look at.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "serve"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def server(runset):
+    from werkzeug.serving import make_server
+
+    from grpolens.serve.app import create_app
+
+    app = create_app(runset)
+    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.port}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="grpolens-chrome-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1400,1000", f"--user-data-dir={profile}"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.implicitly_wait(0)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver, cond, timeout=20, what="condition"):
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            got = cond(driver)
+            if got:
+                return got
+        except Exception as e:  # noqa: BLE001 - stale elements while Dash re-renders
+            last = e
+        time.sleep(0.15)
+    raise AssertionError(f"timed out waiting for {what}" + (f" ({last})" if last else ""))
+
+
+def css(driver, selector):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def visible_graphs(driver, page):
+    return [g for g in css(driver, f"#page-{page} .js-plotly-plot .main-svg") if g.is_displayed()]
+
+
+def shot(driver, name):
+    time.sleep(0.4)  # let plotly finish drawing
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def go(driver, base, path):
+    driver.get(base + path)
+    wait(driver, lambda d: css(d, ".header .brand"), what="the app to load")
+
+
+def severe_logs(driver):
+    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE" and "favicon" not in e.get("message", "")]
+
+
+def test_pages_load(server, browser):
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    shot(browser, "overview")
+    for page, label in (("policy", "Policy"), ("mismatch", "Mismatch"), ("rewards", "Rewards")):
+        css(browser, f"#nav-{page}")[0].click()  # client-side navigation, like a user
+        wait(browser, lambda d: visible_graphs(d, page), what=f"{page} curves")
+        if page == "mismatch":
+            wait(browser, lambda d: any(g.is_displayed() for g in css(d, "#mismatch-step .js-plotly-plot")),
+                 what="IS weights of one step")
+            assert "log(train / rollout)" in css(browser, "#mismatch-step")[0].text
+        shot(browser, page)
+    assert not [e for e in css(browser, ".error") if e.is_displayed()]
+    assert severe_logs(browser) == []
+
+
+def test_click_curve_point_opens_tokens(server, browser):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    graph = next(g for g in css(browser, "#page-overview .js-plotly-plot") if g.is_displayed())
+    drag = graph.find_elements("css selector", ".nsewdrag")[0]
+    ActionChains(browser).move_to_element_with_offset(drag, 0, 0).pause(0.3).click().perform()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/tokens", what="the Tokens page")
+    q = parse_qs(urlparse(browser.current_url).query)
+    assert q["run"][0] in ("alpha", "beta") and 0 <= int(q["step"][0]) < 14
+    wait(browser, lambda d: len(css(d, "#tok-table tbody tr")) > 5, what="top-K rows")
+    wait(browser, lambda d: len(css(d, "#completion-tokens .tok")) > 0, what="completion tokens")
+    assert f"step {q['step'][0]}" in css(browser, "#tok-summary")[0].text
+    shot(browser, "tokens")
+    # A row of the top-K table opens that token's completion, with the token outlined.
+    cells = css(browser, "#tok-table tbody tr td")
+    cells[3].click()
+    wait(browser, lambda d: "sample=" in d.current_url, what="the clicked completion")
+    wait(browser, lambda d: css(d, "#completion-tokens .tok.focus"), what="the focused token")
+
+
+def test_script_in_completion_is_text(server, browser, serve_runs, runset):
+    import polars as pl
+
+    from grpolens.serve import data
+
+    _, alpha, _ = serve_runs
+    hit = None
+    for step in range(14):
+        s = data.step_samples(alpha, step).filter(pl.col("completion").str.contains("<script>", literal=True))
+        if s.height:
+            hit = (step, int(s["sample_id"][0]), s["completion"][0])
+            break
+    assert hit, "the synthetic run should contain a completion with <script>"
+    step, sid, text = hit
+    go(browser, server, f"/tokens?run=alpha&step={step}&sample={sid}")
+    el = wait(browser, lambda d: css(d, "#completion-text"), what="completion text")[0]
+    assert el.text == text.strip() or el.text == text  # shown character for character
+    assert "<script>alert(1)</script>" in el.text
+    assert css(browser, "#page-tokens script") == []  # nothing became an element
+    assert css(browser, "#page-tokens img") == []  # the prompts' <img onerror=alert(1)> neither
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # alert(1) never ran
+    shot(browser, "completion-script-as-text")
+
+
+def test_completions_table_paging_and_row_link(server, browser):
+    go(browser, server, "/completions?run=beta&step=5")
+    wait(browser, lambda d: len(css(d, "#comp-table tbody tr")) >= 20, what="completion rows")
+    summary = css(browser, "#comp-summary")[0].text
+    assert "page 1 of 2" in summary, summary
+    first = [td.text for td in css(browser, "#comp-table tbody tr")[2].find_elements("css selector", "td")][:2]
+    shot(browser, "completions")
+    css(browser, "#comp-table .next-page")[0].click()
+    wait(browser, lambda d: "page 2 of 2" in css(d, "#comp-summary")[0].text, what="page 2")
+    rows = css(browser, "#comp-table tbody tr")
+    second = [td.text for td in rows[2].find_elements("css selector", "td")][:2]
+    assert second != first
+    # Sorting happens on the server: sort by reward descending.
+    rows[2].find_elements("css selector", "td")[0].click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/tokens", what="the completion view")
+    q = parse_qs(urlparse(browser.current_url).query)
+    assert q["run"] == ["beta"] and q["step"] == ["5"] and int(q["sample"][0]) >= 0
+    wait(browser, lambda d: css(d, "#completion-tokens .tok"), what="completion tokens")
+
+
+def test_compare_two_runs(server, browser):
+    go(browser, server, "/compare")
+    wait(browser, lambda d: len(css(d, "#cmp-table tbody tr")) > 3, what="comparison table")
+    wait(browser, lambda d: [g for g in css(d, "#cmp-graphs .js-plotly-plot .main-svg") if g.is_displayed()],
+         what="delta curves")
+    text = css(browser, "#cmp-table")[0].text
+    assert "entropy" in text and "mean_delta" in text
+    shot(browser, "compare")
+    assert severe_logs(browser) == []
