@@ -30,26 +30,50 @@ def progress_bar(console, label: str, enabled: bool = True, min_total: int = 2) 
 
 
 def format_value(v) -> str:
+    """Short and exact enough to read: 4 significant digits, integers as integers."""
     if v is None:
         return "—"
     if isinstance(v, float):
         if v != v:
             return "nan"
-        if v == 0 or 1e-3 <= abs(v) < 1e5:
-            return f"{v:.4f}"
-        return f"{v:.3e}"
+        if v.is_integer() and abs(v) < 1e9:
+            return str(int(v))
+        return f"{v:.4g}"
     return str(v)
 
 
-def summary_table(df, last: int = 5, columns: list[str] | None = None):
+#: What the summary shows by default: the quantities that say first whether a run is healthy.
+KEY_METRICS = (
+    "reward/mean", "reward/std", "reward/frac_zero_std", "completions/length/mean", "completions/truncated_frac",
+    "entropy", "kl/k3", "policy/approx_kl", "clip/region", "clip/low", "clip/high", "loss",
+    "mismatch/kl_k1", "mismatch/abs_logp_diff", "rollout_is/veto/seq_fraction", "rollout_is/rejected/token_fraction",
+    "health/masked_tokens", "health/nonfinite/logp",
+)
+
+
+def key_columns(df, profile: str = "grpolens") -> list[str]:
+    """The profile's names of :data:`KEY_METRICS` that the table has."""
+    from grpolens.metrics.registry import REGISTRY, load_builtins
+
+    load_builtins()
+    out = []
+    for name in KEY_METRICS:
+        m = REGISTRY.get(name)
+        alias = m.name_in(profile) if m is not None else None
+        if alias is not None and alias in df.columns:
+            out.append(alias)
+    return out
+
+
+def summary_table(df, last: int = 5, columns: list[str] | None = None, title: str | None = None):
     """Metrics as rows, the last ``last`` steps as columns (wide runs read better transposed)."""
     from rich.table import Table
 
     tail = df.tail(last)
-    t = Table(title=f"last {tail.height} step(s)", show_lines=False)
-    t.add_column("metric", style="bold")
+    t = Table(title=title or f"last {tail.height} step(s)", show_lines=False)
+    t.add_column("metric", style="bold", no_wrap=True)
     for s in tail["step"].to_list():
-        t.add_column(f"step {s}", justify="right")
+        t.add_column(f"step {s}", justify="right", no_wrap=True)
     for c in columns or [c for c in df.columns if c != "step"]:
         vals = tail[c].to_list()
         if all(v is None for v in vals):

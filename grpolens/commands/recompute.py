@@ -17,6 +17,7 @@ def recompute_cmd(
     config: Optional[Path] = typer.Option(None, "--config", help="JSON or TOML file of config overrides (applied before --set)."),
     full: bool = typer.Option(False, "--full", help="Ignore the per-step cache and recompute every step."),
     last: int = typer.Option(5, "--last", help="Steps shown in the summary table."),
+    show_all: bool = typer.Option(False, "--all", help="Show every metric in the summary, not only the key ones."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
     is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
 ) -> None:
@@ -43,8 +44,16 @@ def recompute_cmd(
         return
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
+    from grpolens.ui import key_columns
+
     out_console = Console()
-    out_console.print(summary_table(res.metrics, last=last))
+    if not out_console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
+        out_console = Console(width=max(out_console.width, 120))
+    cols = None if show_all else key_columns(res.metrics, profile)
+    n_metrics = res.metrics.width - 1
+    title = f"last {min(last, res.metrics.height)} step(s): " + (
+        f"all {n_metrics} metrics" if show_all else f"{len(cols)} key metrics of {n_metrics} (--all for every one)")
+    out_console.print(summary_table(res.metrics, last=last, columns=cols or None, title=title))
     console.print(
         f"{len(res.computed_steps)} step(s) computed, {len(res.reused_steps)} reused from cache -> "
         f"{res.out_dir / 'metrics.parquet'}", highlight=False,
