@@ -16,8 +16,11 @@ def tokens_cmd(
     top: int = typer.Option(10, "--top", "-k", help="How many tokens to list."),
     context: int = typer.Option(3, "--context", help="Completions shown in full, in order of their worst token."),
 ) -> None:
-    """List the step's top-K tokens by a score across all ranks and micro-batches, then show
-    the completions they belong to with every token coloured by the score."""
+    """List a step's worst tokens by a score, then show their completions token by token.
+
+    Tokens come from all ranks and micro-batches of the step; each completion is shown with every
+    token coloured by the score. Only the step's own shards are read.
+    """
     import numpy as np
     from rich.console import Console
     from rich.table import Table
