@@ -168,6 +168,28 @@ def test_set_overrides_reach_golden_and_leave_the_cache_alone(runs, tmp_path):
     check(runs["clean"], overrides={"epsilon": 0.1}, write_golden_to=golden)
     assert json.loads(golden.read_text())["overrides"] == {"epsilon": 0.1}
     assert cache.stat().st_mtime_ns == before
+    # the override changes the clip metrics, so the golden differs from the run's own values
+    clip = read_golden(golden).series["clip/low"].values
+    assert (clip != read_golden_of(runs["clean"], tmp_path).series["clip/low"].values).any()
+    # checking without the same --set says so
+    report = check(runs["clean"], baseline=golden)
+    assert any("--set {'epsilon': 0.1}" in n for n in report.notes)
+
+
+def read_golden_of(run, tmp_path):
+    path = tmp_path / "plain.json"
+    check(run, write_golden_to=path)
+    return read_golden(path)
+
+
+def test_rules_file_names_its_baseline(runs, tmp_path):
+    (tmp_path / "cfg").mkdir()
+    check(runs["clean"], write_golden_to=tmp_path / "cfg" / "golden.json")
+    rules = tmp_path / "cfg" / "rules.toml"
+    rules.write_text('baseline = "golden.json"\n[[rule]]\nmetric = "kl/k3"\nreduce = "max"\nrel = 0.5\n')
+    report = check(runs["kl-spike@12"], rules=rules)  # relative to the rules file, not the cwd
+    assert report.baseline.startswith(str(tmp_path / "cfg" / "golden.json"))
+    assert report.exit_code == 1 and failures(report)["kl/k3 max"].step == 12
 
 
 def test_show_rules_prints_parseable_defaults(capsys):

@@ -109,6 +109,11 @@ def test_malformed_rules_name_the_line(text, line, fragments):
         assert f in msg, (f, msg)
 
 
+def test_generated_names_are_made_unique():
+    rs = parse("[[rule]]\nmetric='entropy'\nmin=0\n[[rule]]\nmetric='entropy'\nmax=3\n")
+    assert [r.name for r in rs.rules] == ["entropy all", "entropy all #2"]
+
+
 def test_yaml_rules_and_errors():
     pytest.importorskip("yaml")
     rs = parse("""

@@ -33,6 +33,7 @@ class Baseline:
     kind: str  # "run" or "golden"
     series: dict[str, Series]
     steps: list[int]  # every step the baseline has (for the coverage check)
+    overrides: dict | None = None  # the --set a golden was written with (None: a run, same as ours)
 
 
 def run_series(df) -> dict[str, Series]:
@@ -147,4 +148,5 @@ def read_golden(path: Path) -> Baseline:
     if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
         steps = sorted({int(s) for ser in series.values() for s in ser.steps.tolist()})
     label = f"{path} (golden of {data.get('run_name') or data.get('run') or '?'})"
-    return Baseline(label, "golden", series, sorted(steps))
+    overrides = data.get("overrides") if isinstance(data.get("overrides"), dict) else {}
+    return Baseline(label, "golden", series, sorted(steps), overrides)

@@ -10,7 +10,7 @@ run that is broken from its first step, where a self-relative bound cannot.
 Every rule skips (rather than fails) when the run cannot have the metric: no ``ref_logp`` column,
 no rollout log-probs, a loss without clipping.
 
-``grpolens check --show-rules`` prints this file's TOML: a starting point for one's own rules.
+``grpolens check RUN --show-rules`` prints this file's TOML: a starting point for one's own rules.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from grpolens.check.rules import RuleSet, parse_rules
 DEFAULTS_SOURCE = "built-in defaults"
 
 DEFAULT_RULES_TOML = '''\
-# grpolens built-in check rules (`grpolens check --show-rules`).
+# grpolens built-in check rules (`grpolens check RUN --show-rules`).
 # Per step ("reduce = all"), each value must stay within its bounds; "early" bounds are relative to
 # the median of the run's own first 20 % of steps; abs/rel apply only when --baseline is given.
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -281,13 +281,17 @@ def parse_rules(text: str, *, source: str = "<rules>", kind: str = "toml", base_
         from grpolens.check.defaults import default_rules
 
         rules = list(default_rules().rules) + rules
-    seen: dict[str, int] = {}
+    n_builtin = len(rules) - len(raw_rules)
+    seen: set[str] = set()
     for i, r in enumerate(rules):
+        j = i - n_builtin  # index in this file (negative: a built-in rule)
         if r.name in seen:
-            j = i - (len(rules) - len(raw_rules))
-            raise fail(f"duplicate rule name {r.name!r} (names must be unique: they are the test case names)",
-                       index=j if j >= 0 else None, key="name", name=r.name)
-        seen[r.name] = i
+            if j >= 0 and "name" not in raw_rules[j]:  # a generated name: make it unique
+                rules[i] = r = replace(r, name=f"{r.name} #{j + 1}")
+            else:
+                raise fail(f"duplicate rule name {r.name!r} (names must be unique: they are the test case names)",
+                           index=j if j >= 0 else None, key="name", name=r.name)
+        seen.add(r.name)
     base = None if baseline is None else (base_dir or Path(".")) / baseline
     return RuleSet(tuple(rules), source, base)
 

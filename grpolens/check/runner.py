@@ -93,6 +93,9 @@ def check(
     report = CheckReport(run, outcomes, ruleset.source, base.label if base is not None else None)
     if base is None and ruleset.source != DEFAULTS_SOURCE and any(r.compares for r in ruleset.rules):
         report.notes.append("no baseline given: the rules' baseline comparisons (abs/rel) were skipped")
+    if base is not None and base.overrides is not None and base.overrides != (overrides or {}):
+        report.notes.append(f"the golden file was written with --set {base.overrides}, this check uses "
+                            f"{overrides or 'none'}: values may differ for that reason alone")
     if write_golden_to is not None:
         names = sorted({m for r in ruleset.rules for m in matched_metrics(r, candidate, None) if m in candidate})
         write_golden(Path(write_golden_to), golden_json(df, names, run=run, overrides=overrides,
