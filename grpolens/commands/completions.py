@@ -68,7 +68,7 @@ def completions_cmd(
         df = df.sort([col, "prompt_index", "completion_index"], descending=[desc, False, False], nulls_last=True)
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
-        console = Console(width=max(console.width, 160))
+        console = Console(width=max(console.width, 200))
     if note:
         console.print(note, markup=False, highlight=False)
     if group is not None and df.height:
@@ -106,7 +106,7 @@ def _cell(v, kind: str) -> str:
         return "yes" if v else ""
     if kind == "int":
         return str(int(v))
-    return f"{v:.4g}"
+    return f"{v:.3g}"
 
 
 def _table(df, step: int, total: int, matched: int, source: str, chars: int):
