@@ -9,8 +9,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -210,13 +208,6 @@ def test_example_rules_against_example_baseline(runs, tmp_path, capsys):
     assert code == 1 and "--step 12" in out
 
 
-def test_subprocess_exit_code(runs):
-    """The real entry point: the exit status a CI job sees (the in-process tests above cover the rest)."""
-    done = subprocess.run([sys.executable, "-m", "grpolens.cli", "check", str(runs["nan@8"]), "-q"],
-                          capture_output=True, text=True)
-    assert done.returncode == 1 and "1 failed" in done.stdout
-
-
 def test_sample_github_workflow_runs(runs, tmp_path, monkeypatch, capsys):
     """docs/examples/github-workflow.yml: its grpolens steps run as written, in a checkout laid out as
     its header says, and the check passes, writes the JUnit report and appends the job summary."""
@@ -265,3 +256,24 @@ def test_docs_console_example_runs(tmp_path, monkeypatch, capsys):
         for s in shown:
             assert " ".join(s.split()) in flat, (s, out)
     assert "❌ regression" in summary.read_text()
+
+
+def test_run_without_optional_columns_skips_what_it_cannot_have(tmp_path):
+    """A run with no ref_logp, rollout_logp or entropy (written by the tests' own plain writer):
+    the built-in rules that need them skip, the others still judge; non-finite log-probs fail."""
+    import numpy as np
+
+    from tests.refdata import random_calls, write_run
+
+    rng = np.random.default_rng(11)
+    run = write_run(tmp_path / "bare", random_calls(rng, steps=range(6), ref=False, rollout=False, entropy=False))
+    report = check(run)
+    status = {o.rule.name: o.status for o in report.outcomes}
+    assert report.exit_code == 0, status
+    for name in ("KL to reference", "entropy collapse", "mismatch KL", "veto fraction"):
+        assert status[name] == "SKIP"
+    assert status["non-finite tokens"] == status["clip low rising"] == "PASS"
+    bad = write_run(tmp_path / "nonfinite", random_calls(rng, steps=range(6), ref=False, rollout=False,
+                                                         entropy=False, nonfinite=0.05))
+    fails = failures(check(bad))
+    assert "non-finite tokens" in fails
