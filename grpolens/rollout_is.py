@@ -206,13 +206,45 @@ def rs_stat(k: int, delta: np.ndarray) -> np.ndarray:
     return np.expm1(ds) - ds
 
 
+class Segments:
+    """Per-sequence reductions over a subset of each sequence's tokens, the values given for those
+    tokens only (compressed once, so that every reduction is one ``reduceat`` without masking)."""
+
+    def __init__(self, b, keep: np.ndarray):
+        self.idx = np.flatnonzero(keep)
+        self.n = b.count(keep)
+        counts = self.n.astype(np.int64)
+        self.starts = np.cumsum(counts) - counts
+        self.empty = counts == 0
+
+    def _reduce(self, op, x: np.ndarray, identity: float) -> np.ndarray:
+        out = np.full(len(self.starts), identity)
+        inside = self.starts < len(x)  # empty sequences at the end start past the last token
+        if inside.any():
+            out[inside] = op.reduceat(x, self.starts[inside], dtype=np.float64)
+            out[self.empty] = identity  # reduceat gives an empty segment the next token's value
+        return out
+
+    def sum(self, x: np.ndarray) -> np.ndarray:
+        return self._reduce(np.add, x, 0.0)
+
+    def max(self, x: np.ndarray) -> np.ndarray:
+        return self._reduce(np.maximum, x, -np.inf)
+
+    def min(self, x: np.ndarray) -> np.ndarray:
+        return self._reduce(np.minimum, x, np.inf)
+
+
 @dataclass
 class Inputs:
-    """The per-token inputs of one batch: δ, the valid tokens, |advantage| (0 where not usable)."""
+    """The per-token inputs of one batch: δ and the valid tokens; ``dv``/``av`` are δ and |A| on the
+    valid tokens only (|A| is 0 where the advantage is not finite)."""
 
     delta: np.ndarray
     valid: np.ndarray
-    absadv: np.ndarray
+    seg: Segments
+    dv: np.ndarray
+    av: np.ndarray
 
 
 def inputs(b) -> Inputs:
@@ -225,15 +257,16 @@ def inputs(b) -> Inputs:
         both = b.seq_any(pinf) & b.seq_any(ninf)
         if both.any():
             valid &= ~b.broadcast(both)
-    adv = b.adv
-    absadv = np.where(valid & np.isfinite(adv), np.abs(np.where(np.isfinite(adv), adv, 0.0)), 0.0)
-    return Inputs(delta, valid, absadv)
+    seg = Segments(b, valid)
+    adv = b.adv[seg.idx]
+    return Inputs(delta, valid, seg, delta[seg.idx], np.where(np.isfinite(adv), np.abs(adv), 0.0))
 
 
 @dataclass
 class TokenDecisions:
-    """Token-level quantities; ``rej``/``drop``/``mod`` count only token-level rules (sequence-level
-    rules -- veto, sequence/geometric bands, sequence filters -- come from :func:`seq_view`)."""
+    """Token-level quantities on the valid tokens; ``rej``/``drop``/``mod`` count only token-level
+    rules (sequence-level rules -- veto, sequence/geometric bands, sequence filters -- come from
+    :func:`seq_view`)."""
 
     w: np.ndarray      # token raw weight exp(clip δ)
     a: np.ndarray      # token applied weight (level token; = w otherwise)
@@ -246,20 +279,19 @@ class TokenDecisions:
 
 
 def token_decisions(x: Inputs, c: ISConfig) -> TokenDecisions:
-    v = x.valid
-    d = np.where(v, x.delta, 0.0)
+    d = x.dv
     w = bounded_exp(d)
     none = np.zeros(len(d), dtype=bool)
     if c.level == "token":
         a = apply_mode(w, c)
-        band = v & ~in_band(w, c.mask_lower, c.mask_upper) if c.masks else none
-        chg = v & (a != w)
+        band = ~in_band(w, c.mask_lower, c.mask_upper) if c.masks else none
+        chg = a != w
     else:
         a, band, chg = w, none, none
-    rej = band.copy()
+    rej = band
     for f in c.token_filters:
-        rej |= v & ~f.keep(rs_stat(f.k, d))
-    cat = v & catastrophic(x.delta, c) if c.veto else none
+        rej = rej | ~f.keep(rs_stat(f.k, d))
+    cat = catastrophic(d, c) if c.veto else none
     zero = chg & (a == 0)
     return TokenDecisions(w, a, cat, band, rej, chg, rej | zero, rej | chg)
 
@@ -279,45 +311,40 @@ IS_MERGE = {
 }
 
 
-def sequence_partials(b, x: Inputs, c: ISConfig) -> dict[str, np.ndarray]:
+def sequence_partials(b, x: Inputs, c: ISConfig, t: TokenDecisions | None = None) -> dict[str, np.ndarray]:
     """Per-sequence partials of one batch under config ``c`` (columns of :data:`IS_MERGE`)."""
-    v = x.valid
-    t = token_decisions(x, c)
-    d = np.where(v, x.delta, 0.0)
-    cnt = b.count
+    s, d = x.seg, x.dv
+    t = t or token_decisions(x, c)
+    zeros = np.zeros(len(s.n))
     out = {
-        "ris.n": cnt(v),
-        "ris.undef": cnt(b.mask & ~v),
-        "ris.L": b.seq_sum(d),
-        "ris.bound": cnt(v & (np.abs(d) > SAFETY_BOUND)),
-        "ris.cat": cnt(t.cat),
-        "ris.adv": b.seq_sum(x.absadv),
-        "ris.tw": b.masked_sum(t.w, v),
-        "ris.tw2": b.masked_sum(t.w * t.w, v),
-        "ris.twmax": b.seq_max(t.w, v),
-        "ris.twmin": b.seq_min(t.w, v),
+        "ris.n": s.n, "ris.undef": b.count(b.mask) - s.n, "ris.L": s.sum(d),
+        "ris.bound": s.sum(np.abs(d) > SAFETY_BOUND), "ris.cat": s.sum(t.cat) if c.veto else zeros,
+        "ris.adv": s.sum(x.av),
+        "ris.tw": s.sum(t.w), "ris.tw2": s.sum(t.w * t.w), "ris.twmax": s.max(t.w), "ris.twmin": s.min(t.w),
+        "ris.thi": zeros, "ris.tlo": zeros, "ris.tc": zeros, "ris.tc2": zeros,
     }
-    zeros = np.zeros(b.n_seq)
     if c.level == "token" and c.has_band:
         cw = np.clip(t.w, c.lower or 0.0, c.upper)
-        out["ris.thi"] = cnt(v & (t.w > c.upper))
-        out["ris.tlo"] = cnt(v & (t.w < c.lower)) if c.lower is not None else zeros
-        out["ris.tc"] = b.masked_sum(cw, v)
-        out["ris.tc2"] = b.masked_sum(cw * cw, v)
-    else:
-        out.update({"ris.thi": zeros, "ris.tlo": zeros, "ris.tc": zeros, "ris.tc2": zeros})
+        out["ris.thi"] = s.sum(t.w > c.upper)
+        if c.lower is not None:
+            out["ris.tlo"] = s.sum(t.w < c.lower)
+        out["ris.tc"], out["ris.tc2"] = s.sum(cw), s.sum(cw * cw)
+    same = t.a is t.w
     out.update({
-        "ris.ta": b.masked_sum(t.a, v), "ris.ta2": b.masked_sum(t.a * t.a, v),
-        "ris.tamax": b.seq_max(t.a, v), "ris.tamin": b.seq_min(t.a, v), "ris.tchg": cnt(t.chg),
-        "ris.tband": cnt(t.band), "ris.trej": cnt(t.rej), "ris.tdrop": cnt(t.drop),
-        "ris.tdrop_adv": b.masked_sum(x.absadv, t.drop), "ris.tmod": cnt(t.mod),
+        "ris.ta": out["ris.tw"] if same else s.sum(t.a), "ris.ta2": out["ris.tw2"] if same else s.sum(t.a * t.a),
+        "ris.tamax": out["ris.twmax"] if same else s.max(t.a), "ris.tamin": out["ris.twmin"] if same else s.min(t.a),
+        "ris.tchg": s.sum(t.chg) if t.chg.any() else zeros, "ris.tband": s.sum(t.band) if t.band.any() else zeros,
+        "ris.trej": s.sum(t.rej) if t.rej.any() else zeros,
+        "ris.tdrop": s.sum(t.drop) if t.drop.any() else zeros,
+        "ris.tdrop_adv": s.sum(np.where(t.drop, x.av, 0.0)) if t.drop.any() else zeros,
+        "ris.tmod": s.sum(t.mod) if t.mod.any() else zeros,
     })
     ks = {f.k for f in c.seq_filters}
     for k in (1, 2, 3):
-        s = rs_stat(k, d) if k in ks else None
-        out[f"ris.k{k}"] = b.masked_sum(s, v) if s is not None else zeros
+        st = rs_stat(k, d) if k in ks else None
+        out[f"ris.k{k}"] = s.sum(st) if st is not None else zeros
         if k > 1:
-            out[f"ris.k{k}max"] = b.seq_max(s, v) if s is not None else np.full(b.n_seq, -np.inf)
+            out[f"ris.k{k}max"] = s.max(st) if st is not None else np.full(len(zeros), -np.inf)
     return out
 
 
@@ -513,22 +540,28 @@ def summarize(p: dict, c: ISConfig, view: SeqView | None = None) -> dict[str, fl
 # Per-token outputs (``--is-weights``)
 # ---------------------------------------------------------------------------------------------
 
-def token_weights(b, c: ISConfig, x: Inputs | None = None, partials: dict | None = None) -> dict[str, np.ndarray]:
-    """Per-token ``valid``, raw weight, applied weight and the modified loss mask of a batch.
+def valid_token_weights(b, c: ISConfig, x: Inputs, partials: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw weight, applied weight and kept-in-the-loss flag of each valid token (``x.seg.idx`` order).
 
-    Weights are NaN where the token is not valid; ``is_mask`` is False there. The decisions are the
-    ones the metrics count (same partials, same :func:`seq_view`); pass ``partials`` when the
-    batch's :func:`sequence_partials` under ``c`` are already at hand.
+    The decisions are the ones the metrics count (same partials, same :func:`seq_view`); pass
+    ``partials`` when the batch's :func:`sequence_partials` under ``c`` are already at hand.
     """
-    x = x or inputs(b)
     t = token_decisions(x, c)
-    sv = seq_view(partials if partials is not None else sequence_partials(b, x, c), c)
+    sv = seq_view(partials if partials is not None else sequence_partials(b, x, c, t), c)
+    seq_of = np.repeat(np.arange(len(sv.n)), sv.n.astype(np.int64))  # sequence of each valid token
     if c.level == "token":
         raw, app = t.w, t.a
     else:
-        raw, app = b.broadcast(sv.w), b.broadcast(sv.a)
-    keep = x.valid & ~t.rej & ~b.broadcast(sv.seq_rej)
-    nan = np.nan
-    return {"valid": x.valid, "is_weight_raw": np.where(x.valid, raw, nan),
-            "is_weight": np.where(x.valid, app, nan), "is_mask": keep}
+        raw, app = sv.w[seq_of], sv.a[seq_of]
+    return raw, app, ~t.rej & ~sv.seq_rej[seq_of]
 
+
+def token_weights(b, c: ISConfig, x: Inputs | None = None, partials: dict | None = None) -> dict[str, np.ndarray]:
+    """Per-token ``valid``, raw weight, applied weight and the modified loss mask (``is_mask``) of a
+    batch, one entry per row; weights are NaN and ``is_mask`` False where the token is not valid."""
+    x = x or inputs(b)
+    raw_v, app_v, keep_v = valid_token_weights(b, c, x, partials)
+    idx = x.seg.idx
+    raw, app, keep = np.full(b.n, np.nan), np.full(b.n, np.nan), np.zeros(b.n, dtype=bool)
+    raw[idx], app[idx], keep[idx] = raw_v, app_v, keep_v
+    return {"valid": x.valid, "is_weight_raw": raw, "is_weight": app, "is_mask": keep}

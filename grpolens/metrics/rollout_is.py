@@ -69,6 +69,10 @@ def batch_token_weights(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
     return ris.token_weights(b, c, batch_inputs(b), batch_partials(b, c))
 
 
+def batch_valid_weights(b: TokenBatch, c: ISConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return ris.valid_token_weights(b, c, batch_inputs(b), batch_partials(b, c))
+
+
 # ---------------------------------------------------------------------------------------------
 # Producers
 # ---------------------------------------------------------------------------------------------
@@ -87,15 +91,15 @@ def _mismatch_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Over masked tokens whose two log-probs are finite: Σ log π_train, Σ log π_rollout, Σδ, Σ|δ|,
     max|δ|, Σ(e^δ − δ − 1) (k3, unbounded as in the reference) and Σ e^(2·clip(δ, ±20)) (χ²)."""
     old, roll = b.old, b.cols["rollout_logp"]
-    f = b.mask & np.isfinite(old) & np.isfinite(roll)
-    d = np.where(f, old - np.where(f, roll, 0.0), 0.0)
-    with np.errstate(over="ignore", invalid="ignore"):
+    s = ris.Segments(b, b.mask & np.isfinite(old) & np.isfinite(roll))
+    o, r = old[s.idx], roll[s.idx]
+    d = o - r
+    ad = np.abs(d)
+    with np.errstate(over="ignore"):
         k3 = np.expm1(d) - d
-    return {
-        "mm.n": b.count(f), "mm.old": b.masked_sum(old, f), "mm.roll": b.masked_sum(roll, f),
-        "mm.d": b.seq_sum(d), "mm.absd": b.seq_sum(np.abs(d)), "mm.absdmax": b.seq_max(np.abs(d), f),
-        "mm.k3": b.seq_sum(k3), "mm.chi": b.masked_sum(np.exp(2.0 * np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)), f),
-    }
+    return {"mm.n": s.n, "mm.old": s.sum(o), "mm.roll": s.sum(r), "mm.d": s.sum(d), "mm.absd": s.sum(ad),
+            "mm.absdmax": s.max(ad), "mm.k3": s.sum(k3),
+            "mm.chi": s.sum(np.exp(2.0 * np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,12 +161,10 @@ class ISHistogram:
         if not b.has("rollout_logp"):
             return None
         x = batch_inputs(b)
-        tw = batch_token_weights(b, self.c)
-        v = x.valid
-        a = tw["is_weight"][v]
+        a = batch_valid_weights(b, self.c)[1]
         with np.errstate(divide="ignore"):
             la = np.log(a[a > 0])
-        return {"raw": histogram(x.delta[v]), "applied": histogram(la), "applied_zero": int((a == 0).sum())}
+        return {"raw": histogram(x.dv), "applied": histogram(la), "applied_zero": int((a == 0).sum())}
 
     def combine(self, step: int, pieces: list) -> dict | None:
         parts = [p for p in pieces if p is not None]
@@ -215,26 +217,25 @@ class RSPartials:
         if not self.c.rs or not b.has("rollout_logp"):
             return None
         x = batch_inputs(b)
-        v = x.valid
-        d = np.where(v, x.delta, 0.0)
+        sg, d = x.seg, x.dv
         out = dict(b.seq_keys)
-        out["n"] = b.count(v)
+        out["n"] = sg.n
         stats = {k: ris.rs_stat(k, d) for k in self.ks}
         for k, s in stats.items():
-            out[f"k{k}.sum"] = b.masked_sum(s, v)
-            out[f"k{k}.max"] = b.seq_max(s, v)
-        tokrej = np.zeros(b.n, dtype=bool)
+            out[f"k{k}.sum"] = sg.sum(s)
+            out[f"k{k}.max"] = sg.max(s)
+        tokrej = np.zeros(len(d), dtype=bool)
         for f in self.c.token_filters:
             s = stats[f.k]
             lo, hi = f.log_band
             cl = np.clip(s, lo, hi)
-            rej = v & ~f.keep(s)
+            rej = ~f.keep(s)
             tokrej |= rej
             o = f.option
-            out.update({f"{o}.s2": b.masked_sum(s * s, v), f"{o}.min": b.seq_min(s, v),
-                        f"{o}.hi": b.count(v & (s > hi)), f"{o}.lo": b.count(v & (s < lo)) if f.k == 1 else np.zeros(b.n_seq),
-                        f"{o}.c": b.masked_sum(cl, v), f"{o}.c2": b.masked_sum(cl * cl, v), f"{o}.rej": b.count(rej)})
-        out["tokrej"] = b.count(tokrej)
+            out.update({f"{o}.s2": sg.sum(s * s), f"{o}.min": sg.min(s), f"{o}.hi": sg.sum(s > hi),
+                        f"{o}.lo": sg.sum(s < lo) if f.k == 1 else np.zeros(b.n_seq),
+                        f"{o}.c": sg.sum(cl), f"{o}.c2": sg.sum(cl * cl), f"{o}.rej": sg.sum(rej)})
+        out["tokrej"] = sg.sum(tokrej)
         return out
 
     def combine(self, step: int, pieces: list) -> dict[str, float | None] | None:
