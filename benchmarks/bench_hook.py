@@ -13,6 +13,7 @@ The writer thread runs concurrently with the timed steps, as it would in trainin
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -57,17 +58,21 @@ def loss_step(d: dict[str, torch.Tensor]) -> None:
     logp.grad = None
 
 
-def timed(fn, n: int) -> list[float]:
-    out = []
+def timed(fn, n: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and calling-thread CPU seconds of each of n calls. Thread CPU time is what the
+    call itself costs; wall time adds waiting (for the GIL, for a core on a busy machine)."""
+    wall, cpu = [], []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         fn()
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return wall, cpu
 
 
-def ms(xs: list[float]) -> str:
-    return f"{1e3 * statistics.median(xs):8.2f} ms (min {1e3 * min(xs):.2f}, p90 {1e3 * sorted(xs)[int(0.9 * (len(xs) - 1))]:.2f})"
+def row(name: str, wall: list[float], cpu: list[float] | None = None) -> str:
+    cpu_s = f"{1e3 * statistics.median(cpu):9.2f}" if cpu else f"{'':9s}"
+    return f"{name:40s} {1e3 * statistics.median(wall):9.2f} {1e3 * min(wall):9.2f} {cpu_s}"
 
 
 def main() -> None:
@@ -92,16 +97,17 @@ def main() -> None:
     base = timed(lambda: loss_step(d), args.calls)
 
     with tempfile.TemporaryDirectory() as tmp:
-        calls = []
+        call_wall, call_cpu = [], []
         counter = iter(range(10**9))
-        t_start = time.perf_counter()
+        t_start, p_start, m_start = time.perf_counter(), time.process_time(), time.thread_time()
         with GRPOLensHook(Path(tmp) / "run") as hook:
             def with_hook():
                 i = next(counter)
                 step = i // args.calls_per_step
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 hook.log_loss_call(step=step, **hook_args)
-                calls.append(time.perf_counter() - t0)
+                call_wall.append(time.perf_counter() - t0)
+                call_cpu.append(time.thread_time() - c0)
                 loss_step(d)
                 if i % args.calls_per_step == args.calls_per_step - 1:
                     hook.end_step(step)
@@ -109,6 +115,8 @@ def main() -> None:
             hooked = timed(with_hook, args.calls)
             t_calls_done = time.perf_counter()
         t_end = time.perf_counter()
+        # CPU of every other thread (the writer's) = process CPU - this thread's CPU
+        writer_cpu = (time.process_time() - p_start) - (time.thread_time() - m_start)
         run = Path(tmp) / "run"
         shards = fmt.list_shards(run)
         disk = sum(s.path.stat().st_size for s in shards)
@@ -123,26 +131,30 @@ def main() -> None:
             "entropy": rng.random(n, dtype=np.float32), "advantage": np.repeat(rng.standard_normal(64), n // 64 + 1)[:n].astype(np.float32),
             "mask": np.ones(n, bool)}
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
+        t0, p0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         with ShardWriter(tmp) as w:
             for i in range(args.calls):
                 w.add_tokens(i // args.calls_per_step, i % args.calls_per_step, {k: v.copy() for k, v in cols.items()})
                 if i % args.calls_per_step == args.calls_per_step - 1:
                     w.end_step(i // args.calls_per_step)
         writer_s = time.perf_counter() - t0
+        writer_alone_cpu = (time.process_time() - p0) - (time.thread_time() - m0)
 
-    print(f"batch {args.batch} x {args.seq}, {rows_per_call} real tokens per call ({rows_per_call / d['mask'].numel():.0%}), "
-          f"{args.calls} calls, {args.calls_per_step} per step, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'measure':48s} value")
-    print(f"{'loss step, no hook (median)':48s} {ms(base)}")
-    print(f"{'loss step + log_loss_call (median)':48s} {ms(hooked)}")
-    print(f"{'log_loss_call alone, training thread (median)':48s} {ms(calls)}")
-    print(f"{'overhead per step':48s} {1e3 * (statistics.median(hooked) - statistics.median(base)):8.2f} ms "
-          f"({statistics.median(hooked) / statistics.median(base) - 1:+.0%})")
-    print(f"{'close() after the last call':48s} {1e3 * (t_end - t_calls_done):8.2f} ms")
-    print(f"{'hook end to end (calls + writing), rows/s':48s} {stored / (t_end - t_start) / 1e6:8.2f} M")
-    print(f"{'ShardWriter alone, rows/s':48s} {stored / writer_s / 1e6:8.2f} M")
-    print(f"{'on disk per stored token (zstd, 9 columns)':48s} {disk / stored:8.2f} bytes ({len(shards)} shards)")
+    print(f"batch {args.batch} x {args.seq}, {rows_per_call} real tokens per call "
+          f"({rows_per_call / d['mask'].numel():.0%}), {args.calls} calls, {args.calls_per_step} per step, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'per call (ms)':40s} {'wall med':>9s} {'wall min':>9s} {'CPU med':>9s}")
+    print(row("loss step, no hook", *base))
+    print(row("loss step + log_loss_call", *hooked))
+    print(row("log_loss_call alone (training thread)", call_wall, call_cpu))
+    print(row("writer thread CPU per call", [writer_cpu / args.calls]))
+    print(f"{'close() after the last call':40s} {1e3 * (t_end - t_calls_done):9.0f} ms")
+    print(f"{'hook end to end, stored rows/s':40s} {stored / (t_end - t_start) / 1e6:9.2f} M")
+    print(f"{'hook writer thread, rows per CPU-second':40s} {stored / writer_cpu / 1e6:9.2f} M")
+    print(f"{'ShardWriter alone, rows/s (wall)':40s} {stored / writer_s / 1e6:9.2f} M")
+    print(f"{'ShardWriter alone, rows per CPU-second':40s} {stored / writer_alone_cpu / 1e6:9.2f} M")
+    print(f"{'on disk per stored token (9 columns)':40s} {disk / stored:9.2f} bytes ({len(shards)} shards)")
 
 
 if __name__ == "__main__":
