@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "check",
     "serve",
     "sweep",
+    "import_",
 ]
 
 app = typer.Typer(

@@ -1,0 +1,78 @@
+"""What GRPOLensTrainer costs per optimizer step on CPU: the tiny TRL run with and without it.
+
+    python tests/integration/bench_trl.py [--steps 20] [--repeats 3] [--max-completion-length 32]
+
+Alternates runs with and without grpolens in one process (same seed, same work) and prints the
+median ``train()`` wall time per optimizer step of each, their difference, and the run's size.
+Not a test: timings depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-completion-length", type=int, default=32)
+    a = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import time
+
+    from grpolens.integrations import trl as gl_trl
+    from tests.integration import trl_tiny
+
+    # CPU time of the training thread inside grpolens' own code (robust to other load on the box)
+    spent = {"loss_call": 0.0, "generation": 0.0}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.thread_time() - t0
+        return wrapper
+
+    gl_trl.GRPOLensMixin._grpolens_record_loss_call = timed("loss_call", gl_trl.GRPOLensMixin._grpolens_record_loss_call)
+    gl_trl.GRPOLensMixin._grpolens_record_generation = timed("generation", gl_trl.GRPOLensMixin._grpolens_record_generation)
+
+    times: dict[str, list[float]] = {"with": [], "without": []}
+    cpu: dict[str, list[float]] = {"with": [], "without": []}  # whole process (all threads), incl. model build
+    size = 0
+    calls = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.repeats):
+            for mode in ("without", "with"):
+                out = Path(tmp) / f"{mode}{i}"
+                args = [str(out), "--max-steps", str(a.steps), "--max-completion-length", str(a.max_completion_length)]
+                c0 = time.process_time()
+                trl_tiny.main(args + (["--no-grpolens"] if mode == "without" else []))
+                cpu[mode].append((time.process_time() - c0) / a.steps)
+                res = json.loads((out / "result.json").read_text())
+                times[mode].append(res["train_seconds"] / a.steps)
+                if mode == "with":
+                    files = list((out / "run").rglob("*.parquet"))
+                    size = sum(f.stat().st_size for f in files)
+                    calls = len(list((out / "run" / "tokens").glob("step=*")))
+    w, wo = statistics.median(times["with"]), statistics.median(times["without"])
+    n_steps = a.steps * a.repeats
+    print(json.dumps({"steps": a.steps, "repeats": a.repeats, "per_step_s_without": round(wo, 4),
+                      "per_step_s_with": round(w, 4), "overhead_per_step_ms": round((w - wo) * 1000, 2),
+                      "overhead_pct": round(100 * (w - wo) / wo, 1), "run_bytes": size, "token_steps": calls,
+                      "process_cpu_s_per_step_without": round(statistics.median(cpu["without"]), 4),
+                      "process_cpu_s_per_step_with": round(statistics.median(cpu["with"]), 4),
+                      "training_thread_cpu_ms_per_step": {k: round(1000 * v / n_steps, 3) for k, v in spent.items()},
+                      "all_with": [round(x, 4) for x in times["with"]],
+                      "all_without": [round(x, 4) for x in times["without"]]}))
+
+
+if __name__ == "__main__":
+    main()
