@@ -146,6 +146,11 @@ def _mass_columns() -> list[pl.Expr]:
 NEEDED_PRODUCERS = ("health", "entropy", "kl", "clip", "mismatch", "rollout_is")
 
 
+#: The partial columns the token side reads (plus every ``ris.*`` one, for the rollout-IS view).
+PARTIAL_COLUMNS = ("seq_tokens", "health.masked", "kl.k3.sum", "kl.n", "kl.k3.max", "mm.absd", "mm.n", "mm.absdmax",
+                   "entropy.sum", "entropy.n", "clip.g.region", "clip.g.cispo", "clip.g.n")
+
+
 def shard_partials(batch: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """The per-sequence partials of a batch: the engine's own when it kept them on the batch,
     else the needed producers run once here (same functions, same columns)."""
@@ -268,7 +273,8 @@ class Completions:
     collect: bool = True
 
     def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
-        return pl.DataFrame(shard_partials(batch, self.cfg))
+        p = shard_partials(batch, self.cfg)
+        return pl.DataFrame({k: v for k, v in p.items() if k in KEY_COLUMNS or k in PARTIAL_COLUMNS or k.startswith("ris.")})
 
     def combine(self, step: int, pieces: list[pl.DataFrame]) -> pl.DataFrame:
         from grpolens.metrics.partials import merge_partials
