@@ -17,7 +17,8 @@ Rules the writer follows (``docs/hook.md`` states them for users):
   written without a suffix only if it is also the last one known when it is written (the step ended
   and nothing had been written for it before). More rows for a step that already has files (``end_step``
   called twice, a later process writing into the same run) go into the next free part number, after
-  the highest already on disk. Readers take all parts of a step together.
+  the highest already on disk; a lone unsuffixed file is first renamed to part 0, so a step always
+  has either one unsuffixed file or only parts. Readers take all parts of a step together.
 * **Order.** Rows in a tokens file are sorted by (micro_batch, sample_id, pos), stable: rows with equal
   keys keep their arrival order. Samples rows keep their arrival order.
 * **Atomic.** Every file appears under its final name only once complete (temp file in the same
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -479,12 +481,28 @@ class ShardWriter:
             raise ValueError(f"step {step} rank {self.rank}: more than 10000 {table} parts; raise max_part_rows")
         name = fmt.shard_relpath(table, step, self.rank, None if (final and part == 0) else part)
         if buf.rows:
-            atomic_write_table(self.run_dir / name, build_table(table, step, self.rank, buf.chunks), self.compression)
+            tbl = build_table(table, step, self.rank, buf.chunks)
+            if part == 1:
+                self._lone_file_becomes_part_zero(table, step)
+            atomic_write_table(self.run_dir / name, tbl, self.compression)
             self._next_part[(table, step)] = part + 1
         with self._cond:
             self._pending -= buf.nbytes
             self._held -= buf.nbytes
             self._cond.notify_all()
+
+    def _lone_file_becomes_part_zero(self, table: str, step: int) -> None:
+        """Before a second file for (table, step, rank) appears, rename the unsuffixed one to part 0:
+        a step has either one unsuffixed file or only parts (run-format.md). The rename is atomic and
+        the target name is new, so nothing is overwritten."""
+        lone = self.run_dir / fmt.shard_relpath(table, step, self.rank)
+        if not lone.exists():
+            return
+        zero = self.run_dir / fmt.shard_relpath(table, step, self.rank, 0)
+        if zero.exists():
+            raise FileExistsError(f"{lone} and {zero} both exist; a step has one unsuffixed file or only parts")
+        os.rename(lone, zero)
+        fmt._fsync_dir(lone.parent)
 
     def _first_free_part(self, table: str, step: int) -> int:
         """Part number after the highest this rank already has on disk for the step (0 if none)."""
