@@ -140,8 +140,29 @@ def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-#: Most metric graphs on one page; the metric filter narrows the rest down.
-MAX_GRAPHS = 36
+#: Most metric graphs on one page (each costs the browser a WebGL context and a render); the
+#: metric filter brings in the others.
+MAX_GRAPHS = 16
+#: Metrics each page draws first (regular expressions, in order); the rest follow in catalogue order.
+PAGE_PRIORITY = {
+    "policy": (r"^kl/k3$", r"^kl/k1$", r"^clip/(low|high|region)$", r"^clip/cispo$", r"^entropy$", r"^loss$",
+               r"^policy/(approx_kl|ratio_max|ratio_min|ratio_abs_dev_mean|token_kl_max)$"),
+    "mismatch": (r"^mismatch/kl_k3$", r"^mismatch/abs_logp_diff$", r"^mismatch/delta_median$",
+                 r"^mismatch/constant_offset$", r"^rollout_is/raw/(mean|max|ess)$", r"^rollout_is/applied/(mean|max)$",
+                 r"^rollout_is/(truncated_fraction|zeroed_fraction)$", r"^rollout_is/veto/seq_fraction$",
+                 r"^rollout_is/modified/token_fraction$", r"^mismatch/chi2_token$"),
+    "rewards": (r"^reward/(mean|std|frac_zero_std)$", r"^advantage/frac_zero_groups$",
+                r"^completions/(length/mean|truncated_frac|clipped_frac)$", r"^diversity/(distinct_1|distinct_2|jaccard)$"),
+}
+
+
+def prioritised(page: str, cols: list[str]) -> list[str]:
+    pats = PAGE_PRIORITY.get(page, ())
+
+    def key(c: str) -> int:
+        return next((i for i, p in enumerate(pats) if re.search(p, c)), len(pats))
+
+    return sorted(cols, key=key)  # stable: catalogue order within each priority
 
 
 def _matches(column: str, pattern: str | None) -> bool:
@@ -174,7 +195,7 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
     if page in data.PAGE_FAMILIES:
         banded = {c for f in frames for c in f.columns if re.search(r"/p\d\d$", c)} if page == "rewards" else set()
         cols = [c for c in data.family_metrics(frames, data.PAGE_FAMILIES[page]) if c not in banded]
-        cols = [c for c in cols if _matches(c, pattern)]
+        cols = prioritised(page, [c for c in cols if _matches(c, pattern)])
         for col in cols[:MAX_GRAPHS]:
             g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline)
             if g is not None:

@@ -54,7 +54,7 @@ def _layout(title: str, height: int = 260, ytitle: str | None = None, **extra) -
         "title": {"text": title, "x": 0.01, "font": {"size": 13}},
         "height": height, "margin": {"l": 55, "r": 10, "t": 34, "b": 32},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 11, "color": "#2a3f5f"},
-        "hovermode": "x unified", "uirevision": "keep",
+        "hovermode": "x unified", "uirevision": "keep", "modebar": {"orientation": "v"},
         "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right", "font": {"size": 10}},
         "xaxis": _axis(), "yaxis": _axis(title={"text": ytitle} if ytitle else None),
         **extra,

@@ -90,7 +90,7 @@ def tokens_page(runs: RunSet) -> html.Div:
         ], className="controls"),
         html.Div(id="tok-summary", className="summary"),
         dash_table.DataTable(id="tok-table", data=[], columns=[], sort_action="native", page_action="native",
-                             page_size=15, **TABLE_STYLE),
+                             page_size=10, **TABLE_STYLE),
         html.H3("Completion"),
         html.Div([
             _labelled("sample", dcc.Input(id="tok-sample", type="number", step=1, debounce=True)),

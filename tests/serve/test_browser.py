@@ -24,9 +24,13 @@ CHROMEDRIVER = shutil.which("chromedriver")
 
 @pytest.fixture(scope="module")
 def server(runset):
+    import logging
+
     from werkzeug.serving import make_server
 
     from grpolens.serve.app import create_app
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
     app = create_app(runset)
     srv = make_server("127.0.0.1", 0, app.server, threaded=True)
@@ -107,7 +111,7 @@ def test_pages_load(server, browser):
         if page == "mismatch":
             wait(browser, lambda d: any(g.is_displayed() for g in css(d, "#mismatch-step .js-plotly-plot")),
                  what="IS weights of one step")
-            assert "log(train / rollout)" in css(browser, "#mismatch-step")[0].text
+            assert "δ = log π_train − log π_rollout" in css(browser, "#mismatch-step")[0].text
         shot(browser, page)
     assert not [e for e in css(browser, ".error") if e.is_displayed()]
     assert severe_logs(browser) == []
