@@ -183,7 +183,8 @@ def test_samples_rewards_text_and_nulls(tmp_path):
 
 
 def test_text_that_is_not_unicode_is_replaced_and_pandas_never_imported(tmp_path):
-    # A separate interpreter: pa.array() would import pandas (a second holding the GIL) on first use.
+    # A separate interpreter: pa.array() would import pandas (a second holding the GIL) on first use;
+    # and the writer must work without torch.
     code = f"""
 import sys
 from grpolens.writer import ShardWriter
@@ -192,6 +193,7 @@ with ShardWriter({str(tmp_path)!r}) as w:
                       "completion": ["ok \\ud800 \\u00e9", None], "reward": [0.5, None]}})
     w.add_tokens(0, 0, {{"sample_id": [1], "pos": [0], "logp": [-1.0], "advantage": [0.5], "mask": [True]}})
 assert "pandas" not in sys.modules, "pandas was imported"
+assert "torch" not in sys.modules, "the numpy writer imported torch"
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
