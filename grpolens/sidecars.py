@@ -154,7 +154,7 @@ PARTIAL_COLUMNS = ("seq_tokens", "health.masked", "kl.k3.sum", "kl.n", "kl.k3.ma
 def shard_partials(batch: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """The per-sequence partials of a batch: the engine's own when it kept them on the batch,
     else the needed producers run once here (same functions, same columns)."""
-    cached = batch.__dict__.get("_sequence_partials")
+    cached = batch.partials
     if cached is not None:
         return cached
     from grpolens.metrics.partials import PRODUCERS

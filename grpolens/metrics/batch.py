@@ -45,6 +45,9 @@ class TokenBatch:
     def __init__(self, cols: dict[str, np.ndarray], present: set[str]):
         self.cols = cols
         self.present = present
+        #: the per-sequence partial columns, once the engine has computed them for this batch
+        #: (visitors after it in the same pass reuse them instead of recomputing)
+        self.partials: dict[str, np.ndarray] | None = None
         self.n = len(cols["logp"])
         mb, sid = cols["micro_batch"], cols["sample_id"]
         rank, step = cols["rank"], cols["step"]

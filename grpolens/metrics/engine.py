@@ -64,6 +64,7 @@ class SequencePartials:
 
     def shard(self, batch: TokenBatch, shard: fmt.Shard) -> tuple[pl.DataFrame, set[str]]:
         cols = sequence_partials(batch, self.cfg)
+        batch.partials = cols
         return pl.DataFrame(cols), set(batch.present)
 
     def combine(self, step: int, pieces: list[tuple[pl.DataFrame, set[str]]]) -> tuple[pl.DataFrame, set[str]]:
