@@ -248,6 +248,10 @@ class GRPOLensHook:
         if sample_ids_t.dim() != 1:
             raise ValueError("log_loss_call: sample_ids must be 1-D (one id per sequence), "
                              f"got shape {tuple(sample_ids_t.shape)}")
+        if sample_ids_t.dtype.is_floating_point or sample_ids_t.dtype.is_complex or sample_ids_t.dtype == torch.bool:
+            raise ValueError(f"log_loss_call: sample_ids must be integers, got {sample_ids_t.dtype}")
+        if not logp.dtype.is_floating_point:
+            raise ValueError(f"log_loss_call: logp must be a floating-point tensor, got {logp.dtype}")
         n_seq = sample_ids_t.shape[0]
         packed = cu_seqlens is not None or position_ids is not None
         shape = tuple(logp.shape)

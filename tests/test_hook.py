@@ -235,6 +235,8 @@ def test_micro_batch_counter_per_step(tmp_path):
     ({"mask": torch.ones(2, 5, dtype=torch.bool)}, r"mask must have the shape of logp \(2, 4\)"),
     ({"advantages": torch.zeros(3)}, r"advantages must be \(2,\) per sequence or \(2, 4\) per token"),
     ({"sample_ids": torch.zeros(2, 1)}, "sample_ids must be 1-D"),
+    ({"sample_ids": torch.tensor([0.5, 1.5])}, "sample_ids must be integers, got torch.float32"),
+    ({"logp": torch.zeros(2, 4, dtype=torch.long)}, "logp must be a floating-point tensor"),
     ({"cu_seqlens": [0, 4, 8], "position_ids": torch.arange(8)}, "cu_seqlens or position_ids, not both"),
     ({"logp": torch.zeros(8), "mask": None, "cu_seqlens": [0, 4]}, r"cu_seqlens must be \(3,\)"),
     ({"logp": torch.zeros(8), "mask": None, "cu_seqlens": [0, 5, 4]}, "cu_seqlens must start at 0, never decrease"),
