@@ -86,12 +86,14 @@ def test_captured_logps_equal_a_plain_forward_pass(trl_run):
     """At step 1 (no optimizer step yet) the current, old and reference log-probs and the entropy
     that entered TRL's loss equal log_softmax(logits / T) of the saved initial model."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from tests.integration.trl_tiny import build_tokenizer
 
     out = trl_run("dr_grpo")  # temperature 0.7: every log-prob is of logits / T
     tokens, samples = _tables(out / "run")
     model = AutoModelForCausalLM.from_pretrained(out / "model").eval()
-    tok = AutoTokenizer.from_pretrained(out / "model")
+    tok = build_tokenizer()
     temp = json.loads((out / "run" / "grpolens.json").read_text())["config"]["temperature"]
     assert temp == 0.7
     step1 = tokens.filter(pl.col("step") == 1).sort("sample_id", "pos")

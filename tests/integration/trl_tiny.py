@@ -167,6 +167,7 @@ def parse(argv=None):
     p.add_argument("--is-clip-max", type=float, default=3.0)
     p.add_argument("--no-grpolens", action="store_true", help="plain GRPOTrainer (for the no-change check)")
     p.add_argument("--no-text", action="store_true")
+    p.add_argument("--run-name", default=None, help="the run's name in its manifest (default: the directory's)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -185,17 +186,14 @@ def main(argv=None) -> None:
     out = Path(a.out)
     rank = int(os.environ.get("RANK", "0"))
     model_dir = out / "model"
+    # Built in memory on every rank (BPE training is deterministic): transformers' AutoTokenizer
+    # would reload it with another pre-tokenizer and decoder.
+    tokenizer = build_tokenizer()
     if rank == 0:
-        tokenizer = build_tokenizer()
         build_model(tokenizer, a.seed).save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # the others wait for rank 0's files
-        while not (model_dir / "tokenizer_config.json").exists() or not (model_dir / "model.safetensors").exists():
-            time.sleep(0.05)
-        time.sleep(0.2)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        (model_dir / "ready").write_text("")
+    while not (model_dir / "ready").exists():  # the other ranks wait for rank 0's weights
+        time.sleep(0.05)
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
     rewards = [count_a, brevity] + ([sometimes_none] if a.nan_reward else [])
 
@@ -229,7 +227,8 @@ def main(argv=None) -> None:
     if a.no_grpolens:
         trainer = GRPOTrainer(**kwargs)
     else:
-        trainer = GRPOLensTrainer(**kwargs, grpolens_dir=out / "run", grpolens_text=not a.no_text)
+        trainer = GRPOLensTrainer(**kwargs, grpolens_dir=out / "run", grpolens_text=not a.no_text,
+                                  grpolens_run_name=a.run_name)
     if a.simulate_vllm_is:  # drive TRL's vLLM IS branch with the simulated engine (a test hack, not a recipe)
         from types import SimpleNamespace
 
