@@ -307,8 +307,9 @@ def step_bounds(frames: list[pl.DataFrame]) -> tuple[int, int]:
 
 
 def compare(a: pl.DataFrame, b: pl.DataFrame, lo: int | None = None, hi: int | None = None) -> pl.DataFrame:
-    """Per metric over the common steps in [lo, hi]: mean of A, mean of B, mean and max |B - A|
-    and the step of the largest difference. Metrics null in both runs are left out."""
+    """Per metric over the common steps in [lo, hi]: mean of A, mean of B, the mean of B - A (and
+    relative to the larger mean), max |B - A| and its step; largest relative difference first.
+    Metrics without a finite value in both runs at a common step are left out."""
     common = [c for c in a.columns if c != "step" and c in b.columns
               and a[c].dtype.is_numeric() and b[c].dtype.is_numeric()]
     j = a.select("step", *common).join(b.select("step", *common), on="step", how="inner", suffix="__b")
@@ -326,11 +327,15 @@ def compare(a: pl.DataFrame, b: pl.DataFrame, lo: int | None = None, hi: int | N
             continue
         d = vb[ok] - va[ok]
         k = int(np.argmax(np.abs(d)))
-        rows.append({"metric": c, "steps": int(ok.sum()), "mean_a": float(va[ok].mean()), "mean_b": float(vb[ok].mean()),
-                     "mean_delta": float(d.mean()), "max_abs_delta": float(abs(d[k])), "at_step": int(steps[ok][k])})
+        ma, mb = float(va[ok].mean()), float(vb[ok].mean())
+        scale = max(abs(ma), abs(mb))
+        rows.append({"metric": c, "steps": int(ok.sum()), "mean_a": ma, "mean_b": mb, "mean_delta": float(d.mean()),
+                     "rel_delta": float(d.mean()) / scale if scale > 0 else 0.0,
+                     "max_abs_delta": float(abs(d[k])), "at_step": int(steps[ok][k])})
     schema = {"metric": pl.String, "steps": pl.Int64, "mean_a": pl.Float64, "mean_b": pl.Float64,
-              "mean_delta": pl.Float64, "max_abs_delta": pl.Float64, "at_step": pl.Int64}
-    return pl.DataFrame(rows, schema=schema)
+              "mean_delta": pl.Float64, "rel_delta": pl.Float64, "max_abs_delta": pl.Float64, "at_step": pl.Int64}
+    # the metrics that differ most (relative to their size) first
+    return pl.DataFrame(rows, schema=schema).sort(pl.col("rel_delta").abs(), descending=True, maintain_order=True)
 
 
 def delta_curve(a: pl.DataFrame, b: pl.DataFrame, column: str, lo=None, hi=None, max_points=CURVE_POINTS):

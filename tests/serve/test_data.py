@@ -178,6 +178,9 @@ def test_compare_against_numpy(serve_runs):
     assert cmp["mean_delta"] == pytest.approx(d.mean())
     assert cmp["max_abs_delta"] == pytest.approx(np.abs(d).max())
     assert cmp["at_step"] == 2 + int(np.argmax(np.abs(d)))
+    assert cmp["rel_delta"] == pytest.approx(d.mean() / max(abs(ya.mean()), abs(yb.mean())))
+    rel = data.compare(a, b)["rel_delta"].abs().to_numpy()
+    assert np.all(np.diff(rel) <= 0)
     dc = data.delta_curve(a, b, "entropy")
     np.testing.assert_allclose(dc["y"], b["entropy"].to_numpy() - a["entropy"].to_numpy())
 
