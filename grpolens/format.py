@@ -205,7 +205,8 @@ def derived_dir(run: os.PathLike | str) -> Path:
 # Atomic writes
 # ---------------------------------------------------------------------------------------------
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: some filesystems refuse directory fsync)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -218,11 +219,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _umask_mode() -> int:
-    # mkstemp creates files 0600; give them the mode an ordinary open() would (0666 & ~umask)
+def _read_umask() -> int:
+    # os.umask can only be read by setting it; do it once, at import, before any writer thread
+    # exists (doing it per write raced between writer threads and could leave files 0666)
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_read_umask()  # what an ordinary open() would give; mkstemp gives 0600
+
+
+def _umask_mode() -> int:
+    return _FILE_MODE
 
 
 #: Columns worth dictionary-encoding: few distinct values per file. Dictionary-encoding random
@@ -248,7 +257,7 @@ def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_table(path: os.PathLike | str, table: pa.Table, compression: str = "zstd") -> None:
@@ -272,7 +281,7 @@ def atomic_write_table(path: os.PathLike | str, table: pa.Table, compression: st
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -502,7 +502,7 @@ class ShardWriter:
         if zero.exists():
             raise FileExistsError(f"{lone} and {zero} both exist; a step has one unsuffixed file or only parts")
         os.rename(lone, zero)
-        fmt._fsync_dir(lone.parent)
+        fmt.fsync_dir(lone.parent)
 
     def _first_free_part(self, table: str, step: int) -> int:
         """Part number after the highest this rank already has on disk for the step (0 if none)."""
