@@ -103,11 +103,11 @@ def run_config(trainer: GRPOTrainer) -> dict[str, Any]:
                       "vllm_importance_sampling_clip_max": trainer.vllm_importance_sampling_clip_max}
     cfg: dict[str, Any] = {
         "loss_type": a.loss_type,
-        "epsilon": float(trainer.epsilon_low),
-        "epsilon_high": float(trainer.epsilon_high),
-        "delta": a.delta,
+        "epsilon": float(getattr(trainer, "epsilon_low", a.epsilon)),
+        "epsilon_high": float(getattr(trainer, "epsilon_high", None) or a.epsilon),
+        "delta": getattr(a, "delta", None),
         "beta": float(a.beta),
-        "importance_sampling_level": a.importance_sampling_level,
+        "importance_sampling_level": getattr(a, "importance_sampling_level", "token"),
         "temperature": float(a.temperature),
         "max_completion_length": a.max_completion_length,
         "num_generations": a.num_generations,
@@ -124,9 +124,9 @@ def run_config(trainer: GRPOTrainer) -> dict[str, Any]:
         "rollout_is": rollout_is,
         # TRL settings outside CONFIG_DEFAULTS that change what TRL logs
         "reward_funcs": names,
-        "mask_truncated_completions": bool(a.mask_truncated_completions),
-        "top_entropy_quantile": float(a.top_entropy_quantile),
-        "off_policy_mask_threshold": a.off_policy_mask_threshold,
+        "mask_truncated_completions": bool(getattr(a, "mask_truncated_completions", False)),
+        "top_entropy_quantile": float(getattr(a, "top_entropy_quantile", 1.0)),
+        "off_policy_mask_threshold": getattr(a, "off_policy_mask_threshold", None),
         "multi_objective_aggregation": getattr(a, "multi_objective_aggregation", "sum_then_normalize"),
         "per_device_train_batch_size": a.per_device_train_batch_size,
         "num_processes": trainer.accelerator.num_processes,
@@ -238,6 +238,15 @@ class GRPOLensMixin:
     def _grpolens_step(self) -> int:
         return int(self.state.global_step) + 1
 
+    def _grpolens_stop_ids(self) -> set[int]:
+        """EOS ids and pad id, as TRL's truncation test uses them (``eos_token_ids`` since 1.10, the
+        tokenizer's EOS before)."""
+        tok = getattr(self, "_tokenizer", None) or getattr(self.processing_class, "tokenizer", self.processing_class)
+        eos = getattr(self, "eos_token_ids", None)
+        if eos is None:
+            eos = [tok.eos_token_id]
+        return {int(e) for e in eos if e is not None} | ({int(tok.pad_token_id)} if tok.pad_token_id is not None else set())
+
     # -- generation side -------------------------------------------------------------------------
     def _generate(self, prompts):
         out = super()._generate(prompts)
@@ -275,7 +284,7 @@ class GRPOLensMixin:
         # TRL's own definitions (GRPOTrainer._generate): model tokens only, truncated = no EOS/pad at the end
         lengths = [len(ids) for ids in completion_ids]
         model_tokens = [int(sum(m)) for m in tool_mask] if tool_mask is not None else lengths
-        stop = set(self.eos_token_ids) | {self._tokenizer.pad_token_id}
+        stop = self._grpolens_stop_ids()
         truncated = [len(ids) > 0 and ids[-1] not in stop for ids in completion_ids]
 
         rewards = reward = None
