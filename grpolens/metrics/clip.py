@@ -29,7 +29,8 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import coef_log, is_level, log_ratio, ratio_valid
+from grpolens.metrics.policy import (adv_masked, adv_valid, coef, count, is_level, ratio, ratio_valid,
+                                     seq_log_ratio)
 from grpolens.metrics.registry import Metric, register
 
 #: Loss types whose loss clips the ratio PPO-style (TRL logs ``clip_ratio/*`` for these).
@@ -43,57 +44,55 @@ _MERGE = {
 }
 
 
-def _gated(c: np.ndarray, adv: np.ndarray, cfg: dict) -> dict[str, np.ndarray]:
-    """The clip indicators for weights ``c`` (tokens or sequences) and advantages ``adv``."""
+def _gated(c: np.ndarray, adv: np.ndarray, cfg: dict, reduce_to) -> dict[str, np.ndarray]:
+    """The clip indicators for weights ``c`` and advantages ``adv`` (per token or per sequence),
+    each passed through ``reduce_to`` (per-sequence counts, or a float cast at sequence level)."""
     lo, hi = 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"]
     lt = cfg["loss_type"]
-    zero = np.zeros(len(c), dtype=bool)
+    out = {}
     if lt in PPO_CLIP_LOSSES:
         ct = c if cfg.get("delta") is None else np.minimum(c, cfg["delta"])
-        low, high = (ct < lo) & (adv < 0), (ct > hi) & (adv > 0)
-    else:
-        low = high = zero
-    cispo = (c > cfg["epsilon_high"]) & (adv > 0) if lt == "cispo" else zero
-    return {"low": low, "high": high, "region": low | high, "cispo": cispo}
+        out["low"], out["high"] = reduce_to((ct < lo) & (adv < 0)), reduce_to((ct > hi) & (adv > 0))
+        out["region"] = out["low"] + out["high"]  # disjoint: opposite advantage signs
+    if lt == "cispo":
+        out["cispo"] = reduce_to((c > cfg["epsilon_high"]) & (adv > 0))
+    return out
 
 
 @producer("clip", merge=_MERGE)
 def _clip(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    adv = b.adv
-    v = ratio_valid(b) & np.isfinite(adv)
-    out: dict[str, np.ndarray] = {"clip.n": b.count(v)}
-    # unconditional: the raw token ratio, no advantage gate, no delta
-    with np.errstate(over="ignore"):
-        r = np.exp(log_ratio(b))
-    below = v & (r < 1.0 - cfg["epsilon"])
-    above = v & (r > 1.0 + cfg["epsilon_high"])
-    out["clip.below"], out["clip.above"], out["clip.outside"] = b.count(below), b.count(above), b.count(below | above)
-
+    # unconditional: the raw token ratio, no advantage gate, no delta. r = 1 where the ratio is
+    # undefined, which is never outside [1 - eps, 1 + eps_high] (eps >= 0): no masking needed.
+    r = ratio(b)
+    below, above = b.count(r < 1.0 - cfg["epsilon"]), b.count(r > 1.0 + cfg["epsilon_high"])
+    out: dict[str, np.ndarray] = {
+        "clip.n": count(b, "ratio_valid", ratio_valid),
+        "clip.below": below, "clip.above": above, "clip.outside": below + above,  # disjoint
+    }
     if cfg["loss_type"] not in (*PPO_CLIP_LOSSES, "cispo"):
         z = np.zeros(b.n_seq)
         out.update({f"clip.{g}.{p}": z for g in ("g", "gt") for p in ("n", *_PARTS)})
         return out
+    n = count(b, "adv_valid", adv_valid)
+    adv = adv_masked(b)  # 0 off the valid tokens, so the sign tests below also mask
     if is_level(cfg) == "sequence":
         # one weight per sequence; Ā = mean advantage of its valid tokens (its own advantage if none)
-        n = b.count(v)
         with np.errstate(invalid="ignore"):
-            abar = np.where(n > 0, b.masked_sum(adv, v) / np.maximum(n, 1.0), b.seq_first(adv))
+            abar = np.where(n > 0, b.seq_sum(adv) / np.maximum(n, 1.0), b.seq_first(b.adv))
         with np.errstate(over="ignore"):
-            s = np.exp(coef_log(b, cfg)[b.starts]) if b.n_seq else np.zeros(0)
-        ind = _gated(s, abar, cfg)
+            s = np.exp(seq_log_ratio(b))
         has = (n > 0).astype(np.float64)
-        out["clip.g.n"] = has
-        out["clip.gt.n"] = np.ones(b.n_seq)
-        for p, x in ind.items():
-            out[f"clip.g.{p}"] = x * has
-            out[f"clip.gt.{p}"] = x.astype(np.float64)
-        return out
-    with np.errstate(over="ignore"):
-        c = np.exp(coef_log(b, cfg))
-    ind = _gated(c, adv, cfg)
-    out["clip.g.n"] = out["clip.gt.n"] = out["clip.n"]
-    for p, x in ind.items():
-        out[f"clip.g.{p}"] = out[f"clip.gt.{p}"] = b.count(x & v)
+        out["clip.g.n"], out["clip.gt.n"] = has, np.ones(b.n_seq)
+        for p, x in _gated(s, abar, cfg, lambda m: m.astype(np.float64)).items():
+            out[f"clip.g.{p}"], out[f"clip.gt.{p}"] = x * has, x
+    else:
+        out["clip.g.n"] = out["clip.gt.n"] = n
+        for p, x in _gated(coef(b, cfg), adv, cfg, b.count).items():
+            out[f"clip.g.{p}"] = out[f"clip.gt.{p}"] = x
+    z = np.zeros(b.n_seq)
+    for p in _PARTS:  # the parts this loss type has no clip for
+        out.setdefault(f"clip.g.{p}", z)
+        out.setdefault(f"clip.gt.{p}", z)
     return out
 
 
@@ -181,20 +180,20 @@ register(Metric(
 ))
 register(Metric(
     "clip/ratio_below", _FAM,
-    "Fraction of valid tokens whose ratio e^d < 1 − epsilon, whatever the advantage (no delta). "
+    "Fraction of tokens with a defined ratio whose e^d < 1 − epsilon, whatever the advantage (no delta). "
     "Twinkle's CISPOMetric `clip_ratio_low`; xtuner's `clip_frac_low` (0.0 when no token is valid).",
     kind="custom", fn=_unconditional("clip.below"), config=("epsilon",),
     names={"twinkle": "train/clip_ratio_low", "xtuner": "reduced_train_policy_clip_frac_low"},
 ))
 register(Metric(
     "clip/ratio_above", _FAM,
-    "Fraction of valid tokens whose ratio e^d > 1 + epsilon_high, whatever the advantage.",
+    "Fraction of tokens with a defined ratio whose e^d > 1 + epsilon_high, whatever the advantage.",
     kind="custom", fn=_unconditional("clip.above"), config=("epsilon_high",),
     names={"twinkle": "train/clip_ratio_high", "xtuner": "reduced_train_policy_clip_frac_high"},
 ))
 register(Metric(
     "clip/ratio_outside", _FAM,
-    "Fraction of valid tokens whose ratio lies outside [1 − epsilon, 1 + epsilon_high].",
+    "Fraction of tokens with a defined ratio whose e^d lies outside [1 − epsilon, 1 + epsilon_high].",
     kind="custom", fn=_unconditional("clip.outside"), config=("epsilon", "epsilon_high"),
     names={"twinkle": "train/clip_ratio"},
 ))

@@ -23,7 +23,7 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import coef_log, is_level, k3_of, log_ratio, ratio_valid
+from grpolens.metrics.policy import coef, is_level, k3_of, memo, ratio_valid, seq_max_of_nonneg
 from grpolens.metrics.registry import Metric, register
 
 #: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.
@@ -42,34 +42,53 @@ _MERGE = {
 }
 
 
+def kl_valid(b: TokenBatch) -> np.ndarray:
+    """Masked tokens with finite logp and ref_logp."""
+    return memo(b, "kl_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.cols["ref_logp"]))
+
+
+def kl_x(b: TokenBatch) -> np.ndarray:
+    """x = ref_logp − logp on :func:`kl_valid` tokens, 0 elsewhere."""
+    def make():
+        with np.errstate(invalid="ignore"):
+            return np.where(kl_valid(b), b.cols["ref_logp"] - b.logp, 0.0)
+    return memo(b, "kl_x", make)
+
+
+def kl_k3(b: TokenBatch) -> np.ndarray:
+    """Per-token k3 = e^x − x − 1 (0 off the valid tokens)."""
+    return memo(b, "kl_k3", lambda: k3_of(kl_x(b)))
+
+
 @producer("kl", merge=_MERGE, requires=("ref_logp",))
 def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    lp, ref = b.logp, b.cols["ref_logp"]
-    v = b.mask & np.isfinite(lp) & np.isfinite(ref)
-    with np.errstate(invalid="ignore"):
-        x = np.where(v, ref - lp, 0.0)
-    k3 = k3_of(x)
+    v = kl_valid(b)
+    n = b.count(v)
+    x = kl_x(b)  # 0 off the valid tokens: every estimator below vanishes there, no further masking
+    k3 = kl_k3(b)
+    k3_sum = b.seq_sum(k3)
     # MaxEnt's ±60 clamp changes nothing unless some |x| exceeds it: skip the second exp then
-    k3m = k3_of(np.clip(x, -MAXENT_CLAMP, MAXENT_CLAMP)) if np.any(np.abs(x) > MAXENT_CLAMP) else k3
-    # bias correction: × π_θ/π_old per token, or × the sequence ratio at sequence levels
-    if is_level(cfg) == "token":
-        vc = v & ratio_valid(b)
-        factor_log = log_ratio(b)
-    else:
-        vc = v
-        factor_log = coef_log(b, cfg)
+    big = b.n_seq and (x.max() > MAXENT_CLAMP or x.min() < -MAXENT_CLAMP)
+    k3m_sum = b.seq_sum(k3_of(np.clip(x, -MAXENT_CLAMP, MAXENT_CLAMP))) if big else k3_sum
+    # bias correction: × π_θ/π_old per token (tokens whose ratio is defined), or × the sequence ratio
     with np.errstate(over="ignore", invalid="ignore"):
-        k3c = k3 * np.exp(factor_log)
+        k3c = k3 * coef(b, cfg)
+    if is_level(cfg) == "token":
+        nc = b.count(v & ratio_valid(b))
+        if not np.array_equal(nc, n):  # some k3 token lacks a ratio: leave it out
+            k3c = np.where(ratio_valid(b), k3c, 0.0)
+    else:
+        nc = n
     return {
-        "kl.n": b.count(v),
+        "kl.n": n,
         "kl.masked": b.count(b.mask),
-        "kl.k1.sum": b.masked_sum(-x, v),
-        "kl.k2.sum": b.masked_sum(0.5 * x * x, v),
-        "kl.k3.sum": b.masked_sum(k3, v),
-        "kl.k3.max": b.seq_max(k3, v),
-        "kl.k3_c60.sum": b.masked_sum(k3m, v),
-        "kl.k3c.sum": b.masked_sum(k3c, vc),
-        "kl.k3c.n": b.count(vc),
+        "kl.k1.sum": -b.seq_sum(x),
+        "kl.k2.sum": b.seq_sum(0.5 * x * x),
+        "kl.k3.sum": k3_sum,
+        "kl.k3.max": seq_max_of_nonneg(b, k3, n),
+        "kl.k3_c60.sum": k3m_sum,
+        "kl.k3c.sum": b.seq_sum(k3c),
+        "kl.k3c.n": nc,
     }
 
 

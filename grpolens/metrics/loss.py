@@ -38,7 +38,8 @@ import numpy as np
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.clip import PPO_CLIP_LOSSES
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import coef_log, k3_of, ratio_valid
+from grpolens.metrics.kl import kl_k3, kl_valid
+from grpolens.metrics.policy import adv_masked, adv_valid, coef
 from grpolens.metrics.registry import Metric, register
 
 #: Loss types that average each sequence's tokens first, then the sequences.
@@ -56,13 +57,13 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
     """(L, valid): the variant's per-token loss (0 off the valid tokens) and the valid mask."""
     beta = cfg.get("beta", 0.0)
     with_kl = beta != 0.0 and b.has("ref_logp")
-    v = ratio_valid(b) & np.isfinite(b.adv)
+    v = adv_valid(b)
     if with_kl:
-        v = v & np.isfinite(b.cols["ref_logp"])
+        v = v & kl_valid(b)
     lt = cfg["loss_type"]
-    a = np.where(v, b.adv, 0.0)
+    a = adv_masked(b)  # 0 off the valid tokens: every policy term below vanishes there
+    c = coef(b, cfg, cfg.get("log_ratio_clamp"))
     with np.errstate(over="ignore", invalid="ignore"):
-        c = np.exp(coef_log(b, cfg, cfg.get("log_ratio_clamp")))
         if lt in PPO_CLIP_LOSSES:
             c1 = c if cfg.get("delta") is None else np.minimum(c, cfg["delta"])
             c2 = np.clip(c, 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"])
@@ -75,11 +76,12 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
         else:  # config.check_config only lets known loss types through
             raise ValueError(f"loss_type {lt!r} has no loss formula")
         if with_kl:
-            k = k3_of(np.where(v, b.cols["ref_logp"] - b.logp, 0.0))
+            k = kl_k3(b)
             if cfg.get("use_bias_correction_kl"):
                 k = k * c
             L = L + beta * k
-    return np.where(v, L, 0.0), v
+            L = np.where(v, L, 0.0)  # a k3 token whose ratio or advantage is undefined
+    return L, v
 
 
 @producer("loss", merge={"loss.sum": "sum", "loss.n": "sum"})

@@ -38,7 +38,8 @@ XTUNER_CLAMP = 20.0
 # ---------------------------------------------------------------------------------------------
 
 def memo(b: TokenBatch, key: str, fn):
-    """Compute ``fn()`` once per batch (several families need the same per-token arrays)."""
+    """Compute ``fn()`` once per batch: the policy, clip, kl and loss producers share per-token
+    arrays (the valid masks, d, e^d), and each full-length pass costs about as much as the read."""
     store = b.__dict__.setdefault("_grpolens_memo", {})
     if key not in store:
         store[key] = fn()
@@ -48,6 +49,21 @@ def memo(b: TokenBatch, key: str, fn):
 def ratio_valid(b: TokenBatch) -> np.ndarray:
     """Masked tokens whose current and old log-probs are finite (the ratio is defined)."""
     return memo(b, "ratio_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.old))
+
+
+def adv_valid(b: TokenBatch) -> np.ndarray:
+    """Ratio-valid tokens whose advantage is finite too (what clip gates and the loss use)."""
+    return memo(b, "adv_valid", lambda: ratio_valid(b) & np.isfinite(b.adv))
+
+
+def adv_masked(b: TokenBatch) -> np.ndarray:
+    """The advantage on :func:`adv_valid` tokens, 0 elsewhere (so ``A < 0`` / ``A > 0`` also mask)."""
+    return memo(b, "adv_masked", lambda: np.where(adv_valid(b), b.adv, 0.0))
+
+
+def count(b: TokenBatch, key: str, valid) -> np.ndarray:
+    """Per-sequence count of a shared mask (``valid`` is the function that makes it)."""
+    return memo(b, f"count:{key}", lambda: b.count(valid(b)))
 
 
 def is_level(cfg: dict) -> str:
@@ -62,17 +78,25 @@ def is_level(cfg: dict) -> str:
 def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
     """d per token, 0 where the ratio is undefined; clipped to ±clamp when given."""
     def make():
+        if clamp is not None:
+            return np.clip(log_ratio(b), -clamp, clamp)
         with np.errstate(invalid="ignore"):
-            d = np.where(ratio_valid(b), b.log_ratio, 0.0)
-        return d if clamp is None else np.clip(d, -clamp, clamp)
+            return np.where(ratio_valid(b), b.log_ratio, 0.0)
     return memo(b, f"log_ratio:{clamp}", make)
+
+
+def ratio(b: TokenBatch) -> np.ndarray:
+    """e^d per token (1 where the ratio is undefined)."""
+    def make():
+        with np.errstate(over="ignore"):
+            return np.exp(log_ratio(b))
+    return memo(b, "ratio", make)
 
 
 def seq_log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
     """Per sequence Σ_t d·v / max(Σ_t v, 1): the log of GSPO's sequence ratio (0 when no token)."""
     def make():
-        v = ratio_valid(b)
-        return b.seq_sum(log_ratio(b, clamp)) / np.maximum(b.count(v), 1.0)
+        return b.seq_sum(log_ratio(b, clamp)) / np.maximum(count(b, "ratio_valid", ratio_valid), 1.0)
     return memo(b, f"seq_log_ratio:{clamp}", make)
 
 
@@ -84,10 +108,29 @@ def coef_log(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray
     return memo(b, f"coef_log_seq:{clamp}", lambda: b.broadcast(seq_log_ratio(b, clamp)))
 
 
+def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
+    """The importance weight c = exp(:func:`coef_log`) per token."""
+    if is_level(cfg) == "token" and clamp is None:
+        return ratio(b)
+
+    def make():
+        with np.errstate(over="ignore"):
+            return np.exp(coef_log(b, cfg, clamp))
+    return memo(b, f"coef:{is_level(cfg) == 'token'}:{clamp}", make)
+
+
 def k3_of(x: np.ndarray) -> np.ndarray:
     """e^x − x − 1 (Schulman's K3), accurate for small x."""
     with np.errstate(over="ignore", invalid="ignore"):
         return np.expm1(x) - x
+
+
+def seq_max_of_nonneg(b: TokenBatch, x: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Per-sequence max of ``x`` that is >= 0 on valid tokens and 0 elsewhere; -inf without a
+    valid token (what :meth:`TokenBatch.seq_max` gives, one pass cheaper)."""
+    if b.n_seq == 0:
+        return np.zeros(0)
+    return np.where(n > 0, np.maximum.reduceat(x, b.starts), -np.inf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,21 +150,30 @@ def _policy(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     lp = b.logp
     vnew = b.mask & np.isfinite(lp)
     v = ratio_valid(b)
-    d = log_ratio(b)
-    dc = log_ratio(b, XTUNER_CLAMP)
-    k3 = k3_of(d)
+    n = count(b, "ratio_valid", ratio_valid)
+    d = log_ratio(b)  # 0 off the valid tokens, so sums of functions of d that vanish at 0 need no mask
+    with np.errstate(over="ignore", invalid="ignore"):
+        rm1 = np.expm1(d)  # r - 1
+        k3 = rm1 - d
+    dmax, dmin = b.seq_max(d, v), b.seq_min(d, v)
+    if b.n_seq and (dmax.max() > XTUNER_CLAMP or dmin.min() < -XTUNER_CLAMP):
+        dc = log_ratio(b, XTUNER_CLAMP)
+        k3c_sum, absdev = b.seq_sum(k3_of(dc)), np.abs(np.expm1(dc))
+    else:
+        k3c_sum, absdev = None, np.abs(rm1)
+    k3_sum = b.seq_sum(k3)
     return {
         "policy.new.sum": b.masked_sum(lp, vnew),
         "policy.new.n": b.count(vnew),
-        "policy.n": b.count(v),
+        "policy.n": n,
         "policy.old.sum": b.masked_sum(b.old, v),
         "policy.d.sum": b.seq_sum(d),
-        "policy.k3.sum": b.masked_sum(k3, v),
-        "policy.k3_c20.sum": b.masked_sum(k3_of(dc), v),
-        "policy.absdev_c20.sum": b.masked_sum(np.abs(np.expm1(dc)), v),
-        "policy.k3.max": b.seq_max(k3, v),
-        "policy.d.max": b.seq_max(d, v),
-        "policy.d.min": b.seq_min(d, v),
+        "policy.k3.sum": k3_sum,
+        "policy.k3_c20.sum": k3_sum if k3c_sum is None else k3c_sum,
+        "policy.absdev_c20.sum": b.seq_sum(absdev),
+        "policy.k3.max": seq_max_of_nonneg(b, k3, n),
+        "policy.d.max": dmax,
+        "policy.d.min": dmin,
     }
 
 

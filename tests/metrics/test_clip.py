@@ -161,6 +161,7 @@ def test_sequence_level(tmp_path, cfg, nonfinite):
 def test_cispo_and_unconditional(tmp_path, nonfinite):
     rng = np.random.default_rng(14)
     calls = random_calls(rng, nonfinite=nonfinite, spread=0.8, batch=6, max_len=16)
+    calls[1].advantages[0] = np.nan  # out of cispo_clip_ratio, still in the unconditional rates
     cfg = {"loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 1.5}
     run = write_run(tmp_path / "run", calls, config=cfg)
     got, trl, tw, xt = (grpolens.recompute(run, profile=p, write=False) for p in ("grpolens", "trl", "twinkle", "xtuner"))
@@ -181,8 +182,8 @@ def test_cispo_and_unconditional(tmp_path, nonfinite):
         row = _row(got, step)
         assert approx(row["clip/cispo"], pooled(calls, step, cispo, _v))
         assert approx(_row(trl, step)["cispo_clip_ratio"], trl_slot_mean(calls, step, cispo, _v))
-        assert approx(row["clip/ratio_below"], pooled(calls, step, below, _v))
-        assert approx(row["clip/ratio_above"], pooled(calls, step, above, _v))
+        assert approx(row["clip/ratio_below"], pooled(calls, step, below, _rv))
+        assert approx(row["clip/ratio_above"], pooled(calls, step, above, _rv))
         assert approx(row["clip/ratio_outside"], row["clip/ratio_below"] + row["clip/ratio_above"])
         # Twinkle's CISPOMetric and xtuner's clip_frac_*: the unconditional rates
         assert approx(_row(tw, step)["train/clip_ratio_low"], row["clip/ratio_below"])
@@ -245,3 +246,23 @@ def test_clip_hand_worked(tmp_path):
     assert got["clip/low_min"] == 0.0 and got["clip/high_max"] == pytest.approx(0.5)
     gs = _row(grpolens.recompute(write_run(tmp_path / "gspo", [c], config={"loss_type": "gspo"}), write=False), 0)
     assert (gs["clip/low"], gs["clip/high"], gs["clip/region"]) == pytest.approx((0.5, 0.5, 1.0))
+
+
+def test_sequence_token_level(tmp_path):
+    # GSPO-token: the sequence ratio on every token, counted per token
+    rng = np.random.default_rng(17)
+    calls = random_calls(rng, spread=0.4, batch=6, max_len=16, nonfinite=0.05)
+    cfg = {"loss_type": "grpo", "importance_sampling_level": "sequence_token", "epsilon": 0.05, "delta": 1.08}
+    got = grpolens.recompute(write_run(tmp_path / "run", calls, config=cfg), write=False)
+
+    def part(k):
+        def fn(c):
+            s = np.minimum(_seq_s(c), 1.08)[:, None]
+            A = c.adv_tok
+            return ((s < 0.95) & (A < 0)).astype(float) if k == "low" else ((s > 1.05) & (A > 0)).astype(float)
+        return fn
+
+    for step in (0, 1):
+        assert approx(_row(got, step)["clip/low"], pooled(calls, step, part("low"), _v))
+        assert approx(_row(got, step)["clip/high"], pooled(calls, step, part("high"), _v))
+    assert got["clip/high"].max() > 0

@@ -115,6 +115,7 @@ CASES = [
     {"loss_type": "luspo", "importance_sampling_level": "sequence"},
     {"loss_type": "luspo", "beta": 0.04},
     {"loss_type": "grpo", "log_ratio_clamp": 0.3, "importance_sampling_level": "sequence"},
+    {"loss_type": "dapo", "importance_sampling_level": "sequence_token", "delta": 1.2},
 ]
 
 
