@@ -446,24 +446,23 @@ TOP_COLUMNS = ("score", "sample_id", "rank", "micro_batch", "pos", "token_id", "
 
 
 def _precomputed_top(run: Path, step: int, by: str, k: int) -> pl.DataFrame | None:
+    """This step's rows of ``top_tokens.parquet`` for score ``by`` (a filtered scan: the file
+    holds every step), or None when it has fewer than ``k`` of them."""
     p = top_tokens_file(run)
     if not p.is_file():
         return None
 
-    def make():
+    def make() -> pl.DataFrame | None:
         try:
-            return pl.read_parquet(p)
-        except Exception:  # noqa: BLE001 - fall back to on-the-fly ranking
+            lf = pl.scan_parquet(p)
+            if not {"step", "by", "score"} <= set(lf.collect_schema().names()):
+                return None
+            return lf.filter((pl.col("step") == step) & (pl.col("by") == by)).collect()
+        except Exception:  # noqa: BLE001 - fall back to ranking the step's tokens here
             return None
 
-    tab = _RUN_MEMO.get(("top", str(run), _stat(p)), make)
-    if tab is None or "step" not in tab.columns:
-        return None
-    by_col = next((c for c in ("by", "score_name", "kind") if c in tab.columns), None)
-    if by_col is None or "score" not in tab.columns:
-        return None
-    sel = tab.filter((pl.col("step") == step) & (pl.col(by_col) == by))
-    if sel.height < k:  # recompute kept fewer than asked for: rank this step's tokens here
+    sel = _STEP_MEMO.get(("top", str(run), step, by, _stat(p)), make)
+    if sel is None or sel.height < k:  # recompute kept fewer than asked for: rank this step's tokens here
         return None
     sel = sel.sort("score", descending=True, maintain_order=True).head(k)
     return sel.select([c for c in TOP_COLUMNS if c in sel.columns])
