@@ -599,8 +599,9 @@ def _computed_rows(run: Path, step: int) -> pl.DataFrame:
 
 
 _FILTER_CLAUSE = re.compile(r"^\s*\{(?P<col>[^}]+)\}\s+(?P<op>\S+)\s+(?P<val>.+?)\s*$")
-_OPS = {"=": "eq", "eq": "eq", "!=": "ne", "ne": "ne", "<": "lt", "lt": "lt", "<=": "le", "le": "le",
-        ">": "gt", "gt": "gt", ">=": "ge", "ge": "ge", "contains": "contains", "s=": "eq", "i=": "eq"}
+_OPS = {"=": "eq", "eq": "eq", "s=": "eq", "!=": "ne", "ne": "ne", "s!=": "ne", "<": "lt", "lt": "lt", "s<": "lt",
+        "<=": "le", "le": "le", "s<=": "le", ">": "gt", "gt": "gt", "s>": "gt", ">=": "ge", "ge": "ge", "s>=": "ge",
+        "contains": "contains", "scontains": "contains", "icontains": "icontains", "i=": "ieq"}
 
 
 def parse_filter_query(query: str | None, columns: list[str], schema: dict[str, pl.DataType]) -> pl.Expr | None:
@@ -621,6 +622,9 @@ def parse_filter_query(query: str | None, columns: list[str], schema: dict[str, 
         c = pl.col(col)
         if op == "contains":
             e = c.cast(pl.String).str.contains(raw, literal=True)
+        elif op in ("icontains", "ieq"):
+            low = c.cast(pl.String).str.to_lowercase()
+            e = low.str.contains(raw.lower(), literal=True) if op == "icontains" else low == raw.lower()
         else:
             if dtype == pl.Boolean:
                 value: Any = raw.lower() in ("true", "1", "yes")

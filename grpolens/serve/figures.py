@@ -73,15 +73,16 @@ def curve_figure(title: str, lines: list[dict[str, Any]], verdicts: list[dict] |
         x, y, smooth = ln["x"], ln["y"], ln.get("smooth")
         color = BASELINE_COLOR if ln.get("baseline") else run_color(ln["idx"])
         name = f"{ln['run']} (baseline)" if ln.get("baseline") else ln["run"]
-        cd = typed(np.full(len(x), ln["idx"], dtype=np.int16))
+        cd = {"customdata": typed(np.full(len(x), ln["idx"], dtype=np.int16))}
         dash = "dash" if ln.get("baseline") else "solid"
-        base = {"type": _kind(len(x)), "x": typed(x), "name": name, "legendgroup": name, "customdata": cd}
-        if smooth is not None:
+        base = {"type": _kind(len(x)), "x": typed(x), "name": name, "legendgroup": name}
+        if smooth is not None:  # the raw curve faint behind, not hoverable (so it needs no customdata)
             traces.append({**base, "y": typed(y), "mode": "lines", "showlegend": False, "opacity": 0.3,
                            "hoverinfo": "skip", "line": {"color": color, "width": 1, "dash": dash}})
-            traces.append({**base, "y": typed(smooth), "mode": "lines", "line": {"color": color, "width": 2, "dash": dash}})
+            traces.append({**base, **cd, "y": typed(smooth), "mode": "lines",
+                           "line": {"color": color, "width": 2, "dash": dash}})
         else:
-            traces.append({**base, "y": typed(y), "mode": "lines+markers" if len(x) <= 60 else "lines",
+            traces.append({**base, **cd, "y": typed(y), "mode": "lines+markers" if len(x) <= 60 else "lines",
                            "line": {"color": color, "width": 1.6, "dash": dash}, "marker": {"size": 4}})
     shapes, notes = [], []
     for v in [v for v in (verdicts or []) if v.get("step") is not None][:20]:

@@ -178,7 +178,26 @@ def test_completions_table_paging_and_row_link(server, browser):
     rows = css(browser, "#comp-table tbody tr")
     second = [td.text for td in rows[2].find_elements("css selector", "td")][:2]
     assert second != first
-    # Sorting happens on the server: sort by reward descending.
+    # Filtering and sorting happen on the server, from the table's own filter row and sort arrows.
+    from selenium.webdriver.common.keys import Keys
+
+    box = css(browser, '#comp-table th.dash-filter[data-dash-column="tokens"] input')[0]
+    box.click()
+    box.send_keys("> 20" + Keys.ENTER)
+    wait(browser, lambda d: "page 1 of 1" in css(d, "#comp-summary")[0].text, what="filtered rows")
+    n = int(css(browser, "#comp-summary")[0].text.split(": ")[1].split()[0])
+    assert 0 < n < 32
+
+    def column(name):
+        idx = [th.get_attribute("data-dash-column") for th in css(browser, "#comp-table th.dash-header")].index(name)
+        return [float(tr.find_elements("css selector", "td")[idx].text)
+                for tr in css(browser, "#comp-table tbody tr") if tr.find_elements("css selector", "td")]
+
+    assert all(v > 20 for v in column("tokens"))
+    css(browser, '#comp-table th.dash-header[data-dash-column="kl_max"] .column-header--sort')[0].click()
+    wait(browser, lambda d: column("kl_max") == sorted(column("kl_max")), what="rows sorted by kl_max")
+    shot(browser, "completions-filtered-sorted")
+    rows = css(browser, "#comp-table tbody tr")
     rows[2].find_elements("css selector", "td")[0].click()
     wait(browser, lambda d: urlparse(d.current_url).path == "/tokens", what="the completion view")
     q = parse_qs(urlparse(browser.current_url).query)

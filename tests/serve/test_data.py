@@ -324,6 +324,10 @@ def test_completions_paging_sorting_filtering(serve_runs):
 
     rows, total = data.completions_page(alpha, step, 0, 100, None, '{completion} contains "<script>"')
     assert all("<script>" in c for c in rows["completion"])
+    # what the DataTable's own filter row sends
+    rows, total = data.completions_page(alpha, step, 0, 100, None, "{tokens} s> 20 && {completion} icontains THE")
+    want = full.filter((pl.col("tokens") > 20) & pl.col("completion").str.to_lowercase().str.contains("the"))
+    assert total == want.height > 0
 
 
 @pytest.mark.parametrize("query", ["{nope} > 1", "{reward} ~ 1", "reward > 1", "{reward} > abc",
