@@ -186,6 +186,8 @@ def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
             val = None
         elif m.source == "samples" and sd.samples is None:
             val = None
+        elif sd.profile in m.generation_only and sd.samples is None and sd.extra.get("run_has_samples"):
+            val = None
         else:
             val = reduce.compute(m, sd)
         row[m.name] = val
@@ -309,6 +311,7 @@ def recompute(
         seqs = {c: seq_df[c].to_numpy() for c in seq_df.columns} if seq_df.height else {}
         sd = reduce.StepData(res.step, seqs, cfg, profile, read_samples(run, res.step), present, {})
         sd.extra["pieces"] = res.pieces
+        sd.extra["run_has_samples"] = bool(sample_steps)
         rows[res.step] = step_values(sd, metrics)
         computed.add(res.step)
         for v in visitors:

@@ -60,6 +60,9 @@ class Metric:
     source: str = "tokens"
     #: the logged value is the running total over steps (TRL's ``num_tokens``)
     cumulative: bool = False
+    #: profiles that log this metric only at steps with a generation (TRL computes ``sampling/*``
+    #: once per generation round): there it is null at steps without samples, if the run has any
+    generation_only: tuple[str, ...] = ()
     #: template over sample columns with this prefix (e.g. "reward/"); ``fn(sd, column)``
     per_column: str | None = None
 

@@ -774,10 +774,11 @@ def _prefixed(names: dict[str, str]) -> dict[str, str]:
 for _key, _doc, _when, _names in IS_METRICS:
     _name = f"rollout_is/{_key}"
     register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, config=("rollout_is",),
-                    names=_prefixed(_names), when=WHEN[_when]))
+                    names=_prefixed(_names), when=WHEN[_when], generation_only=("trl",)))
 for _key, _doc, _names in MISMATCH_METRICS:
     _name = f"mismatch/{_key}"
-    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, names=_prefixed(_names)))
+    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, names=_prefixed(_names),
+                    generation_only=("trl",)))
 for _key, _doc in (("masked_fraction", "Share of valid tokens rejected by the rejection filters together (verl rollout_rs)."),
                    ("seq_masked_fraction", "Share of all sequences (empty ones too, as verl) with a token rejected by the filters.")):
     _name = f"rollout_rs/{_key}"
