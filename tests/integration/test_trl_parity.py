@@ -18,6 +18,19 @@ pytest.importorskip("trl")
 SINGLE = ["dapo", "grpo_masked", "cispo", "gspo", "dr_grpo", "is_sequence_mask", "is_token_truncate"]
 #: Metrics computed once per generation round (TRL averages the rounds of a log window).
 GENERATION_SIDE = ("completions/", "rewards/", "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "sampling/")
+#: Known differences between grpolens' trl profile and TRL, by configuration: (metric keys, why).
+#: Each is checked to still differ by a strict xfail test below, so a fix shows up.
+IS_LOSS = ("TRL multiplies the policy term of the loss by its vLLM importance-sampling ratio "
+           "(per_token_loss *= importance_sampling_ratio, before + beta*kl); grpolens' trl `loss` leaves it out "
+           "(recomputed from the run's tensors: with the ratio = TRL's value, without = grpolens')")
+KNOWN_GAPS = {
+    "is_sequence_mask": (("loss",), IS_LOSS),
+    "is_token_truncate": (("loss",), IS_LOSS),
+}
+
+
+def _is(key: str, keys) -> bool:
+    return any(key == g or (g.endswith("/") and key.startswith(g)) for g in keys)
 
 
 def _logged(out) -> dict[int, dict]:
@@ -47,17 +60,26 @@ def test_recompute_matches_trl_log(trl_run, name):
     _assert_exercised(out, name)
     rows = trl_parity.compare(out / "run")
     keys = {r.key for r in rows}
-    assert {"kl", "entropy", "reward", "num_tokens", "completions/clipped_ratio"} <= keys
+    assert {"loss", "kl", "entropy", "reward", "num_tokens", "completions/clipped_ratio"} <= keys
     if name.startswith("is_"):
         assert any(k.startswith("sampling/") for k in keys)
-    _assert_parity(rows, name, extra_ok=name.startswith("is_"))
+    gap = KNOWN_GAPS.get(name, ((), ""))[0]
+    _assert_parity([r for r in rows if not _is(r.key, gap)], name)
+
+
+@pytest.mark.xfail(strict=True, reason=IS_LOSS)
+@pytest.mark.parametrize("name", ["is_sequence_mask", "is_token_truncate"])
+def test_loss_with_rollout_importance_sampling(trl_run, name):
+    rows = [r for r in trl_parity.compare(trl_run(name) / "run") if r.key == "loss"]
+    _assert_parity(rows, f"{name} loss")
 
 
 # TRL computes sampling/* once per generation round and logs them only at steps that generated;
 # the trl profile leaves them null at steps that reuse a generation batch (num_iterations=2).
 @pytest.mark.parametrize("name", ["is_sequence_mask", "is_token_truncate"])
 def test_no_sampling_metrics_on_reuse_steps(trl_run, name):
-    _assert_parity(trl_parity.compare(trl_run(name) / "run"), name)
+    rows = [r for r in trl_parity.compare(trl_run(name) / "run") if r.key.startswith("sampling/")]
+    _assert_parity(rows, name)
 
 
 def test_masked_truncation_changes_the_masked_metrics(trl_run):
@@ -87,12 +109,20 @@ def test_two_processes_torchrun(trl_run):
 
 
 def test_gradient_accumulation_with_two_generations_per_step_loss_side(trl_run):
-    """4 loss calls per optimizer step: the loss-side metrics (per micro-batch slot) match."""
+    """4 loss calls per optimizer step: the per-micro-batch-slot metrics match."""
     out = trl_run("two_generations_per_step")
-    rows = [r for r in trl_parity.compare(out / "run")
-            if not any(r.key == g or (g.endswith("/") and r.key.startswith(g)) for g in GENERATION_SIDE)]
+    rows = [r for r in trl_parity.compare(out / "run") if not _is(r.key, GENERATION_SIDE + ("loss",))]
     assert {r.key for r in rows} >= {"kl", "entropy", "clip_ratio/region_mean"}
     _assert_parity(rows, "two_generations_per_step (loss side)")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "dapo/cispo: TRL divides each micro-batch's loss by the token count N of ITS generation batch (x G/S, /P); "
+    "with two generation rounds per step grpolens' trl `loss` uses one count for the whole step "
+    "(recomputed from the run's tensors with per-round N = TRL's value)"))
+def test_gradient_accumulation_with_two_generations_per_step_loss(trl_run):
+    rows = [r for r in trl_parity.compare(trl_run("two_generations_per_step") / "run") if r.key == "loss"]
+    _assert_parity(rows, "two_generations_per_step loss")
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -101,4 +131,5 @@ def test_gradient_accumulation_with_two_generations_per_step_loss_side(trl_run):
     "(one `step` per row, no round column) lets grpolens pool them instead"))
 def test_gradient_accumulation_with_two_generations_per_step_generation_side(trl_run):
     out = trl_run("two_generations_per_step")
-    _assert_parity(trl_parity.compare(out / "run"), "two_generations_per_step")
+    rows = [r for r in trl_parity.compare(out / "run") if _is(r.key, GENERATION_SIDE)]
+    _assert_parity(rows, "two_generations_per_step (generation side)")
