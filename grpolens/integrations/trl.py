@@ -233,7 +233,8 @@ class GRPOLensMixin:
     def grpolens_close(self) -> None:
         """Write everything still buffered and stop the writer (called at the end of ``train()``)."""
         if self._grpolens_hook is not None:
-            self._grpolens_hook.close()
+            hook, self._grpolens_hook = self._grpolens_hook, None  # a later train() opens a new writer
+            hook.close()
 
     def _grpolens_step(self) -> int:
         return int(self.state.global_step) + 1
