@@ -63,7 +63,7 @@ def browser():
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def wait(driver, cond, timeout=20, what="condition"):
+def wait(driver, cond, timeout=30, what="condition"):
     end = time.time() + timeout
     last = None
     while time.time() < end:
@@ -113,8 +113,9 @@ def test_pages_load(server, browser):
                  what="IS weights of one step")
             assert "δ = log π_train − log π_rollout" in css(browser, "#mismatch-step")[0].text
         shot(browser, page)
-    assert not [e for e in css(browser, ".error") if e.is_displayed()]
-    assert severe_logs(browser) == []
+    assert not [e.text for e in css(browser, ".error") if e.is_displayed()]
+    logs = severe_logs(browser)
+    assert logs == [], logs
 
 
 def test_click_curve_point_opens_tokens(server, browser):
@@ -205,12 +206,17 @@ def test_completions_table_paging_and_row_link(server, browser):
     wait(browser, lambda d: css(d, "#completion-tokens .tok"), what="completion tokens")
 
 
-def test_compare_two_runs(server, browser):
+def test_compare_two_runs(server, browser, runset):
+    from grpolens.serve import data
+
     go(browser, server, "/compare")
     wait(browser, lambda d: len(css(d, "#cmp-table tbody tr")) > 3, what="comparison table")
     wait(browser, lambda d: [g for g in css(d, "#cmp-graphs .js-plotly-plot .main-svg") if g.is_displayed()],
          what="delta curves")
-    text = css(browser, "#cmp-table")[0].text
-    assert "entropy" in text and "mean_delta" in text
+    first = [tr for tr in css(browser, "#cmp-table tbody tr") if tr.find_elements("css selector", "td")][0]
+    want = data.compare(data.series(runset.path("alpha")), data.series(runset.path("beta")))["metric"][0]
+    assert first.find_elements("css selector", "td")[0].text == want  # the most different metric first
+    assert want.startswith(("mismatch/", "rollout_is/"))  # beta's injected rollout drift
     shot(browser, "compare")
-    assert severe_logs(browser) == []
+    logs = severe_logs(browser)
+    assert logs == [], logs
