@@ -586,7 +586,9 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
     def url_to_tokens(search, pathname, cur_run, cur_step):
         q = parse_search(search)
         if pathname == "/tokens" and q.get("run") in runs.runs:
-            return q["run"], as_int(q.get("step")), as_int(q.get("sample")), as_int(q.get("pos"))
+            step = as_int(q.get("step"))
+            return (q["run"], default_step(runs, q["run"]) if step is None else step, as_int(q.get("sample")),
+                    as_int(q.get("pos")))
         if cur_step is None:
             name = cur_run if cur_run in runs.runs else runs.names[0]
             return name, default_step(runs, name), None, None
@@ -598,7 +600,8 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
     def url_to_completions(search, pathname, cur_run, cur_step):
         q = parse_search(search)
         if pathname == "/completions" and q.get("run") in runs.runs:
-            return q["run"], as_int(q.get("step"))
+            step = as_int(q.get("step"))
+            return q["run"], default_step(runs, q["run"]) if step is None else step
         if cur_step is None:
             name = cur_run if cur_run in runs.runs else runs.names[0]
             return name, default_step(runs, name)
