@@ -208,3 +208,26 @@ def test_server_refuses_forged_run_paths(runset, serve_runs):
                {"id": "metric-filter", "property": "value", "value": None},
                {"id": "version", "property": "data", "value": None}])
     assert "unknown run" in r.get_data(as_text=True) and "scatter" not in r.get_data(as_text=True)
+
+
+def test_watch_poll_reports_new_data_only(serve_runs, tmp_path):
+    """--watch: the page's poll answers 204 (no update) until a run changes."""
+    import shutil
+
+    from grpolens.serve.app import create_app
+
+    run = tmp_path / "runs" / "alpha"
+    shutil.copytree(serve_runs[1], run)
+    client = create_app([tmp_path / "runs"], watch=True).server.test_client()
+
+    def poll(old):
+        return _post(client, "version.data", {"id": "version", "property": "data"},
+                     [{"id": "watch", "property": "n_intervals", "value": 1}],
+                     [{"id": "version", "property": "data", "value": old}])
+
+    first = poll(None)
+    seen = first.get_json()["response"]["version"]["data"]
+    assert poll(seen).status_code == 204
+    shutil.copytree(run / "tokens" / "step=00000013", run / "tokens" / "step=00000014")
+    again = poll(seen)
+    assert again.status_code == 200 and again.get_json()["response"]["version"]["data"] != seen
