@@ -157,8 +157,12 @@ class _Validator:
             self.add(WARNING, first_file, (
                 f"{rows:,} token rows reference {ids:,} sample_id(s) with no samples row (first: {first_id} "
                 f"in this file); per-sample metrics (rewards, lengths) will miss them"), column="sample_id")
-        if self.report.files[fmt.TOKENS] == 0:
-            self.add(ERROR, fmt.TOKENS, "no token shards: expected tokens/step=<8 digits>/rank=<5 digits>.parquet")
+        if self.report.files[fmt.TOKENS] == 0 and self.report.files[fmt.SAMPLES] == 0:
+            self.add(ERROR, fmt.TOKENS, "no token or samples shards: expected tokens/step=<8 digits>/rank=<5 digits>.parquet")
+        elif self.report.files[fmt.TOKENS] == 0:
+            # an imported run (verl rollout dumps, MaxEnt sidecars) has completions but no tokens
+            self.add(WARNING, fmt.TOKENS, "no token shards: a samples-only run; per-token (policy, KL, clip, "
+                     "mismatch) metrics are unavailable")
         elif self.report.files[fmt.SAMPLES] == 0:
             self.add(WARNING, fmt.SAMPLES, "no samples shards: rewards, lengths and groups are unknown to analysis")
         return self.report
