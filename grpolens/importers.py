@@ -285,29 +285,25 @@ def _sidecar_files(src: Path, key: str | None) -> list[tuple[int, Path]]:
 
 
 def read_maxent_sidecars(src: Path, key: str | None = None) -> tuple[dict[int, list[dict[str, Any]]], list[str]]:
-    """Step -> rows, and the columns that have no place in the samples table."""
+    """Step -> rows, and the columns that have no place in the samples table.
+
+    Files are parsed by :func:`grpolens.sidecars.read_sidecar`, the one reader of the reference's
+    format (bare NaN literals, either writer's columns)."""
+    from grpolens.sidecars import read_sidecar
+
     steps: dict[int, list[dict[str, Any]]] = {}
     dropped: set[str] = set()
     for file_step, path in _sidecar_files(src, key):
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))  # Python's json accepts bare NaN / Infinity
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{path}: not a readable sidecar ({e})") from None
-        if not isinstance(payload, dict) or not isinstance(payload.get("columns"), list) or not isinstance(payload.get("data"), list):
-            raise UserError(f"{path}: expected an object with 'columns' (a list) and 'data' (a list of rows)")
-        columns = payload["columns"]
-        for needed in ("completion",):
-            if needed not in columns:
-                raise UserError(f"{path}: no {needed!r} column (columns: {', '.join(map(str, columns))})")
-        dropped |= {c for c in columns if c not in _MAXENT_USED and not str(c).startswith(fmt.REWARD_PREFIX)}
+        df = read_sidecar(path)
+        if df.height and df["completion"].null_count() == df.height:
+            raise UserError(f"{path}: no 'completion' column with text (columns: {', '.join(df.columns)})")
+        # columns the reader added as nulls are not the file's: only report those with values
+        dropped |= {c for c in df.columns if c not in _MAXENT_USED and not c.startswith(fmt.REWARD_PREFIX)
+                    and df[c].null_count() < df.height}
         rows = []
-        for i, values in enumerate(payload["data"]):
-            if not isinstance(values, list) or len(values) != len(columns):
-                raise UserError(f"{path}: data row {i} has {len(values) if isinstance(values, list) else 'no'} "
-                                f"values for {len(columns)} columns")
-            rec = dict(zip(columns, values))
-            step = rec.get("step", file_step)
-            step = file_step if not isinstance(step, int) or isinstance(step, bool) or step < 0 else step
+        for rec in df.iter_rows(named=True):
+            step = rec.get("step")
+            step = file_step if not isinstance(step, int) or step < 0 else step
             rows.append({
                 "step": step,
                 "prompt": rec.get("prompt") if isinstance(rec.get("prompt"), str) else None,
@@ -316,7 +312,7 @@ def read_maxent_sidecars(src: Path, key: str | None = None) -> tuple[dict[int, l
                 "advantage": rec.get("advantage"),
                 "prompt_index": rec.get("prompt_index"),
                 "rewards": {_reward_name(c[len(fmt.REWARD_PREFIX):]): v for c, v in rec.items()
-                            if str(c).startswith(fmt.REWARD_PREFIX) and len(c) > len(fmt.REWARD_PREFIX)},
+                            if c.startswith(fmt.REWARD_PREFIX) and len(c) > len(fmt.REWARD_PREFIX)},
             })
         for r in rows:
             steps.setdefault(r["step"], []).append(r)
