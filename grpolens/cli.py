@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "validate",
     "synth",
     "recompute",
+    "parity",
     "metrics",
     "tokens",
     "completions",

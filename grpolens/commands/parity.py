@@ -1,0 +1,64 @@
+"""``grpolens parity RUN``: compare recomputed metrics with the trainer's own log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def parity_cmd(
+    run: Path = typer.Argument(..., help="Run directory."),
+    log: Optional[Path] = typer.Option(None, "--log", help="The trainer's JSONL log [default: RUN/grpolens/trl_log.jsonl for --profile trl]."),
+    profile: str = typer.Option("trl", "--profile", "-p", help="Profile whose names and reductions the log uses."),
+    rtol: float = typer.Option(1e-5, "--rtol", help="Relative tolerance."),
+    atol: float = typer.Option(1e-8, "--atol", help="Absolute tolerance (TRL's float32 kl and loss get floors, see docs)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config key: key=value. Repeatable."),
+    show: int = typer.Option(20, "--show", help="Disagreements listed at most."),
+) -> None:
+    """Check that recompute reproduces every value the trainer logged (exit 1 if any differs).
+
+    Each key the log and the profile both have is compared step by step; keys only the trainer
+    knows (grad_norm, learning_rate) are skipped.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from grpolens.compute import parse_overrides
+    from grpolens.errors import UserError
+    from grpolens.metrics.registry import PROFILES
+    from grpolens.parity import compare
+    from grpolens.ui import format_value
+
+    if profile not in PROFILES:
+        raise UserError(f"--profile: unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    rows = compare(run, log, profile=profile, rtol=rtol, atol=atol, overrides=parse_overrides(set_))
+    console = Console()
+    if not rows:
+        raise UserError("nothing to compare: the log has no key that the profile produces "
+                        f"(is --profile {profile} the trainer that wrote it?)")
+    bad = [r for r in rows if r.status != "ok"]
+    keys = {r.key for r in rows}
+    bad_keys = {r.key for r in bad}
+    t = Table(title=f"{run}: --profile {profile} against the trainer's log")
+    for c in ("metric", "steps", "agree", "worst |diff|"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for k in sorted(keys):
+        rs = [r for r in rows if r.key == k]
+        diffs = [abs(r.logged - r.ours) for r in rs if r.logged is not None and r.ours is not None]
+        style = "red" if k in bad_keys else ""
+        t.add_row(k, str(len(rs)), f"{sum(r.status == 'ok' for r in rs)}/{len(rs)}",
+                  format_value(max(diffs)) if diffs else "—", style=style)
+    console.print(t)
+    for r in bad[:show]:
+        console.print(str(r), markup=False, highlight=False)
+    verdict = (f"{len(rows) - len(bad)}/{len(rows)} logged values reproduced; {len(keys) - len(bad_keys)}/{len(keys)} "
+               f"metrics agree at every step")
+    console.print(("[green]" if not bad else "[red]") + verdict + "[/]")
+    if bad:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("parity")(parity_cmd)

@@ -1,0 +1,123 @@
+"""Does grpolens reproduce what the trainer itself logged? Compare a profile's recompute with a log.
+
+The trainer's log is a JSONL file, one object per logging call with a ``step`` key (TRL's
+``on_log`` dicts; the TRL integration writes them to ``RUN/grpolens/trl_log.jsonl``). Each key the
+log has *and* the profile produces is compared at each step:
+
+``ok``        both agree within ``|a − b| ≤ atol + rtol·max(|a|, |b|)`` (or both are absent)
+``mismatch``  both have a value and they differ
+``missing``   the trainer logged a value, grpolens has none at that step
+``extra``     grpolens has a value for a key the trainer logs, at a step where it did not log it
+
+Keys only one side knows (``grad_norm``, ``learning_rate``: the optimiser's) are not compared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpolens.errors import UserError
+
+RTOL = 1e-5
+ATOL = 1e-8
+#: Absolute floors where a trainer's own float32 arithmetic is the larger error. TRL computes the k3
+#: term exp(ref − logp) − (ref − logp) − 1 in float32, which cancels to ~1e-8 absolute near 0, and
+#: its ``loss`` is a float32 sum of O(1) terms that cancel to 1e-4..1e-8 (rounding ~1e-7..1e-6).
+FLOAT32_FLOORS = {"trl": {"kl": 1e-7, "loss": 1e-6}}
+#: The log file each trainer integration writes inside the run.
+DEFAULT_LOGS = {"trl": "trl_log.jsonl"}
+
+
+@dataclass
+class Row:
+    step: int
+    key: str
+    logged: float | None
+    ours: float | None
+    status: str
+
+    def __str__(self) -> str:
+        return f"{self.status:8s} step {self.step:3d} {self.key:40s} logged={self.logged!r:24s} grpolens={self.ours!r}"
+
+
+def close(a: float | None, b: float | None, rtol: float = RTOL, atol: float = ATOL) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
+
+
+def read_log(path: os.PathLike | str) -> dict[int, dict]:
+    """Step -> the values logged at that step (lines without a step, e.g. a final summary, are skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--log: no such file {path}")
+    out: dict[int, dict] = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{i}: not a JSON object ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise UserError(f"{path}:{i}: not a JSON object")
+        step = rec.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or "train_runtime" in rec:
+            continue
+        out.setdefault(int(step), {}).update(rec)
+    if not out:
+        raise UserError(f"{path}: no line with a numeric 'step' key")
+    return out
+
+
+def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, profile: str = "trl",
+            rtol: float = RTOL, atol: float = ATOL, overrides: dict | None = None) -> list[Row]:
+    """One :class:`Row` per (step, key) the log and the profile's recompute have in common."""
+    import grpolens
+
+    run = Path(run)
+    if log is None:
+        if profile not in DEFAULT_LOGS:
+            raise UserError(f"--log: profile {profile!r} has no default log file; name one with --log")
+        log = run / "grpolens" / DEFAULT_LOGS[profile]
+    logged = read_log(log)
+    df = grpolens.recompute(run, profile=profile, write=False, overrides=overrides)
+    produced = set(df.columns) - {"step"}
+    ours = {int(r["step"]): r for r in df.iter_rows(named=True)}
+    keys_logged = {k for rec in logged.values() for k in rec}
+    floors = FLOAT32_FLOORS.get(profile, {})
+    rows: list[Row] = []
+    for step, rec in sorted(logged.items()):
+        mine = ours.get(step, {})
+        for key, val in rec.items():
+            if key not in produced or (val is not None and not isinstance(val, (int, float))):
+                continue
+            got = mine.get(key)
+            if val is None and got is None:
+                rows.append(Row(step, key, val, got, "ok"))
+            elif got is None:
+                rows.append(Row(step, key, val, None, "missing"))
+            elif val is None:
+                rows.append(Row(step, key, None, got, "extra"))
+            else:
+                ok = close(float(val), float(got), rtol, max(atol, floors.get(key, 0.0)))
+                rows.append(Row(step, key, val, got, "ok" if ok else "mismatch"))
+        for key, got in mine.items():
+            if key in produced and key in keys_logged and key not in rec and got is not None:
+                rows.append(Row(step, key, None, got, "extra"))
+    return rows
+
+
+def summary(rows: list[Row]) -> str:
+    bad = [r for r in rows if r.status != "ok"]
+    keys = sorted({r.key for r in rows})
+    ok_keys = sorted({r.key for r in rows} - {r.key for r in bad})
+    lines = [f"{len(rows) - len(bad)}/{len(rows)} values agree; metrics all agreeing: {len(ok_keys)}/{len(keys)}"]
+    lines += [str(r) for r in bad]
+    return "\n".join(lines)

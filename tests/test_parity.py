@@ -1,0 +1,73 @@
+"""``grpolens parity``: the comparison itself, on logs written by hand from a recompute."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import grpolens
+from grpolens.errors import UserError
+from grpolens.parity import close, compare, read_log
+from tests.refdata import random_calls, write_run
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "grpolens.cli", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture
+def run_and_log(tmp_path):
+    rng = np.random.default_rng(21)
+    run = write_run(tmp_path / "run", random_calls(rng, steps=(0, 1, 2)), config={"beta": 0.04})
+    df = grpolens.recompute(run, profile="trl", write=False)
+    lines = []
+    for row in df.iter_rows(named=True):
+        rec = {k: v for k, v in row.items() if v is not None}
+        rec["grad_norm"] = 1.0  # the optimiser's: never compared
+        lines.append(json.dumps(rec))
+    lines.append(json.dumps({"train_runtime": 1.0, "step": 2}))
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    return run, log
+
+
+def test_identical_log_agrees(run_and_log):
+    run, log = run_and_log
+    rows = compare(run, log)
+    assert rows and all(r.status == "ok" for r in rows)
+    assert "grad_norm" not in {r.key for r in rows}
+    r = _cli("parity", run, "--log", log)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_changed_value_is_a_mismatch_and_exit_1(run_and_log):
+    run, log = run_and_log
+    recs = [json.loads(l) for l in log.read_text().splitlines()]
+    recs[1]["entropy"] *= 1.001
+    del recs[2]["kl"]
+    log.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    by = {(r.step, r.key): r.status for r in compare(run, log)}
+    assert by[(1, "entropy")] == "mismatch"
+    assert by[(2, "kl")] == "extra"  # grpolens has a value where the trainer logged none
+    r = _cli("parity", run, "--log", log)
+    assert r.returncode == 1 and "entropy" in r.stdout
+
+
+def test_bad_logs_are_user_errors(tmp_path, run_and_log):
+    run, _ = run_and_log
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0}\nnot json\n')
+    with pytest.raises(UserError, match="bad.jsonl:2"):
+        read_log(bad)
+    r = _cli("parity", run, "--log", tmp_path / "none.jsonl")
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = _cli("parity", run, "--profile", "xtuner")
+    assert r.returncode == 2 and "--log" in r.stderr
+
+
+def test_close():
+    assert close(1.0, 1.0 + 1e-7) and not close(1.0, 1.001)
+    assert close(None, None) and not close(None, 1.0)
+    assert close(float("nan"), float("nan"))
