@@ -20,6 +20,7 @@ Two promises the writer makes and readers rely on (they make streaming reduction
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -27,7 +28,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -239,15 +240,17 @@ def _umask_mode() -> int:
 DICTIONARY_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "group_id", "mask", "truncated", "by")
 
 
-def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees either the old file or the whole new one."""
+@contextlib.contextmanager
+def atomic_file(path: os.PathLike | str) -> Iterator[BinaryIO]:
+    """Open a temp file beside ``path`` for writing; on success it is fsynced and renamed onto
+    ``path`` (a reader sees the old file or the whole new one), on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, _umask_mode())
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -258,30 +261,21 @@ def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees either the old file or the whole new one."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def atomic_write_table(path: os.PathLike | str, table: pa.Table, compression: str = "zstd") -> None:
     """Write a Parquet file atomically: temp file in the same directory, fsync, rename."""
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _umask_mode())
-        with os.fdopen(fd, "wb") as f:
-            dictionary = [c for c in DICTIONARY_COLUMNS if c in table.column_names]
-            pq.write_table(table, f, compression=compression, use_dictionary=dictionary)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    dictionary = [c for c in DICTIONARY_COLUMNS if c in table.column_names]
+    with atomic_file(path) as f:
+        pq.write_table(table, f, compression=compression, use_dictionary=dictionary)
 
 
 # ---------------------------------------------------------------------------------------------
