@@ -8,8 +8,17 @@ when that is set, as Twinkle, verl and xtuner do with 20):
     grpo, bnpo, dr_grpo, dapo, luspo, gspo   L = −min(min(c, delta)·A, clip(c, 1 − ε, 1 + ε_high)·A)
     cispo                                    L = −min(c, ε_high)·A·logp     (ε_high: absolute cap)
     sapo                                     L = −(4/τ)·σ(τ(c − 1))·A,  τ = τ_pos if A > 0 else τ_neg
+    with a rollout IS config (rollout_is)     L ×= a,  tokens the correction rejects leave v
     all, when β ≠ 0                          L += β·k3,  k3 = e^x − x − 1, x = ref − logp
                                              (× c when use_bias_correction_kl, c before delta)
+
+``a`` is the applied rollout importance-sampling weight of :func:`grpolens.rollout_is.loss_weights`
+(the same weights and rejections the ``rollout_is/*`` metrics count): TRL's vLLM correction
+(``per_token_loss *= importance_sampling_ratio`` before ``+ β·kl``; token or sequence level, Σδ,
+``*_truncate`` clamps, ``*_mask`` zeroes), verl's TIS/IcePop and xtuner's modes alike. It applies
+in both profiles whenever the run's config has ``rollout_is`` set (the TRL integration records it
+only when TRL's correction is on), because it is part of the loss the trainer optimised; mode
+``none`` weights nothing. A run with such a config but no ``rollout_logp`` has a null ``loss``.
 
 ``loss`` (grpolens profile) is the loss of the whole optimizer step, every rank and micro-batch
 pooled, normalised the way the variant normalises:
@@ -27,7 +36,7 @@ luspo: mean_b Σ_t L·M / G; dapo/cispo: Σ L·M / (N/P · G/S)), summed over th
 and averaged over ranks. For dapo/cispo this is Σ L / N, with N the tokens of the step -- exact
 when ``steps_per_generation`` equals ``gradient_accumulation_steps`` (TRL's default); otherwise
 TRL's N spans the generation batch and the value is an approximation. Not included: the entropy
-bonus, vLLM importance-sampling weights, the off-policy and entropy masks, MoE aux loss.
+bonus, the off-policy and entropy masks, MoE aux loss.
 Non-finite tokens are excluded here; the trainer's own loss would have been NaN.
 """
 
@@ -41,6 +50,8 @@ from grpolens.metrics.partials import producer
 from grpolens.metrics.kl import kl_k3, kl_valid
 from grpolens.metrics.policy import adv_masked, adv_valid, coef
 from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.rollout_is import batch_inputs, batch_partials
+from grpolens.rollout_is import ISConfig, loss_weights
 
 #: Loss types that average each sequence's tokens first, then the sequences.
 SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
@@ -75,6 +86,11 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
             L = -(4.0 / tau) * _sigmoid(tau * (c - 1.0)) * a
         else:  # config.check_config only lets known loss types through
             raise ValueError(f"loss_type {lt!r} has no loss formula")
+        isc = ISConfig.from_cfg(cfg)
+        if isc.configured and b.has("rollout_logp"):  # the trainer's rollout IS correction, before + β·kl
+            w, keep = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
+            v = v & keep
+            L = np.where(v, L * w, 0.0)
         if with_kl:
             k = kl_k3(b)
             if cfg.get("use_bias_correction_kl"):
@@ -136,6 +152,8 @@ def _loss_value(sd) -> float | None:
         return None
     if sd.cfg.get("beta", 0.0) != 0.0 and "ref_logp" not in sd.present:
         return None  # the trainer added a KL term the run cannot reproduce
+    if ISConfig.from_cfg(sd.cfg).configured and "rollout_logp" not in sd.present:
+        return None  # the trainer weighted the loss by rollout IS weights the run cannot reproduce
     s, n = sd.col("loss.sum"), sd.col("loss.n")
     if sd.profile == "trl":
         return _trl(sd, s, n)
@@ -151,10 +169,12 @@ register(Metric(
     "sapo/gspo: mean over sequences of their token mean; bnpo/dapo/cispo: Σ L / Σ tokens; dr_grpo: "
     "Σ L / (sequences · max_completion_length); luspo: mean of per-sequence sums. trl: TRL's `loss` "
     "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo "
-    "exact when steps_per_generation = gradient_accumulation_steps). No entropy bonus or IS weights.",
+    "exact when steps_per_generation = gradient_accumulation_steps). With a rollout_is config (TRL: its vLLM "
+    "IS correction on) the policy term is × the applied IS weight a and rejected tokens leave the mask, in "
+    "both profiles (null without rollout_logp). No entropy bonus.",
     kind="custom", fn=_loss_value,
     config=("loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl",
             "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
-            "max_completion_length", "log_ratio_clamp"),
+            "max_completion_length", "log_ratio_clamp", "rollout_is"),
     names={"trl": "loss"},
 ))

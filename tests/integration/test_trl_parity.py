@@ -20,13 +20,7 @@ SINGLE = ["dapo", "grpo_masked", "cispo", "gspo", "dr_grpo", "is_sequence_mask",
 GENERATION_SIDE = ("completions/", "rewards/", "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "sampling/")
 #: Known differences between grpolens' trl profile and TRL, by configuration: (metric keys, why).
 #: Each is checked to still differ by a strict xfail test below, so a fix shows up.
-IS_LOSS = ("TRL multiplies the policy term of the loss by its vLLM importance-sampling ratio "
-           "(per_token_loss *= importance_sampling_ratio, before + beta*kl); grpolens' trl `loss` leaves it out "
-           "(recomputed from the run's tensors: with the ratio = TRL's value, without = grpolens')")
-KNOWN_GAPS = {
-    "is_sequence_mask": (("loss",), IS_LOSS),
-    "is_token_truncate": (("loss",), IS_LOSS),
-}
+KNOWN_GAPS: dict[str, tuple[tuple[str, ...], str]] = {}
 
 
 def _is(key: str, keys) -> bool:
@@ -67,11 +61,17 @@ def test_recompute_matches_trl_log(trl_run, name):
     _assert_parity([r for r in rows if not _is(r.key, gap)], name)
 
 
-@pytest.mark.xfail(strict=True, reason=IS_LOSS)
 @pytest.mark.parametrize("name", ["is_sequence_mask", "is_token_truncate"])
 def test_loss_with_rollout_importance_sampling(trl_run, name):
-    rows = [r for r in trl_parity.compare(trl_run(name) / "run") if r.key == "loss"]
+    """TRL multiplies the policy term by its vLLM IS ratio before + beta*kl: the trl `loss` matches
+    with the run's rollout_is config, and would not without it (the ratio is not ~1 in these runs)."""
+    from grpolens import parity
+
+    run = trl_run(name) / "run"
+    rows = [r for r in trl_parity.compare(run) if r.key == "loss"]
     _assert_parity(rows, f"{name} loss")
+    without = [r for r in parity.compare(run, overrides={"rollout_is": None}) if r.key == "loss"]
+    assert any(r.status == "mismatch" for r in without), trl_parity.summary(without)
 
 
 # TRL computes sampling/* once per generation round and logs them only at steps that generated;

@@ -11,6 +11,35 @@ DEFAULTS = {"epsilon": 0.2, "epsilon_high": None, "delta": None, "beta": 0.0, "u
             "max_completion_length": None, "log_ratio_clamp": None}
 
 
+def ref_is_weight(c, ris):
+    """(factor, keep) on the padded arrays: the rollout IS weight the trainer multiplies the policy
+    loss by, and the tokens it leaves in the loss. TRL (trl-notes §5): d = nan_to_num((old − sampling)·M),
+    token ratio e^d or sequence ratio e^(Σ_t d); *_truncate clamps to [clip_min, clip_max], *_mask
+    zeroes ratios outside it. grpolens' documented additions: the exponent is bounded at ±20, and
+    a sequence holding both +inf and −inf δ (no defined Σδ) counts as δ = 0. The canonical
+    ``{"mode": "mask"}`` (xtuner) keeps the weight and removes the tokens outside [lower, upper]."""
+    if "vllm_importance_sampling_mode" in ris:
+        level, kind = ris["vllm_importance_sampling_mode"].split("_")
+        lo, hi = ris.get("vllm_importance_sampling_clip_min"), ris.get("vllm_importance_sampling_clip_max", 3.0)
+    else:
+        level, kind, lo, hi = ris["level"], {"mask": "reject"}.get(ris["mode"], ris["mode"]), ris.get("lower"), ris.get("upper")
+    with np.errstate(all="ignore"):
+        d = c.old - c.rollout
+        d = np.where(c.mask & ~np.isnan(d), d, 0.0)
+        d[(d == np.inf).any(1) & (d == -np.inf).any(1)] = 0.0
+        x = d if level == "token" else d.sum(1, keepdims=True) * np.ones_like(d)
+        w = np.exp(np.clip(x, -20, 20))
+        inside = (w <= (hi if hi is not None else np.inf)) & (w >= (lo if lo is not None else 0.0))
+    keep = np.ones(w.shape, dtype=bool)
+    if kind == "none":
+        return np.ones_like(w), keep
+    if kind == "truncate":
+        return np.clip(w, lo if lo is not None else 0.0, hi), keep
+    if kind == "mask":
+        return np.where(inside, w, 0.0), keep
+    return w, inside  # reject
+
+
 def ref_token_loss(c, cfg):
     """(L, v) on the padded (B, T) arrays of one loss call."""
     cfg = {**DEFAULTS, **cfg}
@@ -42,6 +71,10 @@ def ref_token_loss(c, cfg):
             c1 = coef if cfg["delta"] is None else np.minimum(coef, cfg["delta"])
             c2 = np.clip(coef, 1 - eps_lo, 1 + eps_hi)
             L = -np.minimum(c1 * A, c2 * A)
+        if cfg.get("rollout_is"):  # the IS weight multiplies the policy term, before + β·kl
+            factor, keep = ref_is_weight(c, cfg["rollout_is"])
+            v &= keep
+            L = L * factor
         if beta:
             x = c.ref - c.logp
             kl = np.exp(x) - x - 1
@@ -184,3 +217,87 @@ def test_loss_hand_worked(tmp_path):
         assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(w, rel=1e-6), lt
     run = write_run(tmp_path / "delta", [c], config={"loss_type": "grpo", "delta": 1.1})
     assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(-0.125, rel=1e-6)
+
+
+IS_CASES = [  # (loss config, the run's rollout_is config as the trainer spells it)
+    ({"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": True},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
+      "vllm_importance_sampling_clip_min": 0.9, "vllm_importance_sampling_clip_max": 1.1}),
+    ({"loss_type": "grpo"},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_mask",
+      "vllm_importance_sampling_clip_min": 0.85, "vllm_importance_sampling_clip_max": 1.15}),
+    ({"loss_type": "grpo", "beta": 0.04},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
+      "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 1.5}),
+    ({"loss_type": "bnpo", "beta": 0.1},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_truncate",
+      "vllm_importance_sampling_clip_min": 0.7, "vllm_importance_sampling_clip_max": 1.4}),
+    ({"loss_type": "gspo", "epsilon": 3e-3, "epsilon_high": 4e-3, "beta": 0.04},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_truncate",
+      "vllm_importance_sampling_clip_max": 2.0}),
+    ({"loss_type": "cispo", "epsilon_high": 1.5, "beta": 0.02},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate"}),
+    ({"loss_type": "dr_grpo", "max_completion_length": 12},
+     {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask"}),
+    ({"loss_type": "grpo", "beta": 0.04}, {"level": "sequence", "mode": "mask", "lower": 0.7, "upper": 1.4}),
+    ({"loss_type": "dapo"}, {"level": "token", "mode": "none"}),
+]
+
+
+@pytest.mark.parametrize("cfg,ris", IS_CASES, ids=lambda x: str(x.get("loss_type") or x.get("vllm_importance_sampling_mode") or x.get("mode")))
+def test_loss_with_rollout_importance_sampling(tmp_path, cfg, ris):
+    """Both profiles multiply the policy term by the rollout IS weight when the run's config has it."""
+    rng = np.random.default_rng(24)
+    calls = random_calls(rng, nonfinite=0.05, spread=0.5, batch=5, max_len=12)
+    for c in calls:  # the rollout engine noticeably off, so that bands and clamps bite
+        c.rollout = np.where(np.isfinite(c.rollout), f32(c.rollout + rng.normal(scale=0.15, size=c.rollout.shape)), c.rollout)
+    full = {**cfg, "rollout_is": ris}
+    run = write_run(tmp_path / "run", calls, config=full)
+    got = grpolens.recompute(run, write=False)
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    for step in (0, 1):
+        want, plain = ref_pooled(calls, step, full), ref_pooled(calls, step, cfg)
+        assert want is not None
+        assert approx(got.filter(got["step"] == step)["loss"][0], want), step
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], ref_trl(calls, step, full)), step
+        if ris.get("mode") == "none":
+            assert approx(want, plain)  # describe-only: the loss is the uncorrected one
+        else:
+            assert not approx(want, plain, rel=1e-3)  # the weights matter on this data
+
+
+def test_rollout_importance_sampling_without_rollout_logp(tmp_path):
+    """The trainer weighted its loss by rollout IS weights the run cannot recompute: null, not a guess."""
+    calls = random_calls(np.random.default_rng(25), rollout=False)
+    ris = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate"}
+    run = write_run(tmp_path / "run", calls, config={"loss_type": "grpo", "rollout_is": ris})
+    for profile in ("grpolens", "trl"):
+        assert grpolens.recompute(run, profile=profile, write=False)["loss"].to_list() == [None, None]
+    off = {**ris, "vllm_importance_sampling_correction": False}
+    run = write_run(tmp_path / "off", calls, config={"loss_type": "grpo", "rollout_is": off})
+    assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(ref_pooled(calls, 0, {"loss_type": "grpo"}))
+
+
+def test_loss_with_rollout_importance_sampling_hand_worked(tmp_path):
+    # eps = 0.2, no KL, policy ratio 1 everywhere, so the policy term is -A per token.
+    #   seq A: A = +1, IS token ratios e^(old - rollout) = [2.0, 0.5]; seq B: A = -1, ratio [0.8]
+    #   token_truncate [0.8, 1.25]: A -> [-1.25, -0.8], B -> [0.8]; dapo = (-2.05 + 0.8) / 3 = -0.41667
+    #                               grpo = (-1.025 + 0.8) / 2 = -0.1125
+    #   sequence_truncate (max 3):   A: e^(ln 2 + ln 0.5) = 1 -> [-1, -1]; B: 0.8 -> [0.8]; dapo = -1.2 / 3 = -0.4
+    #   sequence_mask (max 0.9):     A: 1 > 0.9 -> 0; B: 0.8 stays -> [0.8]; dapo = 0.8 / 3 = 0.26667
+    rng = np.random.default_rng(0)
+    (c,) = random_calls(rng, steps=(0,), ranks=1, micro_batches=1, batch=2, max_len=2, all_masked_row=False,
+                        single_token=False, zero_adv=False)
+    c.lengths[:] = [2, 1]
+    c.logp[:] = c.old[:] = -1.0
+    c.rollout[:] = -1.0 - np.log([[2.0, 0.5], [0.8, 1.0]])
+    c.mask[:] = [[True, True], [True, False]]
+    c.advantages[:] = [1.0, -1.0]
+    cases = [("token_truncate", 0.8, 1.25, "dapo", (-2.05 + 0.8) / 3), ("token_truncate", 0.8, 1.25, "grpo", -0.1125),
+             ("sequence_truncate", None, 3.0, "dapo", -0.4), ("sequence_mask", None, 0.9, "dapo", 0.8 / 3)]
+    for i, (mode, lo, hi, lt, want) in enumerate(cases):
+        ris = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode,
+               "vllm_importance_sampling_clip_min": lo, "vllm_importance_sampling_clip_max": hi}
+        run = write_run(tmp_path / str(i), [c], config={"loss_type": lt, "rollout_is": ris})
+        for profile in ("grpolens", "trl"):
+            assert grpolens.recompute(run, profile=profile, write=False)["loss"][0] == pytest.approx(want, rel=1e-6), (mode, lt, profile)
