@@ -306,9 +306,8 @@ def recompute(
     collected: dict[str, dict[int, Any]] = {}  # visitor name -> step -> piece (visitors with collect=True)
     computed: set[int] = set()
     for res in iter_steps(run, tok_todo, visitors, on_step=tick):
-        seq_df, present = res.pieces[seqv.name]
+        seqs, present = res.pieces[seqv.name]
         present_any |= present
-        seqs = {c: seq_df[c].to_numpy() for c in seq_df.columns} if seq_df.height else {}
         sd = reduce.StepData(res.step, seqs, cfg, profile, read_samples(run, res.step), present, {})
         sd.extra["pieces"] = res.pieces
         sd.extra["run_has_samples"] = bool(sample_steps)

@@ -172,20 +172,21 @@ def parse_shard_path(path: Path, table: str) -> Shard | None:
 
 def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int] | None = None) -> list[Shard]:
     """All shards of ``table`` in ``run``, sorted by (step, rank, part). Stray files are ignored
-    here (``grpolens validate`` reports them)."""
+    here (``grpolens validate`` reports them). With ``steps``, only those steps' directories are
+    listed (cheap on a run with thousands of steps)."""
     root = Path(run) / table
-    if not root.is_dir():
-        return []
-    wanted = None if steps is None else set(steps)
+    if steps is None:
+        dirs = [d for d in (root.iterdir() if root.is_dir() else ()) if _STEP_RE.match(d.name)]
+    else:
+        dirs = [root / f"step={int(s):08d}" for s in set(steps)]
     out = []
-    for step_dir in root.iterdir():
-        s = _STEP_RE.match(step_dir.name)
-        if not s or not step_dir.is_dir():
+    for step_dir in dirs:
+        try:
+            names = os.listdir(step_dir)
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        if wanted is not None and int(s.group(1)) not in wanted:
-            continue
-        for f in step_dir.iterdir():
-            shard = parse_shard_path(f, table)
+        for name in names:
+            shard = parse_shard_path(step_dir / name, table)
             if shard is not None:
                 out.append(shard)
     return sorted(out)

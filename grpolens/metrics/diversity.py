@@ -81,10 +81,51 @@ def jaccard_distance(completions: Sequence[Sequence]) -> float:
 
 
 def group_diversity(completions: Sequence[Sequence]) -> dict[str, float]:
-    ids = _as_ids(completions)
-    joined = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    return {"distinct_1": distinct_n(joined, 1), "distinct_2": distinct_n(joined, 2),
-            "jaccard": jaccard_distance(ids)}
+    d1, d2, jac = groups_diversity([completions])[0]
+    return {"distinct_1": float(d1), "distinct_2": float(d2), "jaccard": float(jac)}
+
+
+def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
+    """(distinct_1, distinct_2, jaccard) of every group, shape (groups, 3).
+
+    The distinct-n counts of all groups come from one sort each over (group, n-gram) keys, which is
+    what keeps diversity cheap on steps with many groups; Jaccard needs one small product per group.
+    """
+    out = np.zeros((len(groups), 3))
+    comps = [c for g in groups for c in g]
+    if not comps:
+        return out
+    ids = _as_ids(comps)
+    n_groups = len(groups)
+    sizes = np.array([len(g) for g in groups])
+    lens = np.array([len(c) for c in ids])
+    tok = np.concatenate(ids)
+    if len(tok) == 0:
+        return out
+    vocab, dense = np.unique(tok, return_inverse=True)
+    dense = dense.reshape(-1).astype(np.int64)
+    u = len(vocab)
+    tg = np.repeat(np.repeat(np.arange(n_groups), sizes), lens)  # group of each token
+    length = np.bincount(tg, minlength=n_groups).astype(np.float64)
+    uni = np.unique(tg * u + dense)
+    n1 = np.bincount(uni // u, minlength=n_groups)
+    out[:, 0] = np.where(length >= 1, n1 / np.maximum(length, 1), 0.0)
+    same = tg[1:] == tg[:-1]  # bigrams run across completions but never across groups
+    if n_groups * u * u < 2**62:
+        big = np.unique((tg[1:][same] * u + dense[:-1][same]) * u + dense[1:][same])
+        n2 = np.bincount(big // (u * u), minlength=n_groups)
+        out[:, 1] = np.where(length >= 2, n2 / np.maximum(length - 1, 1), 0.0)
+    else:  # astronomically many distinct tokens: per group, without the packed key
+        start = 0
+        for gi, g in enumerate(groups):
+            joined = np.concatenate(ids[start:start + len(g)]) if len(g) else np.zeros(0, np.int64)
+            out[gi, 1] = distinct_n(joined, 2)
+            start += len(g)
+    start = 0
+    for gi, g in enumerate(groups):
+        out[gi, 2] = jaccard_distance(ids[start:start + len(g)])
+        start += len(g)
+    return out
 
 
 class SampleTokens:
@@ -142,10 +183,13 @@ def step_groups(sd) -> list[list]:
     return groups
 
 
-def step_diversity(sd) -> list[dict[str, float]]:
-    """Each group's values, computed once per step for all six metrics."""
+_COLUMN = {"distinct_1": 0, "distinct_2": 1, "jaccard": 2}
+
+
+def step_diversity(sd) -> np.ndarray:
+    """Each group's values (see :func:`groups_diversity`), computed once per step for all six metrics."""
     if "_diversity_values" not in sd.extra:
-        sd.extra["_diversity_values"] = [group_diversity(g) for g in step_groups(sd)]
+        sd.extra["_diversity_values"] = groups_diversity(step_groups(sd))
     return sd.extra["_diversity_values"]
 
 
@@ -154,7 +198,7 @@ def _reducer(key: str, micro: bool):
         groups = step_groups(sd)
         if not groups:
             return None
-        vals = np.array([v[key] for v in step_diversity(sd)])
+        vals = step_diversity(sd)[:, _COLUMN[key]]
         if micro:
             w = np.array([len(g) for g in groups], dtype=np.float64)
             return float((vals * w).sum() / w.sum())

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from grpolens import format as fmt
 from grpolens.format import RunFormatError
 from grpolens.metrics.batch import TokenBatch
-from grpolens.metrics.partials import merge_partials, sequence_partials
+from grpolens.metrics.partials import merge_arrays, sequence_partials
 
 READ_COLUMNS = tuple(c.name for c in fmt.TOKEN_COLUMNS)
 
@@ -62,16 +62,18 @@ class SequencePartials:
     def __init__(self, cfg: dict):
         self.cfg = cfg
 
-    def shard(self, batch: TokenBatch, shard: fmt.Shard) -> tuple[pl.DataFrame, set[str]]:
+    def shard(self, batch: TokenBatch, shard: fmt.Shard) -> tuple[dict[str, np.ndarray], set[str]]:
         cols = sequence_partials(batch, self.cfg)
         batch.partials = cols
-        return pl.DataFrame(cols), set(batch.present)
+        return cols, set(batch.present)
 
-    def combine(self, step: int, pieces: list[tuple[pl.DataFrame, set[str]]]) -> tuple[pl.DataFrame, set[str]]:
+    def combine(self, step: int, pieces: list[tuple[dict, set[str]]]) -> tuple[dict[str, np.ndarray], set[str]]:
+        """The step's per-sequence partials as column arrays (one row per sequence), and the
+        optional token columns present in any of its shards."""
         present: set[str] = set()
         for _, p in pieces:
             present |= p
-        return merge_partials([f for f, _ in pieces]), present
+        return merge_arrays([cols for cols, _ in pieces]), present
 
 
 def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS) -> pa.Table:

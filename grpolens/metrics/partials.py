@@ -98,3 +98,36 @@ def merge_partials(frames: list[pl.DataFrame]) -> pl.DataFrame:
         e = pl.col(c)
         aggs.append({"sum": e.sum(), "max": e.max(), "min": e.min(), "first": e.drop_nulls().first()}[rule].alias(c))
     return df.group_by(list(KEY_COLUMNS), maintain_order=True).agg(aggs).sort(list(KEY_COLUMNS))
+
+
+#: What a piece that lacks a column contributes under each merge rule (nothing, in effect).
+_NEUTRAL = {"sum": 0.0, "max": -np.inf, "min": np.inf, "first": np.nan}
+
+
+def merge_arrays(pieces: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """:func:`merge_partials` for per-shard column dicts, without building DataFrames.
+
+    Pieces from whole shards never split a sequence (the writer's promise), so the usual work is a
+    concatenation and one sort; a column a piece lacks (a producer skipped for lack of an optional
+    column on that rank) is filled with its merge rule's neutral value. Should two pieces share a
+    sequence after all, the general merge runs.
+    """
+    pieces = [p for p in pieces if len(p.get("sample_id", ()))]
+    if not pieces:
+        return {}
+    rules = merge_rules()
+    names = list(dict.fromkeys(c for p in pieces for c in p))
+    out = {}
+    for c in names:
+        fill = _NEUTRAL[rules.get(c, "sum")]
+        out[c] = np.concatenate([p[c] if c in p else np.full(len(p["sample_id"]), fill) for p in pieces])
+    keys = [out[k] for k in KEY_COLUMNS]
+    order = np.lexsort(keys[::-1])
+    out = {c: v[order] for c, v in out.items()}
+    same = np.ones(len(order) - 1, dtype=bool)
+    for k in KEY_COLUMNS:
+        same &= out[k][1:] == out[k][:-1]
+    if same.any():
+        df = merge_partials([pl.DataFrame(p) for p in pieces])
+        return {c: df[c].to_numpy() for c in df.columns}
+    return out

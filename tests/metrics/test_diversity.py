@@ -97,3 +97,16 @@ def test_text_fallback_and_no_samples(tmp_path):
     for key in ("distinct_1", "distinct_2", "jaccard"):
         assert df.filter(df["step"] == 0)[f"diversity/{key}"][0] == pytest.approx(ref[key])
     assert df.filter(df["step"] == 1)["diversity/jaccard"][0] is None  # no samples at step 1
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_many_groups_at_once_equal_each_group_alone(seed):
+    """The step-level computation packs all groups into one sort: no n-gram may cross groups."""
+    from grpolens.metrics.diversity import groups_diversity
+
+    rng = np.random.default_rng(seed)
+    groups = [[rng.integers(0, 8, size=rng.integers(0, 6)) for _ in range(rng.integers(1, 5))] for _ in range(12)]
+    got = groups_diversity(groups)
+    for g, row in zip(groups, got):
+        ref = ref_group([list(c) for c in g])
+        assert row == pytest.approx([ref["distinct_1"], ref["distinct_2"], ref["jaccard"]])

@@ -69,3 +69,22 @@ def test_halves_of_sequences_merge(tmp_path):
     for c in mine:
         a, b = whole[c].to_numpy(), merged[c].to_numpy()
         assert np.allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True), c
+
+
+def test_merge_arrays_fills_missing_columns_neutrally_and_falls_back_on_shared_sequences():
+    import numpy as np
+
+    from grpolens.metrics.partials import merge_arrays
+
+    key = lambda sids: {"step": np.zeros(len(sids), np.int64), "rank": np.zeros(len(sids), np.int64),
+                        "micro_batch": np.zeros(len(sids), np.int64), "sample_id": np.array(sids, np.int64)}
+    a = {**key([2, 0]), "entropy.sum": np.array([1.0, 2.0]), "entropy.n": np.array([1.0, 1.0])}
+    b = {**key([1]), "health.masked": np.array([3.0])}  # a rank whose shard had no entropy column
+    out = merge_arrays([a, b])
+    assert out["sample_id"].tolist() == [0, 1, 2]
+    assert out["entropy.sum"].tolist() == [2.0, 0.0, 1.0] and out["entropy.n"].tolist() == [1.0, 0.0, 1.0]
+    assert out["health.masked"].tolist() == [0.0, 3.0, 0.0]
+    # a sequence in two pieces (never from whole shards, but possible): merged by its rule
+    c = {**key([0]), "entropy.sum": np.array([5.0]), "entropy.n": np.array([2.0])}
+    out = merge_arrays([a, c])
+    assert out["sample_id"].tolist() == [0, 2] and out["entropy.sum"].tolist() == [7.0, 1.0]
