@@ -50,6 +50,19 @@ def distinct_n(tokens: Sequence, n: int) -> float:
     return _n_unique(grams) / (len(ids) - n + 1)
 
 
+def _unique(x: np.ndarray) -> np.ndarray:
+    """Sorted distinct values. Sort-based on purpose: numpy 2's hash-based ``np.unique`` measured
+    ~6 ms per call on a step's few hundred thousand int64 keys, 20x slower than a sort here."""
+    u = np.sort(x)
+    return u[np.concatenate(([True], u[1:] != u[:-1]))] if len(u) else u
+
+
+def _dense_ranks(x: np.ndarray) -> tuple[int, np.ndarray]:
+    """Number of distinct values and each element's rank among them (``np.unique`` inverse)."""
+    u = _unique(x)
+    return len(u), np.searchsorted(u, x)
+
+
 def _n_unique(x: np.ndarray) -> int:
     # sort-based: for the few thousand ints of a group this beats np.unique's hash path
     if len(x) == 0:
@@ -66,8 +79,7 @@ def jaccard_distance(completions: Sequence[Sequence]) -> float:
     # One sort of (token, completion) pairs gives the membership matrix (distinct tokens ×
     # completions); M.T @ M then holds every pairwise intersection size at once.
     owner = np.repeat(np.arange(g), [len(c) for c in ids])
-    pairs = np.sort(np.concatenate(ids) * g + owner)
-    pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))] if len(pairs) else pairs
+    pairs = _unique(np.concatenate(ids) * g + owner)
     tok, own = pairs // g, pairs % g
     row = np.cumsum(np.concatenate(([True], tok[1:] != tok[:-1]))) - 1 if len(tok) else tok
     member = np.zeros((int(row[-1]) + 1 if len(row) else 0, g))
@@ -102,17 +114,18 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     tok = np.concatenate(ids)
     if len(tok) == 0:
         return out
-    vocab, dense = np.unique(tok, return_inverse=True)
-    dense = dense.reshape(-1).astype(np.int64)
-    u = len(vocab)
+    if tok.min() >= 0 and tok.max() < 2**24:  # token ids of any real vocabulary: use them as they are
+        u, dense = int(tok.max()) + 1, tok
+    else:
+        u, dense = _dense_ranks(tok)
     tg = np.repeat(np.repeat(np.arange(n_groups), sizes), lens)  # group of each token
     length = np.bincount(tg, minlength=n_groups).astype(np.float64)
-    uni = np.unique(tg * u + dense)
+    uni = _unique(tg * u + dense)
     n1 = np.bincount(uni // u, minlength=n_groups)
     out[:, 0] = np.where(length >= 1, n1 / np.maximum(length, 1), 0.0)
     same = tg[1:] == tg[:-1]  # bigrams run across completions but never across groups
     if n_groups * u * u < 2**62:
-        big = np.unique((tg[1:][same] * u + dense[:-1][same]) * u + dense[1:][same])
+        big = _unique((tg[1:][same] * u + dense[:-1][same]) * u + dense[1:][same])
         n2 = np.bincount(big // (u * u), minlength=n_groups)
         out[:, 1] = np.where(length >= 2, n2 / np.maximum(length - 1, 1), 0.0)
     else:  # astronomically many distinct tokens: per group, without the packed key
