@@ -33,6 +33,7 @@ def serve_cmd(
     if not 0 < port < 65536:
         raise UserError(f"--port must be in 1..65535, got {port}")
     runs = resolve_runs(paths or [Path(".")], baseline)
+    _check_port(host, port)
     if not no_recompute:
         _recompute_all(runs, console)
     if watch:
@@ -47,6 +48,25 @@ def serve_cmd(
     shown = "localhost" if host in ("0.0.0.0", "::") else host
     console.print(f"serving {len(runs.names)} run(s) at http://{shown}:{port}/  (Ctrl-C stops)", highlight=False)
     app.run(host=host, port=port, debug=debug, use_reloader=debug)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail now, with one line, when the address cannot be listened on (before any recompute)."""
+    import socket
+
+    from grpolens.errors import UserError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise UserError(f"--host {host}: {e}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise UserError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e}); "
+                            "is another server running there? pick another --port") from None
 
 
 def _recompute_all(runs, console) -> None:

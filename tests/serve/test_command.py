@@ -23,6 +23,18 @@ def test_serve_argument_errors(serve_runs, tmp_path, args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_port_in_use_is_one_line(serve_runs):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "grpolens.cli", "serve", str(serve_runs[1]), "--port", str(port)],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--port {port}: cannot listen" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_run_version_changes_when_a_step_appears(serve_runs, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(serve_runs[1], run)
