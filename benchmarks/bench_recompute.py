@@ -28,17 +28,20 @@ print(n)
 
 
 def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall time, this process's own peak RSS (MiB, from wait4), stdout."""
+    """Wall time, the child's own peak RSS in MiB (from wait4), and its stdout."""
     import os
 
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate()
-    _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (proc.pid, proc.returncode, None)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
-    return wall, (usage.ru_maxrss / 1024 if usage else float("nan")), out
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{err.read()[-2000:]}")
+        return wall, usage.ru_maxrss / 1024, out.read()
 
 
 def main() -> None:
@@ -60,6 +63,7 @@ def main() -> None:
         print(f"synth: {steps} steps in {wall:.1f} s")
     wall, rss, out = timed([sys.executable, "-c", FLOOR, str(run)])
     rows = int(out.strip())
+    steps = len(list((run / "tokens").iterdir()))
     print(f"run: {rows:,} token rows, {steps} steps, {sum(f.stat().st_size for f in run.rglob('*.parquet')) / 2**20:.0f} MiB")
     print(f"{'what':<34}{'wall s':>9}{'M tok/s':>9}{'peak RSS MiB':>14}")
     print(f"{'read floor (all columns)':<34}{wall:>9.2f}{rows / wall / 1e6:>9.2f}{rss:>14.0f}")
