@@ -412,7 +412,10 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
         legend = (f"{toks.height} tokens ({how}), coloured by {SCORE_LABELS[color_by]}"
                   f" -- {'blue < 0 < red' if diverging else 'white 0 → red'}, saturating at {scale:.3g}"
                   f" (99th percentile of the step); dashed: masked out of the loss; hover a token for its numbers")
-        parts += [html.Div(legend, className="hint"), html.Div(spans, className="tokens", id="completion-tokens")]
+        prof = figures.profile_figure(toks["pos"].to_numpy(), toks[col].cast(pl.Float64).fill_null(np.nan).to_numpy(),
+                                      SCORE_LABELS[color_by] if col == color_by else "log ratio", focus_pos)
+        parts += [dcc.Graph(id="completion-profile", figure=prof, config=GRAPH_CONFIG, className="graph"),
+                  html.Div(legend, className="hint"), html.Div(spans, className="tokens", id="completion-tokens")]
         if more > 0:
             parts.append(html.Div(f"… {more} more tokens not drawn", className="hint"))
     return parts

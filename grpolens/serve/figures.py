@@ -172,3 +172,16 @@ def delta_figure(metric: str, a: str, b: str, x: np.ndarray, y: np.ndarray, idx_
     layout["shapes"] = [{"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
                          "line": {"color": "#999", "width": 1}}]
     return {"data": [trace], "layout": layout}
+
+
+def profile_figure(pos: np.ndarray, values: np.ndarray, label: str, focus: int | None = None) -> dict:
+    """One completion's score along its positions (the chips below show the same, token by token)."""
+    trace = {"type": _kind(len(pos)), "x": typed(pos), "y": typed(values), "mode": "lines+markers" if len(pos) <= 300
+             else "lines", "line": {"color": "#d62728", "width": 1.2}, "marker": {"size": 3}, "name": label,
+             "hovertemplate": "pos %{x}<br>" + label + " %{y:.4g}<extra></extra>"}
+    layout = _layout(f"{label} along the completion", height=170, hovermode="closest", showlegend=False)
+    layout["margin"] = {"l": 55, "r": 10, "t": 28, "b": 28}
+    if focus is not None:
+        layout["shapes"] = [{"type": "line", "xref": "x", "yref": "paper", "x0": focus, "x1": focus, "y0": 0, "y1": 1,
+                             "line": {"color": "#111", "width": 1, "dash": "dot"}}]
+    return {"data": [trace], "layout": layout}

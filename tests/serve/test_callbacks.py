@@ -129,6 +129,9 @@ def test_completion_colours(runset, color):
     spans = [c for c in walk(out) if isinstance(c, html.Span) and "tok" in (c.className or "")]
     assert spans and all(s.style["backgroundColor"].startswith(("rgba", "#")) for s in spans)
     assert any("focus" in s.className for s in spans)  # the top token of the step is outlined
+    prof = [g for g in graphs(out) if g.id == "completion-profile"]
+    assert len(prof) == 1 and prof[0].figure["data"][0]["x"]["dtype"] == "i4"
+    assert len(prof[0].figure["layout"]["shapes"]) == 1  # a line at the focused position
 
 
 def test_colour_scale():
