@@ -15,7 +15,7 @@ from tests.integration import trl_parity
 
 pytest.importorskip("trl")
 
-SINGLE = ["dapo", "grpo_masked", "cispo", "gspo", "dr_grpo", "is_sequence_mask", "is_token_truncate"]
+SINGLE = ["dapo", "grpo_masked", "cispo", "gspo", "gspo_masked", "dr_grpo", "is_sequence_mask", "is_token_truncate"]
 #: Metrics computed once per generation round (TRL averages the rounds of a log window).
 GENERATION_SIDE = ("completions/", "rewards/", "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "sampling/")
 #: Known differences between grpolens' trl profile and TRL, by configuration: (metric keys, why).

@@ -129,6 +129,8 @@ CONFIGS: dict[str, list[str]] = {
     "cispo": ["--loss-type", "cispo", "--epsilon-high", "1.02"],
     "gspo": ["--loss-type", "grpo", "--importance-sampling-level", "sequence", "--epsilon", "0.01",
              "--epsilon-high", "0.015"],
+    "gspo_masked": ["--loss-type", "grpo", "--importance-sampling-level", "sequence", "--mask-truncated-completions",
+                    "--epsilon", "0.003", "--epsilon-high", "0.004"],
     "dr_grpo": ["--loss-type", "dr_grpo", "--temperature", "0.7", "--nan-reward", "--scale-rewards", "batch"],
     "is_sequence_mask": ["--simulate-vllm-is", "sequence_mask"],
     "is_token_truncate": ["--simulate-vllm-is", "token_truncate", "--is-clip-min", "0.97", "--is-clip-max", "1.03"],
