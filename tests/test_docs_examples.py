@@ -26,6 +26,9 @@ def test_example_runs(script, tmp_path):
     env["GRPOLENS_REPO"] = str(ROOT)
     shutil.copytree(ROOT / "sample_runs", tmp_path / "sample_runs")
     if script.name in SERVERS:
+        import re
+
+        port = int(re.search(r"--port (\d+)", script.read_text()).group(1))
         proc = subprocess.Popen(["bash", "-eu", str(script)], cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -34,7 +37,7 @@ def test_example_runs(script, tmp_path):
             deadline = time.time() + 90
             while time.time() < deadline:
                 try:
-                    urllib.request.urlopen("http://127.0.0.1:8050/", timeout=2)
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
                     break
                 except OSError:
                     assert proc.poll() is None, proc.stdout.read()

@@ -835,27 +835,19 @@ def is_step_detail(run: Path, step: int) -> dict[str, Any]:
             zero = one.filter((pl.col("kind") == "applied") & (pl.col("lo") <= 0))["count"].sum()
             out["zeroed"] = int(zero or 0)
             return out
-    out["raw"] = _hist_log10(w)
-    lo, hi = cfg.get("lower"), cfg.get("upper")
-    keep = np.ones(len(w), bool)
-    applied = w.copy()
-    if cfg.get("mode") == "mask":
-        if lo is not None:
-            keep &= w >= float(lo)
-        if hi is not None:
-            keep &= w <= float(hi)
-    elif hi is not None:  # truncate (TIS): clamp from above; the lower bound only applies to masking
-        applied = np.minimum(w, float(hi))
-    vlo, vhi = cfg.get("veto_lower"), cfg.get("veto_upper")
-    bad = np.zeros(len(w), bool)
-    if vlo is not None:
-        bad |= w < float(vlo)
-    if vhi is not None:
-        bad |= w > float(vhi)
-    sid = t["sample_id"].to_numpy()
-    keep &= ~np.isin(sid, np.unique(sid[bad]))
-    out["applied"] = _hist_log10(applied[keep])
-    out["zeroed"] = int((~keep).sum())
+    # No is_hist.parquet for this step: the rollout-IS family's own per-token decisions, on the
+    # step's shards (one implementation of truncation, masking and veto for every view).
+    from grpolens import drilldown
+    from grpolens.format import read_manifest
+    from grpolens.metrics.config import check_config
+    from grpolens.rollout_is import ISConfig, token_weights
+
+    b = drilldown.load_step(run, step)
+    tw = token_weights(b, ISConfig.from_cfg(check_config(read_manifest(run).resolved_config())))
+    valid = tw["valid"]
+    out["raw"] = _hist_log10(tw["is_weight_raw"][valid])
+    out["applied"] = _hist_log10(tw["is_weight"][valid & tw["is_mask"]])
+    out["zeroed"] = int((valid & ~tw["is_mask"]).sum())
     return out
 
 
