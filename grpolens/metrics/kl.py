@@ -33,7 +33,6 @@ BUCKETS = ((0, 32), (33, 64), (65, 128), (129, 256), (257, None))
 BUCKET_LABELS = tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" for lo, hi in BUCKETS)
 _EDGES = np.array([hi for _, hi in BUCKETS[:-1]], dtype=np.float64)
 #: Loss types that average per sequence first (k3_loss_norm follows the loss' normalisation).
-SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
 
 _MERGE = {
     "kl.n": "sum", "kl.masked": "sum",
@@ -111,17 +110,10 @@ def _k3_loss_norm(sd) -> float | None:
     n = sd.col("kl.n")
     if not maxent and n.sum() == 0:
         return None  # MaxEnt clamps its denominators and logs 0.0; grpolens has nothing to average
-    lt = sd.cfg.get("loss_type")
-    if lt in SEQ_MEAN_LOSSES:
-        return float(np.mean(s / np.maximum(n, 1.0)))
-    if lt == "luspo":
-        return float(np.mean(s))
-    if lt == "dr_grpo":
-        length = sd.cfg.get("max_completion_length")
-        if not length and maxent:
-            length = float(np.max(sd.col("seq_tokens")))  # MaxEnt: the padded width of the batch
-        return float(s.sum() / (sd.n_seq * max(float(length), 1.0))) if length else None
-    return float(s.sum() / max(n.sum(), 1.0)) if maxent else float(s.sum() / n.sum())
+    length = sd.cfg.get("max_completion_length")
+    if not length and maxent:
+        length = float(np.max(sd.col("seq_tokens")))  # MaxEnt: the padded width of the batch
+    return reduce.normalise_like_loss(sd.cfg.get("loss_type"), s, n, length, clamp=maxent)
 
 
 def bucket_of(masked: np.ndarray) -> np.ndarray:

@@ -49,12 +49,12 @@ from grpolens.metrics.clip import PPO_CLIP_LOSSES
 from grpolens.metrics.partials import producer
 from grpolens.metrics.kl import kl_k3, kl_valid
 from grpolens.metrics.policy import adv_masked, adv_valid, coef
+from grpolens.metrics.reduce import SEQ_MEAN_LOSSES, normalise_like_loss
 from grpolens.metrics.registry import Metric, register
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials
 from grpolens.rollout_is import ISConfig, loss_weights
 
 #: Loss types that average each sequence's tokens first, then the sequences.
-SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
 #: Loss types normalised by a (global) token count.
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo", "cispo")
 
@@ -111,15 +111,7 @@ def _loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 
 def _pooled(sd, s: np.ndarray, n: np.ndarray) -> float | None:
-    lt = sd.cfg["loss_type"]
-    if lt in SEQ_MEAN_LOSSES:
-        return float(np.mean(s / np.maximum(n, 1.0)))
-    if lt == "luspo":
-        return float(np.mean(s))
-    if lt == "dr_grpo":
-        length = sd.cfg.get("max_completion_length")
-        return float(s.sum() / (len(s) * length)) if length else None
-    return float(s.sum() / n.sum())
+    return normalise_like_loss(sd.cfg["loss_type"], s, n, sd.cfg.get("max_completion_length"))
 
 
 def _trl(sd, s: np.ndarray, n: np.ndarray) -> float | None:

@@ -139,3 +139,24 @@ def compute(metric: Metric, sd: StepData) -> float | None:
     if kind in ("seq_frac_min", "seq_frac_max"):
         return seq_fraction_extreme(sd, metric.num, metric.den, kind[-3:], rule)
     raise ValueError(f"metric {metric.name}: unknown kind {kind!r}")
+
+
+#: Loss types that average each sequence's token mean (the others pool tokens, or use a constant).
+SEQ_MEAN_LOSSES = ("grpo", "sapo", "gspo")
+
+
+def normalise_like_loss(loss_type: str, s: np.ndarray, n: np.ndarray, length: float | None,
+                        clamp: bool = False) -> float | None:
+    """Per-sequence sums ``s`` over ``n`` tokens, normalised the way ``loss_type`` normalises its loss.
+
+    grpo/sapo/gspo: mean over sequences of s/max(n, 1); luspo: mean of s; dr_grpo: Σ s over
+    (sequences × ``length``, the constant max_completion_length; None without one); the token-mean
+    types (dapo, bnpo, cispo): Σ s / Σ n, with Σ n clamped to >= 1 when ``clamp`` (MaxEnt does).
+    """
+    if loss_type in SEQ_MEAN_LOSSES:
+        return float(np.mean(s / np.maximum(n, 1.0)))
+    if loss_type == "luspo":
+        return float(np.mean(s))
+    if loss_type == "dr_grpo":
+        return float(s.sum() / (len(s) * max(float(length), 1.0))) if length else None
+    return float(s.sum() / max(n.sum(), 1.0)) if clamp else float(s.sum() / n.sum())
