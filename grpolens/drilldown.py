@@ -35,8 +35,9 @@ DEFAULT_TOP_K = 32
 TOP_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "pos")
 
 
-def token_scores(b: TokenBatch, by: str) -> np.ndarray | None:
-    """Per-token score ``by`` (NaN where the token is masked out or an input is not finite)."""
+def token_scores(b: TokenBatch, by: str, masked_only: bool = True) -> np.ndarray | None:
+    """Per-token score ``by``: NaN where an input is not finite, and (``masked_only``, the
+    default) where the token does not count in the loss. None when the run lacks an input."""
     if by not in SCORES:
         raise ValueError(f"unknown score {by!r}; choose one of {', '.join(SCORES)}")
     if not b.has(*SCORES[by]):
@@ -54,7 +55,8 @@ def token_scores(b: TokenBatch, by: str) -> np.ndarray | None:
             s = c["entropy"].copy()
         else:
             s = np.abs(b.adv) * np.abs(b.ratio - 1.0)
-    return np.where(b.mask & np.isfinite(s), s, np.nan)
+    keep = np.isfinite(s) & (b.mask if masked_only else True)
+    return np.where(keep, s, np.nan)
 
 
 def token_frame(b: TokenBatch, idx: np.ndarray) -> dict[str, np.ndarray]:

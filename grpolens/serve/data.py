@@ -384,28 +384,39 @@ def step_tokens(run: Path, step: int) -> pl.DataFrame:
     from grpolens.metrics.engine import read_tokens
 
     def make() -> pl.DataFrame:
+        import pyarrow as pa
+
+        from grpolens import drilldown
+        from grpolens.metrics.batch import TokenBatch
+        from grpolens.rollout_is import bounded_exp
+
         shards = fmt.list_shards(run, fmt.TOKENS, [step])
         if not shards:
             return pl.DataFrame()
-        frames = [pl.from_arrow(read_tokens(sh.path, _TOKEN_READ)) for sh in shards]
-        df = pl.concat(frames, how="diagonal_relaxed")
+        table = pa.concat_tables([read_tokens(sh.path, ("step", *_TOKEN_READ)) for sh in shards],
+                                 promote_options="default")
+        df = pl.from_arrow(table).drop("step")
         for c in ("token_id", "old_logp", "ref_logp", "rollout_logp", "entropy"):
             if c not in df.columns:
                 df = df.with_columns(pl.lit(None, dtype=pl.Float32 if c != "token_id" else pl.Int32).alias(c))
-        old = pl.coalesce(pl.col("old_logp"), pl.col("logp")).cast(pl.Float64)
-        logp = pl.col("logp").cast(pl.Float64)
-        d_ref = pl.col("ref_logp").cast(pl.Float64) - logp
-        df = df.with_columns(
-            _finite(logp - old).alias("log_ratio"),
-            _finite((logp - old).exp()).alias("ratio"),
-            _finite(d_ref.exp() - d_ref - 1).alias("kl"),
-            _finite((old - pl.col("rollout_logp").cast(pl.Float64)).abs()).alias("mismatch"),
-            _finite((old - pl.col("rollout_logp").cast(pl.Float64)).exp()).alias("is_weight"),
-            _finite(pl.col("entropy")).alias("entropy"),
-        ).with_columns(
-            _finite((pl.col("advantage").cast(pl.Float64) * (pl.col("ratio") - 1)).abs()).alias("adv_ratio"),
-        )
-        return df.sort("rank", "micro_batch", "sample_id", "pos")
+        df = df.sort("rank", "micro_batch", "sample_id", "pos")  # TokenBatch's row order
+        # The scores are drilldown's (one definition for `grpolens tokens` and this page), on every
+        # stored token: masked ones are shown too, struck through.
+        b = TokenBatch.from_arrow(table)
+        nan = np.full(b.n, np.nan)
+
+        def score(by: str) -> np.ndarray:
+            s = drilldown.token_scores(b, by, masked_only=False)
+            return nan if s is None else s
+
+        with np.errstate(all="ignore"):
+            rollout = b.cols.get("rollout_logp", nan)
+            derived = {
+                "log_ratio": b.log_ratio, "ratio": b.ratio, "kl": score("kl"), "mismatch": score("mismatch"),
+                "is_weight": bounded_exp(b.old - rollout), "adv_ratio": score("adv_ratio"),
+            }
+        df = df.with_columns(*[_finite(pl.Series(k, v)) for k, v in derived.items()], _finite(pl.col("entropy")))
+        return df
 
     return _STEP_MEMO.get(("tokens", str(run), step, _step_fingerprint(run, step)), make)
 
