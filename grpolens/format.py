@@ -79,6 +79,7 @@ SAMPLE_COLUMNS: tuple[Column, ...] = (
     Column("truncated", pa.bool_(), False, "generation stopped at the length limit without EOS"),
     Column("reward", pa.float64(), True, "total (weighted) reward; null when nothing could score it"),
     Column("advantage", pa.float32(), True, "the completion's advantage"),
+    Column("generation", pa.int64(), True, "the trainer's generation-round index, unique within the run"),
     Column("prompt", pa.string(), True, "prompt text (optional, untrusted)"),
     Column("completion", pa.string(), True, "completion text (optional, untrusted)"),
 )

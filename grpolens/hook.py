@@ -352,21 +352,25 @@ class GRPOLensHook:
 
     def log_samples(self, *, step: int, sample_ids, group_ids, completion_lens, truncated,
                     rewards: dict | None = None, reward=None, advantages=None, prompt_lens=None,
-                    prompts=None, completions=None) -> None:
+                    prompts=None, completions=None, generations=None) -> None:
         """Record the completions generated in ``step``: one value per completion in each argument.
 
         ``rewards`` maps a reward function's name to its raw (unweighted) values; ``reward`` is the
         weighted total. NaN or None rewards are stored as null (the function could not score it).
-        ``prompts``/``completions`` are optional text.
+        ``prompts``/``completions`` are optional text. ``generations`` is the trainer's
+        generation-round index of each completion (or one int for all), unique within the run:
+        needed where a step holds several rounds that the trainer logs one by one.
         """
         if not self.enabled:
             return
         n = len(sample_ids)
+        if isinstance(generations, (int, np.integer)):
+            generations = [int(generations)] * n
         host = _HostCopies()
         numeric = {"sample_id": (sample_ids, torch.int64), "group_id": (group_ids, torch.int64),
                    "completion_len": (completion_lens, torch.int64), "truncated": (truncated, torch.bool),
                    "reward": (reward, torch.float64), "advantage": (advantages, torch.float32),
-                   "prompt_len": (prompt_lens, torch.int64)}
+                   "prompt_len": (prompt_lens, torch.int64), "generation": (generations, torch.int64)}
         for name, values in (rewards or {}).items():
             if not isinstance(name, str) or not name or "/" in name:
                 raise ValueError(f"log_samples: reward function names must be non-empty strings without '/', got {name!r}")

@@ -17,7 +17,9 @@ What is recorded, and where it is taken from (``docs/integrations/trl.md`` has t
   mask ``completion_mask · tool_mask`` (after ``mask_truncated_completions``) and the token ids;
 * **every generation round** (``_generate_and_score_completions``): per completion its group,
   prompt and completion lengths, ``truncated`` (last token not EOS/pad), each reward function's
-  raw value, the weighted total reward, the advantage and, optionally, the prompt/completion text;
+  raw value, the weighted total reward, the advantage, the round's index ``generation`` (several
+  rounds share a step when ``steps_per_generation < gradient_accumulation_steps``; TRL logs the
+  mean of their values) and, optionally, the prompt/completion text;
 * the trainer config (``CONFIG_DEFAULTS`` keys of :mod:`grpolens.format`, plus every
   ``GRPOConfig`` field under ``trl_args``) in the manifest, ``trainer = {"name": "trl", ...}``;
 * TRL's own logged metrics, one JSON object per ``log()`` call, in ``RUN/grpolens/trl_log.jsonl``
@@ -209,6 +211,7 @@ class GRPOLensMixin:
         self._grpolens_writer = dict(grpolens_writer or {})
         self._grpolens_hook: GRPOLensHook | None = None
         self._grpolens_generated: dict[int, int] = {}  # step -> completions generated in it (all ranks)
+        self._grpolens_rounds = 0  # training generation rounds recorded so far (the same on every rank)
         self._grpolens_micro: tuple[int, int] = (-1, 0)  # (step, next micro_batch)
         self._grpolens_capture: dict | None = None
         self._grpolens_gen: tuple | None = None
@@ -301,7 +304,8 @@ class GRPOLensMixin:
         self.grpolens_hook().log_samples(
             step=step, sample_ids=sample_ids, group_ids=group_ids, completion_lens=model_tokens,
             truncated=truncated, rewards=rewards, reward=reward, advantages=output["advantages"].detach().float(),
-            prompt_lens=[len(ids) for ids in prompt_ids], **texts)
+            prompt_lens=[len(ids) for ids in prompt_ids], generations=self._grpolens_rounds, **texts)
+        self._grpolens_rounds += 1
         # travel with the rows through TRL's shuffle and split
         output[_SAMPLE_ID_KEY] = sample_ids.to(device)
         output[_LENGTH_KEY] = torch.tensor(lengths, dtype=torch.int64, device=device)
