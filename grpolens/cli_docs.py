@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 def _commands():
     import typer.main
 
-    from grpolens.cli import COMMAND_MODULES, app
+    from grpolens.cli import app
 
     group = typer.main.get_command(app)
     return group.commands

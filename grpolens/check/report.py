@@ -180,7 +180,6 @@ def _md(s: str) -> str:
 
 
 def markdown_summary(report: CheckReport) -> str:
-    c = report.counts()
     verdict = {0: "✅ passed", 1: "❌ regression", 2: "⚠️ error"}[report.exit_code]
     head = f"### grpolens check: {verdict} — {_md(str(report.run))}"
     if report.baseline:

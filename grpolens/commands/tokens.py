@@ -21,7 +21,6 @@ def tokens_cmd(
     Tokens come from all ranks and micro-batches of the step; each completion is shown with every
     token coloured by the score. Only the step's own shards are read.
     """
-    import numpy as np
     from rich.console import Console
     from rich.table import Table
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 

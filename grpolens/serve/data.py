@@ -10,7 +10,6 @@ where it changed.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import threading
@@ -560,53 +559,11 @@ def _sidecar_rows(run: Path, step: int) -> pl.DataFrame | None:
 
 
 def _computed_rows(run: Path, step: int) -> pl.DataFrame:
-    """The completions table from the step's samples and tokens (same columns as the sidecar:
-    reward rank 1 = best in the group, ties by (rank, sample_id); ``masked_tokens`` counts the
-    tokens in the loss; per-token means over those tokens)."""
-    s = step_samples(run, step)
-    t = step_tokens(run, step)
-    cfg = _run_config(run)
-    agg = None
-    if t.height:
-        m = pl.col("mask")
-        eps_lo = float(cfg.get("epsilon") or 0.2)
-        eps_hi = float(cfg.get("epsilon_high") or eps_lo)
-        clipped = (((pl.col("advantage") > 0) & (pl.col("ratio") > 1 + eps_hi))
-                   | ((pl.col("advantage") < 0) & (pl.col("ratio") < 1 - eps_lo)))
-        aggs = [
-            pl.len().alias("tokens"),
-            m.sum().alias("masked_tokens"),
-            pl.col("kl").filter(m).mean().alias("kl_mean"),
-            pl.col("kl").filter(m).max().alias("kl_max"),
-            pl.col("mismatch").filter(m).mean().alias("mismatch_mean"),
-            pl.col("is_weight").filter(m).max().alias("is_weight_max"),
-            pl.col("entropy").filter(m).mean().alias("entropy_mean"),
-            clipped.filter(m).cast(pl.Float64).mean().alias("clip_frac"),
-        ]
-        ris = cfg.get("rollout_is") or {}
-        vlo, vhi = (ris.get("veto_lower"), ris.get("veto_upper")) if isinstance(ris, dict) else (None, None)
-        if vlo is not None or vhi is not None:
-            w = pl.col("is_weight")
-            bad = pl.lit(False)
-            if vlo is not None:
-                bad = bad | (w < float(vlo))
-            if vhi is not None:
-                bad = bad | (w > float(vhi))
-            aggs.append(bad.fill_null(False).any().alias("is_vetoed"))
-        agg = t.group_by("sample_id").agg(aggs)
-    if s.height == 0:
-        return agg if agg is not None else pl.DataFrame()
-    keep = [c for c in ("sample_id", "rank", "group_id", "reward", "advantage", "completion_len", "truncated",
-                        "prompt", "completion") if c in s.columns]
-    out = s.select(*keep, *sorted(c for c in s.columns if c.startswith(fmt.REWARD_PREFIX)))
-    if "reward" in out.columns:
-        out = (out.rename({"reward": "reward_total"})
-               .sort(["group_id", "reward_total", "rank", "sample_id"], descending=[False, True, False, False],
-                     nulls_last=True)
-               .with_columns((pl.int_range(pl.len()).over("group_id") + 1).cast(pl.Int64).alias("reward_rank_desc")))
-    if agg is not None:
-        out = out.join(agg, on="sample_id", how="left")
-    return out
+    """The completions table of one step computed from its shards by the same code that writes
+    ``completions.parquet`` during recompute (for a run that was never recomputed)."""
+    from grpolens.sidecars import build_steps
+
+    return build_steps(run, [step])
 
 
 _FILTER_CLAUSE = re.compile(r"^\s*\{(?P<col>[^}]+)\}\s+(?P<op>\S+)\s+(?P<val>.+?)\s*$")
