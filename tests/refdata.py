@@ -313,3 +313,31 @@ def samples_run(path: Path, samples: list[Samples], config: dict | None = None, 
     write_run(path, calls or [], config)
     write_samples(path, samples)
     return path
+
+
+def write_rounds(path: Path, rounds: list[Samples], config: dict | None = None,
+                 calls: list[LossCall] | None = None) -> Path:
+    """A run whose samples carry the ``generation`` column: ``rounds[i]`` is generation round
+    ``i`` (several may share a step), written one shard per (step, rank) with every round of it."""
+    write_run(path, calls or [], config)
+    by_shard: dict[tuple[int, int], list[pa.Table]] = {}
+    for i, s in enumerate(rounds):
+        for rank in np.unique(s.rank):
+            t = s.table(np.nonzero(s.rank == rank)[0])
+            t = t.append_column(pa.field("generation", pa.int64()), pa.array(np.full(t.num_rows, i), pa.int64()))
+            by_shard.setdefault((s.step, int(rank)), []).append(t)
+    for (step, rank), tables in by_shard.items():
+        rel = fmt.shard_relpath(fmt.SAMPLES, step, rank)
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.concat_tables(tables, promote_options="default"), path / rel)
+    return path
+
+
+def concat_samples(parts: list[Samples]) -> Samples:
+    """One step's completions from several rounds' (same step): what pooling the rounds sees."""
+    cat = lambda xs: None if xs[0] is None else np.concatenate(xs)  # noqa: E731
+    return Samples(parts[0].step, *(cat([getattr(p, f) for p in parts]) for f in (
+        "rank", "sample_id", "group_id", "completion_len", "truncated", "prompt_len", "reward", "reward_null",
+        "advantage")),
+        rewards={k: np.concatenate([p.rewards[k] for p in parts]) for k in parts[0].rewards},
+        fn_null={k: np.concatenate([p.fn_null[k] for p in parts]) for k in parts[0].fn_null})

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from grpolens import format as fmt
 from grpolens.hook import GRPOLensHook
+from grpolens.validate import validate_run
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("old_logp", "ref_logp", "rollout_logp", "entropy")
@@ -274,6 +276,24 @@ def test_log_samples(tmp_path):
                        "truncated": False, "reward": None, "advantage": 0.0, "prompt": "p", "completion": "[bold]b",
                        "reward/accuracy": None, "reward/format": 1.0}
     assert [r["reward/accuracy"] for r in rows] == [1.0, None, 0.0]
+
+
+def test_log_samples_generation_round(tmp_path):
+    """``generations``: one round index per completion, or one int for all; stored as int64 and
+    validated like the other columns."""
+    with GRPOLensHook(tmp_path) as hook:
+        hook.log_samples(step=1, sample_ids=[1, 2], group_ids=[0, 0], completion_lens=[3, 4], truncated=[False] * 2,
+                         generations=7)
+        hook.log_samples(step=1, sample_ids=[3, 4], group_ids=[1, 1], completion_lens=[3, 4], truncated=[False] * 2,
+                         generations=torch.tensor([8, 8]))
+        with pytest.raises(ValueError, match="generation has 1 values but sample_ids has 2"):
+            hook.log_samples(step=1, sample_ids=[5, 6], group_ids=[2, 2], completion_lens=[1, 1],
+                             truncated=[False] * 2, generations=[9])
+    (s,) = fmt.list_shards(tmp_path, fmt.SAMPLES)
+    t = pq.read_table(s.path)
+    assert t.schema.field("generation").type == pa.int64()
+    assert t.column("generation").to_pylist() == [7, 7, 8, 8]
+    assert validate_run(tmp_path).ok
 
 
 def test_manifest_and_disabled_hook(tmp_path):

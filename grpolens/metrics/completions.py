@@ -10,7 +10,9 @@ Over the completions *generated* at the step (all ranks); a step without samples
 
 Where nothing is left (no completion finished), TRL and MaxEnt-GRPO log 0.0 (TRL averages a
 ``zeros(1)``); grpolens logs null. ``tokens/seen`` is TRL's ``num_tokens``: the running total of
-prompt + completion tokens generated since the first step of the run.
+prompt + completion tokens generated since the first step of the run (pooled: TRL logs the total
+at the step's last round). With several generation rounds in a step the trl profile averages the
+per-round values of the other metrics TRL logs, as TRL does (see :func:`~grpolens.metrics.rewards.per_round`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.metrics.registry import Metric, register
-from grpolens.metrics.rewards import mean, sample_values
+from grpolens.metrics.rewards import mean, per_round, sample_values
 
 _FAM = "completions"
 _S = dict(kind="custom", source="samples")
@@ -105,17 +107,17 @@ for _w in ("mean", "min", "max"):
     register(Metric(
         f"completions/length/{_w}", _FAM, f"{_w.capitalize()} completion length (`completion_len`, tokens "
         "generated, EOS included) over every completion of the step.",
-        fn=_length_stat(_w), requires=("completion_len",),
+        fn=per_round(_length_stat(_w)), requires=("completion_len",),
         names={"trl": f"completions/{_w}_length", "maxent": f"train/completions/{_w}_length_sampled"}, **_S))
 register(Metric(
     "completions/truncated_frac", _FAM, "Fraction of the step's completions that stopped at the length limit "
     "without EOS (`truncated`). TRL's `clipped_ratio`.",
-    fn=truncated_frac, requires=("truncated",), names={"trl": "completions/clipped_ratio"}, **_S))
+    fn=per_round(truncated_frac), requires=("truncated",), names={"trl": "completions/clipped_ratio"}, **_S))
 for _w in ("mean", "min", "max"):
     register(Metric(
         f"completions/terminated_length/{_w}", _FAM, f"{_w.capitalize()} length of the completions that ended "
         "with EOS (not `truncated`); null when none did (TRL logs 0).",
-        fn=_length_stat(_w, "eos", zero_profiles=("trl",)), requires=("completion_len", "truncated"),
+        fn=per_round(_length_stat(_w, "eos", zero_profiles=("trl",))), requires=("completion_len", "truncated"),
         names={"trl": f"completions/{_w}_terminated_length"}, **_S))
 register(Metric(
     "completions/clipped_frac", _FAM, "Fraction of the step's completions with `completion_len >= "

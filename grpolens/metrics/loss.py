@@ -33,10 +33,13 @@ without any valid token is null. The **trl profile** reproduces TRL's logged ``l
 optimizer step: the value ``_compute_loss`` returns per micro-batch (grpo/sapo:
 mean_b[Σ_t L·M / max(Σ_t M, 1)] / G; bnpo: Σ L·M / max(Σ M, 1) / G; dr_grpo: Σ L·M / (B·max_len) / G;
 luspo: mean_b Σ_t L·M / G; dapo/cispo: Σ L·M / (N/P · G/S)), summed over the rank's G micro-batches
-and averaged over ranks. For dapo/cispo this is Σ L / N, with N the tokens of the step -- exact
-when ``steps_per_generation`` equals ``gradient_accumulation_steps`` (TRL's default); otherwise
-TRL's N spans the generation batch and the value is an approximation. Not included: the entropy
-bonus, the off-policy and entropy masks, MoE aux loss.
+and averaged over ranks. For dapo/cispo N is the token count of the micro-batch's generation
+round (all ranks): with the samples column ``generation`` the value is (S/G) Σ_calls Σ L / N_round,
+where N_round counts the valid tokens of the round's completions once each (exact whenever each
+round is used up within the step); without it, or when a round straddles steps, Σ L / N_step with N
+the tokens of the step -- exact when ``steps_per_generation`` equals ``gradient_accumulation_steps``
+(TRL's default), an approximation otherwise. Not included: the entropy bonus, the off-policy and
+entropy masks, MoE aux loss.
 Non-finite tokens are excluded here; the trainer's own loss would have been NaN.
 """
 
@@ -114,11 +117,38 @@ def _pooled(sd, s: np.ndarray, n: np.ndarray) -> float | None:
     return normalise_like_loss(sd.cfg["loss_type"], s, n, sd.cfg.get("max_completion_length"))
 
 
+def _round_tokens(sd, n: np.ndarray) -> np.ndarray | None:
+    """N of each sequence's generation round: the valid tokens of that round's completions, each
+    completion counted once (num_iterations reuses it). None unless every sequence's round is known
+    from the step's samples (``generation``) and every completion of those rounds is in the step."""
+    df = sd.samples
+    if df is None or df.height == 0 or "generation" not in df.columns or df["generation"].null_count():
+        return None
+    sid, gen = df["sample_id"].to_numpy(), df["generation"].to_numpy()
+    seq_sid = sd.col("sample_id").astype(np.int64)
+    order = np.argsort(sid, kind="stable")
+    at = order[np.minimum(np.searchsorted(sid, seq_sid, sorter=order), len(sid) - 1)]
+    if not np.array_equal(sid[at], seq_sid):
+        return None  # a sequence generated at another step (a round that straddles steps)
+    rounds, seq_round = np.unique(gen[at], return_inverse=True)
+    if not np.isin(sid[np.isin(gen, rounds)], seq_sid).all():
+        return None  # part of a round is trained on at a later step
+    _, first = np.unique(seq_sid, return_index=True)
+    per_round = np.bincount(seq_round[first], n[first], len(rounds))
+    return per_round[seq_round]
+
+
 def _trl(sd, s: np.ndarray, n: np.ndarray) -> float | None:
     """TRL's ``loss``: per micro-batch returned loss, summed over a rank's micro-batches, mean over ranks."""
     lt = sd.cfg["loss_type"]
     if lt in TOKEN_MEAN_LOSSES and lt != "bnpo":
-        return float(s.sum() / max(n.sum(), 1.0))  # Σ over calls of Σ L·M / (N/P), mean over P ranks
+        # Σ over a rank's calls of Σ L·M / (N/P · G/S), mean over P ranks = (S/G) Σ_all calls Σ L / N
+        N = _round_tokens(sd, n)
+        if N is None:
+            return float(s.sum() / max(n.sum(), 1.0))  # one round per step: S = G, N = the step's tokens
+        G = sd.cfg.get("gradient_accumulation_steps") or 1
+        S = sd.cfg.get("steps_per_generation") or G
+        return float(S / G * np.sum(s / np.maximum(N, 1.0)))
     g, ng = sd.groups(("rank", "micro_batch"))
     rows = np.bincount(g, minlength=ng).astype(np.float64)
     if lt in SEQ_MEAN_LOSSES:
@@ -160,13 +190,15 @@ register(Metric(
     "CISPO −min(c, ε_high)·A·logp; SAPO soft gate) + β·k3 (× c if use_bias_correction_kl); grpo/"
     "sapo/gspo: mean over sequences of their token mean; bnpo/dapo/cispo: Σ L / Σ tokens; dr_grpo: "
     "Σ L / (sequences · max_completion_length); luspo: mean of per-sequence sums. trl: TRL's `loss` "
-    "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo "
-    "exact when steps_per_generation = gradient_accumulation_steps). With a rollout_is config (TRL: its vLLM "
+    "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo: "
+    "÷ the tokens of the call's generation round (samples column `generation`; without it the step's tokens, "
+    "exact when steps_per_generation = gradient_accumulation_steps)). With a rollout_is config (TRL: its vLLM "
     "IS correction on) the policy term is × the applied IS weight a and rejected tokens leave the mask, in "
     "both profiles (null without rollout_logp). No entropy bonus.",
     kind="custom", fn=_loss_value,
     config=("loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl",
             "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
-            "max_completion_length", "log_ratio_clamp", "rollout_is"),
+            "max_completion_length", "log_ratio_clamp", "rollout_is", "steps_per_generation",
+            "gradient_accumulation_steps"),
     names={"trl": "loss"},
 ))

@@ -15,12 +15,18 @@ Quantiles use numpy's ``linear`` method (Hyndman–Fan type 7) on float64, which
 
 Trainer profiles reproduce what the trainer logs when nothing is left to average: MaxEnt-GRPO logs
 0.0 for the mean, the population std and the zero-advantage fraction; TRL and grpolens log null.
-Assumed, as in TRL's default, one generation round per optimizer step: with several rounds in a
-step TRL logs the mean of the rounds' values, which the samples table cannot separate.
+
+Generation rounds. A step may hold several generation rounds (TRL with ``steps_per_generation <
+gradient_accumulation_steps``); TRL computes these metrics once per round and logs the mean of the
+rounds' values (NaN ones dropped). With the samples column ``generation`` the trl profile does the
+same (:func:`per_round`); without it, and in the default profile, the step's completions are pooled.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -74,6 +80,41 @@ def group_index(sd) -> tuple[np.ndarray, int] | None:
             inv = inv.reshape(-1)
             sd.extra[key] = (inv, int(inv.max()) + 1)
     return sd.extra[key]
+
+
+# -- generation rounds ------------------------------------------------------------------------
+
+#: Profiles whose trainer logs generation-side metrics once per generation round.
+ROUND_PROFILES = ("trl",)
+
+
+def generation_rounds(sd) -> list | None:
+    """One StepData per generation round of the step (its samples only), in round order; None when
+    the profile pools rounds, or the step's samples have no complete ``generation`` column."""
+    key = ("samples", "_rounds")
+    if key not in sd.extra:
+        df = sd.samples
+        rounds = None
+        if (sd.profile in ROUND_PROFILES and df is not None and df.height and "generation" in df.columns
+                and df["generation"].null_count() == 0):
+            rounds = [replace(sd, samples=part, extra={})
+                      for _, part in sorted(df.partition_by("generation", as_dict=True).items())]
+        sd.extra[key] = rounds
+    return sd.extra[key]
+
+
+def per_round(fn: Callable) -> Callable:
+    """``fn(sd, ...)`` as the trainer logs it: computed per generation round and averaged over the
+    step's rounds, values that are None or NaN dropped (TRL's ``log()``); ``fn`` itself when
+    :func:`generation_rounds` is None."""
+    @functools.wraps(fn)
+    def wrapped(sd, *args, **kw):
+        rounds = generation_rounds(sd)
+        if rounds is None:
+            return fn(sd, *args, **kw)
+        vals = [v for r in rounds if (v := fn(r, *args, **kw)) is not None and not math.isnan(v)]
+        return sum(vals) / len(vals) if vals else None
+    return wrapped
 
 
 # -- statistics (one definition each) ---------------------------------------------------------
@@ -178,12 +219,12 @@ _S = dict(kind="custom", source="samples")
 
 register(Metric(
     "reward/mean", _FAM, "Mean total (weighted) reward `reward` over the step's completions with a finite reward.",
-    fn=_stat(mean, "reward", maxent_zero=True), requires=("reward",),
+    fn=per_round(_stat(mean, "reward", maxent_zero=True)), requires=("reward",),
     names={"trl": "reward", "maxent": "train/reward"}, **_S))
 register(Metric(
     "reward/std", _FAM, "Sample standard deviation (÷(n−1), Bessel) of the finite total rewards over the whole "
     "step (not per group); null with fewer than 2. TRL's `nanstd`.",
-    fn=_stat(std_sample, "reward"), requires=("reward",), names={"trl": "reward_std"}, **_S))
+    fn=per_round(_stat(std_sample, "reward")), requires=("reward",), names={"trl": "reward_std"}, **_S))
 register(Metric(
     "reward/std_pop", _FAM, "Population standard deviation (÷n) of the finite total rewards over the step; "
     "0 for one value. MaxEnt-GRPO's `reward_std`.",
@@ -207,7 +248,7 @@ register(Metric(
     "`isclose(σ, 0)` (|σ| ≤ 1e-8), σ = sample std of the group's finite rewards (not zero with fewer than 2); "
     "σ of the whole step under `scale_rewards=batch`; every completion zero with `num_generations=1`. "
     "Equals the fraction of groups when groups have equal size. TRL's rule.",
-    fn=frac_reward_zero_std, requires=("reward",), config=("scale_rewards", "num_generations"),
+    fn=per_round(frac_reward_zero_std), requires=("reward",), config=("scale_rewards", "num_generations"),
     names={"trl": "frac_reward_zero_std"}, **_S))
 register(Metric(
     "advantage/frac_zero_groups", _FAM, "Fraction of prompt groups whose finite advantages all satisfy "
@@ -237,11 +278,11 @@ _F = f"`{REWARD_PREFIX}{_N}`"  # how docs name the column
 register(Metric(
     f"rewards/{_N}/mean", _FAM, f"Mean of the finite raw (unweighted) values of {_F}, one column per "
     "reward function (completions it did not score are excluded). TRL `nanmean`.",
-    fn=_stat(mean, maxent_zero=True), names={"trl": f"rewards/{_N}/mean", "maxent": f"train/rewards/{_N}/mean"}, **_P))
+    fn=per_round(_stat(mean, maxent_zero=True)), names={"trl": f"rewards/{_N}/mean", "maxent": f"train/rewards/{_N}/mean"}, **_P))
 register(Metric(
     f"rewards/{_N}/std", _FAM, f"Sample std (÷(n−1)) of the finite raw values of {_F}; null with "
     "fewer than 2. TRL `nanstd`.",
-    fn=_stat(std_sample), names={"trl": f"rewards/{_N}/std"}, **_P))
+    fn=per_round(_stat(std_sample)), names={"trl": f"rewards/{_N}/std"}, **_P))
 register(Metric(
     f"rewards/{_N}/std_pop", _FAM, f"Population std (÷n) of the finite raw values of {_F}. "
     "MaxEnt-GRPO's per-reward `std`.",

@@ -116,20 +116,21 @@ def test_gradient_accumulation_with_two_generations_per_step_loss_side(trl_run):
     _assert_parity(rows, "two_generations_per_step (loss side)")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "dapo/cispo: TRL divides each micro-batch's loss by the token count N of ITS generation batch (x G/S, /P); "
-    "with two generation rounds per step grpolens' trl `loss` uses one count for the whole step "
-    "(recomputed from the run's tensors with per-round N = TRL's value)"))
 def test_gradient_accumulation_with_two_generations_per_step_loss(trl_run):
+    """dapo: TRL divides each micro-batch's loss by the token count N of ITS generation round
+    (x G/S, /P); the samples column `generation` gives grpolens each round's N."""
     rows = [r for r in trl_parity.compare(trl_run("two_generations_per_step") / "run") if r.key == "loss"]
     _assert_parity(rows, "two_generations_per_step loss")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "TRL logs generation-side metrics per generation round and averages the rounds of a step; with "
-    "steps_per_generation < gradient_accumulation_steps a step has several rounds, and the samples table "
-    "(one `step` per row, no round column) lets grpolens pool them instead"))
 def test_gradient_accumulation_with_two_generations_per_step_generation_side(trl_run):
+    """TRL logs generation-side metrics per generation round and averages the step's rounds: the
+    trl profile does the same from the samples column `generation`."""
+    import polars as pl
+
     out = trl_run("two_generations_per_step")
+    samples = pl.read_parquet(out / "run" / "samples" / "*" / "*.parquet", hive_partitioning=False)
+    per_step = samples.group_by("step").agg(pl.col("generation").n_unique().alias("rounds"))
+    assert per_step["rounds"].min() == 2, per_step
     rows = [r for r in trl_parity.compare(out / "run") if _is(r.key, GENERATION_SIDE)]
     _assert_parity(rows, "two_generations_per_step (generation side)")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import grpolens
-from tests.refdata import approx, random_calls, random_samples, samples_run
+from tests.refdata import approx, concat_samples, random_calls, random_samples, samples_run, write_rounds
 
 MAX_LEN = 40
 
@@ -142,3 +142,31 @@ def test_empty_samples_shard(tmp_path):
     g = row(grpolens.recompute(run, write=False), 1)  # a shard with no rows: nothing to average
     assert g["completions/length/mean"] is None and g["completions/truncated_frac"] is None
     assert g["reward/mean"] is None and g["samples/count"] == 0 and g["tokens/seen"] is None
+
+
+def test_trl_averages_generation_rounds(tmp_path):
+    """TRL computes its completions/* once per generation round and logs the mean over the step's
+    rounds; num_tokens is the running total, so the step shows the total after its last round."""
+    rng = np.random.default_rng(5)
+    step0 = [random_samples(rng, 0, groups=2, max_len=MAX_LEN, first_id=0),
+             random_samples(rng, 0, groups=6, max_len=MAX_LEN, first_id=100)]
+    step0[0].truncated[:] = True  # no completion of this round ended with EOS: TRL averages its 0.0
+    step1 = [random_samples(rng, 1, groups=3, max_len=MAX_LEN, first_id=200)]
+    run = write_rounds(tmp_path / "run", step0 + step1, config={"max_completion_length": MAX_LEN})
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    default = grpolens.recompute(run, write=False)
+    names = {"completions/mean_length": "completions/length/mean", "completions/min_length": "completions/length/min",
+             "completions/max_length": "completions/length/max", "completions/clipped_ratio": "completions/truncated_frac",
+             **{f"completions/{w}_terminated_length": f"completions/terminated_length/{w}" for w in ("mean", "min", "max")}}
+    seen = 0.0
+    for step, rounds in ((0, step0), (1, step1)):
+        t, d = row(trl, step), row(default, step)
+        per_round = [expected(s, profile="trl") for s in rounds]
+        pooled = expected(concat_samples(rounds))
+        for trl_name, canon in names.items():
+            assert approx(t[trl_name], float(np.mean([e[canon] for e in per_round])), rel=1e-12), (step, trl_name)
+            assert approx(d[canon], pooled[canon], rel=1e-12), (step, canon)
+        seen += sum(float((s.completion_len + s.prompt_len).sum()) for s in rounds)
+        assert t["num_tokens"] == d["tokens/seen"] == seen
+    assert row(trl, 0)["completions/min_terminated_length"] == pytest.approx(
+        expected(step0[1])["completions/terminated_length/min"] / 2)

@@ -301,3 +301,89 @@ def test_loss_with_rollout_importance_sampling_hand_worked(tmp_path):
         run = write_run(tmp_path / str(i), [c], config={"loss_type": lt, "rollout_is": ris})
         for profile in ("grpolens", "trl"):
             assert grpolens.recompute(run, profile=profile, write=False)["loss"][0] == pytest.approx(want, rel=1e-6), (mode, lt, profile)
+
+
+def round_samples(calls, rounds: dict[int, int], at_step: int | None = None) -> dict[int, "pa.Table"]:
+    """Samples tables (one per step) giving each completion the round ``rounds[sample_id]``; each
+    completion is listed at the step of its first loss call (or at ``at_step``)."""
+    import pyarrow as pa
+
+    rows: dict[int, dict[int, tuple[int, int]]] = {}
+    for c in calls:
+        for sid, n in zip(c.sample_ids.tolist(), c.lengths.tolist()):
+            if not any(sid in r for r in rows.values()):
+                rows.setdefault(c.step if at_step is None else at_step, {})[sid] = (c.rank, n)
+    out = {}
+    for step, r in rows.items():
+        sids = sorted(r)
+        out[step] = pa.table({
+            "step": pa.array([step] * len(sids), pa.int64()), "rank": pa.array([r[s][0] for s in sids], pa.int32()),
+            "sample_id": pa.array(sids, pa.int64()), "group_id": pa.array(sids, pa.int64()),
+            "completion_len": pa.array([r[s][1] for s in sids], pa.int32()),
+            "truncated": pa.array([False] * len(sids), pa.bool_()),
+            "generation": pa.array([rounds[s] for s in sids], pa.int64())})
+    return out
+
+
+def ref_trl_rounds(calls, step, cfg, rounds, S, G):
+    """TRL's dapo/cispo loss with several generation rounds per step (trl-notes §4): each call
+    returns Σ L·M / (max(N, 1)/P · G/S), N = the valid tokens of ITS round's completions on all
+    ranks (each completion once); the step logs Σ over a rank's calls, mean over ranks."""
+    cs = [c for c in calls if c.step == step]
+    ranks = sorted({c.rank for c in cs})
+    N, seen = {}, set()
+    for c in cs:
+        v = ref_token_loss(c, cfg)[1]
+        for i, sid in enumerate(c.sample_ids.tolist()):
+            if sid not in seen:
+                seen.add(sid)
+                N[rounds[sid]] = N.get(rounds[sid], 0) + v[i].sum()
+    per_rank = []
+    for r in ranks:
+        total = 0.0
+        for c in (c for c in cs if c.rank == r):
+            L, _ = ref_token_loss(c, cfg)
+            k = rounds[int(c.sample_ids[0])]
+            total += L.sum() / (max(N[k], 1) / len(ranks) * G / S)
+        per_rank.append(total)
+    return float(np.mean(per_rank))
+
+
+@pytest.mark.parametrize("cfg", [{"loss_type": "dapo", "beta": 0.04}, {"loss_type": "cispo", "epsilon_high": 1.5}],
+                         ids=["dapo", "cispo"])
+@pytest.mark.parametrize("reuse", [False, True], ids=["S2", "S1-mu2"])
+def test_trl_token_count_per_generation_round(tmp_path, cfg, reuse):
+    """G = 4 loss calls per rank and step, two generation rounds per step: S = 2 micro-batches per
+    round, or S = 1 reused for num_iterations = 2 (the same completions, new log-probs)."""
+    rng = np.random.default_rng(31)
+    calls = random_calls(rng, micro_batches=4, batch=3, max_len=10, spread=0.5)
+    if reuse:
+        for c in calls:
+            if c.micro_batch % 2:
+                (first,) = [p for p in calls if (p.step, p.rank, p.micro_batch) == (c.step, c.rank, c.micro_batch - 1)]
+                c.sample_ids, c.lengths, c.mask, c.advantages = first.sample_ids, first.lengths, first.mask, first.advantages
+    rounds = {int(s): 2 * c.step + c.micro_batch // 2 for c in calls for s in c.sample_ids}
+    S, G = (1 if reuse else 2), 4
+    full = {**cfg, "gradient_accumulation_steps": G, "steps_per_generation": S, "num_iterations": 2 if reuse else 1}
+    run = write_run(tmp_path / "run", calls, config=full, samples=round_samples(calls, rounds))
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    got = grpolens.recompute(run, write=False)
+    for step in (0, 1):
+        want = ref_trl_rounds(calls, step, full, rounds, S, G)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], want), step
+        pooled = [c for c in calls if c.step == step and not (reuse and c.micro_batch % 2)] if reuse else calls
+        assert not approx(want, ref_trl(pooled, step, full))  # one count for the step would differ
+        assert approx(got.filter(got["step"] == step)["loss"][0], ref_pooled(calls, step, full))  # grpolens: unchanged
+
+
+def test_trl_token_count_falls_back_when_a_round_straddles_steps(tmp_path):
+    """S = 4 > G = 2: one round, generated at step 0, is trained on at steps 0 and 1. Its N is not
+    within one step, so the trl loss keeps one count per step (Σ L / N_step, the approximation)."""
+    rng = np.random.default_rng(32)
+    calls = random_calls(rng, micro_batches=2, batch=3)
+    cfg = {"loss_type": "dapo", "gradient_accumulation_steps": 2, "steps_per_generation": 4}
+    rounds = {int(s): 0 for c in calls for s in c.sample_ids}
+    run = write_run(tmp_path / "run", calls, config=cfg, samples=round_samples(calls, rounds, at_step=0))
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    for step in (0, 1):
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], ref_pooled(calls, step, cfg)), step

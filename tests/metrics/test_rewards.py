@@ -12,7 +12,7 @@ import pytest
 import grpolens
 from grpolens.metrics.registry import PLACEHOLDER, REGISTRY, Metric, register
 from grpolens.metrics.rewards import QUANTILES, quantile_key
-from tests.refdata import approx, random_calls, random_samples, samples_run
+from tests.refdata import approx, concat_samples, random_calls, random_samples, samples_run, write_rounds
 
 QS = {"p00": 0.0, "p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p100": 1.0}
 
@@ -301,3 +301,39 @@ def test_large_group_ids_stay_apart(tmp_path):
     assert got["samples/groups"] == 5
     assert approx(got["reward/frac_zero_std"], ref_frac_zero_std(s), rel=1e-12)
     assert approx(got["advantage/frac_zero_groups"], ref_frac_zero_adv_groups(s), rel=1e-12)
+
+
+# TRL's generation-side metrics, per generation round and averaged over the step's rounds.
+TRL_ROUND_KEYS = {"reward": "reward/mean", "reward_std": "reward/std", "frac_reward_zero_std": "reward/frac_zero_std",
+                  "rewards/accuracy/mean": "rewards/accuracy/mean", "rewards/accuracy/std": "rewards/accuracy/std",
+                  "rewards/format/mean": "rewards/format/mean", "rewards/format/std": "rewards/format/std"}
+
+
+def ref_round_mean(rounds, canon):
+    """TRL's log(): the mean of the rounds' values, None/NaN ones dropped; None when none is left."""
+    vals = [v for s in rounds if (v := expected(s)[canon]) is not None and not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def test_trl_averages_generation_rounds(tmp_path):
+    rng = np.random.default_rng(11)
+    step0 = [random_samples(rng, 0, groups=3, first_id=0), random_samples(rng, 0, groups=5, first_id=100)]
+    dead = random_samples(rng, 1, groups=3, first_id=200)  # a round nothing could score: NaN, dropped
+    dead.reward_null[:] = True
+    for name in dead.fn_null:
+        dead.fn_null[name][:] = True
+    step1 = [dead, random_samples(rng, 1, groups=4, first_id=300)]
+    step2 = [random_samples(rng, 2, groups=4, first_id=400)]  # one round: the same as pooling
+    run = write_rounds(tmp_path / "run", step0 + step1 + step2)
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    default = grpolens.recompute(run, write=False)
+    for step, rounds in ((0, step0), (1, step1), (2, step2)):
+        t, d, pooled = row(trl, step), row(default, step), expected(concat_samples(rounds))
+        for trl_name, canon in TRL_ROUND_KEYS.items():
+            assert approx(t[trl_name], ref_round_mean(rounds, canon), rel=1e-12), (step, trl_name)
+            assert approx(d[canon], pooled[canon], rel=1e-12), (step, canon)  # grpolens pools
+    assert row(trl, 1)["reward"] == pytest.approx(expected(step1[1])["reward/mean"])
+    assert not approx(row(trl, 0)["reward"], expected(concat_samples(step0))["reward/mean"])  # rounds differ
+    # without the column the trl profile pools the rounds, as before
+    flat = grpolens.recompute(samples_run(tmp_path / "flat", [concat_samples(step0)]), profile="trl", write=False)
+    assert approx(row(flat, 0)["reward_std"], expected(concat_samples(step0))["reward/std"], rel=1e-12)
