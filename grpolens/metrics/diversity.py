@@ -120,7 +120,19 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
         u, dense = _dense_ranks(tok)
     tg = np.repeat(np.repeat(np.arange(n_groups), sizes), lens)  # group of each token
     length = np.bincount(tg, minlength=n_groups).astype(np.float64)
-    uni = _unique(tg * u + dense)
+    gmax = int(sizes.max())
+    if n_groups * u * gmax < 2**62:
+        # one sort of (group, token, completion-in-group) serves distinct_1 and Jaccard
+        first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        local = np.arange(len(lens)) - np.repeat(first, sizes)  # completion index inside its group
+        keys = _unique((tg * u + dense) * gmax + np.repeat(local, lens))
+        gt = keys // gmax  # (group, token) of each key, sorted
+        new_row = np.concatenate(([True], gt[1:] != gt[:-1]))
+        uni = gt[new_row]
+        out[:, 2] = _groups_jaccard(gt // u, keys % gmax, new_row, sizes)
+    else:  # the packed key would overflow: Jaccard one group at a time (below)
+        keys = None
+        uni = _unique(tg * u + dense)
     n1 = np.bincount(uni // u, minlength=n_groups)
     out[:, 0] = np.where(length >= 1, n1 / np.maximum(length, 1), 0.0)
     same = tg[1:] == tg[:-1]  # bigrams run across completions but never across groups
@@ -134,11 +146,49 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
             joined = np.concatenate(ids[start:start + len(g)]) if len(g) else np.zeros(0, np.int64)
             out[gi, 1] = distinct_n(joined, 2)
             start += len(g)
-    start = 0
-    for gi, g in enumerate(groups):
-        out[gi, 2] = jaccard_distance(ids[start:start + len(g)])
-        start += len(g)
+    if keys is None:
+        start = 0
+        for gi, g in enumerate(groups):
+            out[gi, 2] = jaccard_distance(ids[start:start + len(g)])
+            start += len(g)
     return out
+
+
+def _groups_jaccard(grp: np.ndarray, own: np.ndarray, new_row: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """:func:`jaccard_distance` of every group (the same values, bit for bit), from the sorted
+    distinct (group, token, completion) keys split into their group ``grp``, completion ``own`` and
+    whether each starts a new (group, token) row ``new_row``.
+
+    Each group's membership matrix (distinct token x completion) is a slice of the keys, so it
+    needs no sort of its own; its pairwise intersections are one small product, and the distances
+    and their means are the same element-wise operations as the one-group function, batched over
+    the groups of one size.
+    """
+    n_groups = len(sizes)
+    res = np.zeros(n_groups)
+    row = np.cumsum(new_row) - 1
+    bounds = np.searchsorted(grp, np.arange(n_groups + 1))  # each group's keys: bounds[k]:bounds[k+1]
+    for g in np.unique(sizes):
+        g = int(g)
+        if g < 2:
+            continue
+        gids = np.flatnonzero(sizes == g)
+        inter = np.zeros((len(gids), g, g))
+        for i, k in enumerate(gids):
+            a, b = bounds[k], bounds[k + 1]
+            if a == b:  # only empty completions
+                continue
+            m = np.zeros((row[b - 1] - row[a] + 1, g))  # one group at a time keeps memory small
+            m[row[a:b] - row[a], own[a:b]] = 1.0
+            inter[i] = m.T @ m
+        size = np.diagonal(inter, axis1=1, axis2=2)
+        iu, ju = np.triu_indices(g, k=1)
+        both = inter[:, iu, ju]
+        union = size[:, iu] + size[:, ju] - both
+        dist = np.where(union > 0, 1.0 - both / np.where(union > 0, union, 1.0), 0.0)
+        # C order, so each row is summed like one group's 1-D array (numpy's pairwise summation)
+        res[gids] = np.ascontiguousarray(dist).mean(axis=1)
+    return res
 
 
 class SampleTokens:
