@@ -179,7 +179,7 @@ def _groups_jaccard(grp: np.ndarray, own: np.ndarray, new_row: np.ndarray, sizes
             if a == b:  # only empty completions
                 continue
             m = np.zeros((row[b - 1] - row[a] + 1, g))  # one group at a time keeps memory small
-            m[row[a:b] - row[a], own[a:b]] = 1.0
+            m.ravel()[(row[a:b] - row[a]) * g + own[a:b]] = 1.0  # flat index: cheaper than 2-D
             inter[i] = m.T @ m
         size = np.diagonal(inter, axis1=1, axis2=2)
         iu, ju = np.triu_indices(g, k=1)
