@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from grpolens.cli import COMMAND_MODULES, app
 

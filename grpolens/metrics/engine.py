@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 

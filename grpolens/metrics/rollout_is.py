@@ -21,9 +21,8 @@ Aggregation per profile (names change, and the grouping each trainer uses; never
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl

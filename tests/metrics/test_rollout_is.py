@@ -584,7 +584,6 @@ def one_call(tmp_path, old, rollout, mask=None, adv=None, config=None, name="run
 
 
 def weights_of(run):
-    from grpolens.commands.recompute import recompute_cmd  # noqa: F401  (the CLI path is tested elsewhere)
     from grpolens.metrics.rollout_is import is_weight_writer
 
     grpolens.recompute(run, write=False, extra_visitors=[is_weight_writer(run)])
