@@ -452,18 +452,21 @@ def _moments(s1: float, s2: float, n: float) -> tuple[float | None, float | None
     return _f(m), _f(std), _f(ess)
 
 
-def _seq_stats(s: np.ndarray, lower, upper, prefix: str, out: dict, fractions: bool = True) -> None:
-    """Summaries of per-sequence values ``s`` (valid sequences only)."""
+def _seq_stats(s: np.ndarray, lower, upper, prefix: str, out: dict, fractions: bool = True,
+               undefined: float | None = None) -> None:
+    """Summaries of per-sequence values ``s`` (valid sequences only). ``undefined`` is what a std
+    of one value and a fraction without its bound report: null canonically, 0.0 where a trainer
+    logs 0 (the xtuner and verl profiles)."""
     if len(s) == 0:
         return
     out[f"{prefix}seq_mean"] = _f(s.mean())
-    out[f"{prefix}seq_std"] = _f(s.std(ddof=1)) if len(s) > 1 else None
+    out[f"{prefix}seq_std"] = _f(s.std(ddof=1)) if len(s) > 1 else undefined
     out[f"{prefix}seq_min"] = _f(s.min())
     out[f"{prefix}seq_max"] = _f(s.max())
     out[f"{prefix}seq_max_deviation"] = _f(np.abs(s - 1.0).max())
     if fractions and upper is not None:
         out[f"{prefix}seq_fraction_high"] = _f(np.mean(s > upper))
-        out[f"{prefix}seq_fraction_low"] = _f(np.mean(s < lower)) if lower is not None else None
+        out[f"{prefix}seq_fraction_low"] = _f(np.mean(s < lower)) if lower is not None else undefined
 
 
 def summarize(p: dict, c: ISConfig, view: SeqView | None = None) -> dict[str, float | None]:

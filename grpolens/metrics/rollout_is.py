@@ -505,12 +505,7 @@ def xtuner_pack(p: dict, c: ISConfig) -> tuple[dict, dict]:
     m = c1 / N
     o["clamped/std"] = float(np.sqrt(max(0.0, c2 / N - m * m))) if N > 1 else 0.0
     o["clamped/ess"] = f(1.0 / ((c2 / N) / (m + 1e-8) ** 2))
-    s = sv.w[ok]
-    o["raw/seq_mean"], o["raw/seq_std"] = f(s.mean()), f(s.std(ddof=1)) if len(s) > 1 else 0.0
-    o["raw/seq_max"], o["raw/seq_min"] = f(s.max()), f(s.min())
-    o["raw/seq_max_deviation"] = f(np.abs(s - 1.0).max())
-    o["raw/seq_fraction_high"] = f(np.mean(s > U))
-    o["raw/seq_fraction_low"] = f(np.mean(s < Lo)) if Lo is not None else 0.0
+    ris._seq_stats(sv.w[ok], Lo, U, "raw/", o, undefined=0.0)
     if c.masks:
         if c.level == "token":
             o["mask/token_fraction"] = f(col("ris.tband").sum() / N)
@@ -589,9 +584,7 @@ def verl_summary(sd) -> dict[str, float | None]:
     o["applied/mean"] = f(m)
     o["applied/std"] = float(np.sqrt(max(0.0, a2 / N - m * m))) if N > 1 else 0.0
     o["applied/ess"] = f(1.0 / ((a2 / N) / (m + 1e-8) ** 2)) if a2 > 0 else None
-    o["applied/seq_mean"], o["applied/seq_std"] = f(s_app.mean()), f(s_app.std(ddof=1)) if len(s_app) > 1 else 0.0
-    o["applied/seq_max"], o["applied/seq_min"] = f(s_app.max()), f(s_app.min())
-    o["applied/seq_max_deviation"] = f(np.abs(s_app - 1.0).max())
+    ris._seq_stats(s_app, Lo, U, "applied/", o, fractions=False, undefined=0.0)
     o["raw/seq_fraction_high"] = f(np.mean(s_raw > U))
     o["raw/seq_fraction_low"] = f(np.mean(s_raw < Lo)) if Lo is not None else 0.0
     if c.zeroes:
