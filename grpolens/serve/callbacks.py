@@ -581,33 +581,33 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         return target
 
     # -- URL -> page controls ---------------------------------------------------------------
-    @app.callback(Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
-                  Output("tok-focus", "data"),
-                  Input("url", "search"), State("url", "pathname"), State("tok-run", "value"),
-                  State("tok-step", "value"))
-    def url_to_tokens(search, pathname, cur_run, cur_step):
-        q = parse_search(search)
-        if pathname == "/tokens" and q.get("run") in runs.runs:
-            step = as_int(q.get("step"))
-            return (q["run"], default_step(runs, q["run"]) if step is None else step, as_int(q.get("sample")),
-                    as_int(q.get("pos")))
-        if cur_step is None:
-            name = cur_run if cur_run in runs.runs else runs.names[0]
-            return name, default_step(runs, name), None, None
-        raise PreventUpdate
-
-    @app.callback(Output("comp-run", "value"), Output("comp-step", "value"),
-                  Input("url", "search"), State("url", "pathname"), State("comp-run", "value"),
-                  State("comp-step", "value"))
-    def url_to_completions(search, pathname, cur_run, cur_step):
-        q = parse_search(search)
-        if pathname == "/completions" and q.get("run") in runs.runs:
+    def url_run_step(pathname, page, q, cur_run, cur_step):
+        """(run, step) a page opens on: the URL's when it names a known run for this page, else
+        the current choice, else the first run at its default step (PreventUpdate: keep as is)."""
+        if pathname == page and q.get("run") in runs.runs:
             step = as_int(q.get("step"))
             return q["run"], default_step(runs, q["run"]) if step is None else step
         if cur_step is None:
             name = cur_run if cur_run in runs.runs else runs.names[0]
             return name, default_step(runs, name)
         raise PreventUpdate
+
+    @app.callback(Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
+                  Output("tok-focus", "data"),
+                  Input("url", "search"), State("url", "pathname"), State("tok-run", "value"),
+                  State("tok-step", "value"))
+    def url_to_tokens(search, pathname, cur_run, cur_step):
+        q = parse_search(search)
+        run, step = url_run_step(pathname, "/tokens", q, cur_run, cur_step)
+        if pathname == "/tokens" and q.get("run") in runs.runs:
+            return run, step, as_int(q.get("sample")), as_int(q.get("pos"))
+        return run, step, None, None
+
+    @app.callback(Output("comp-run", "value"), Output("comp-step", "value"),
+                  Input("url", "search"), State("url", "pathname"), State("comp-run", "value"),
+                  State("comp-step", "value"))
+    def url_to_completions(search, pathname, cur_run, cur_step):
+        return url_run_step(pathname, "/completions", parse_search(search), cur_run, cur_step)
 
     # -- Tokens page ----------------------------------------------------------------------------
     @app.callback(Output("tok-summary", "children"), Output("tok-table", "data"), Output("tok-table", "columns"),
