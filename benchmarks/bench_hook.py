@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.hook import GRPOLensHook
-from grpolens.writer import ShardWriter
+from grpolens.capture.writer import ShardWriter
 
 
 def make_batch(batch: int, seq: int, valid_frac: float, seed: int = 0) -> dict[str, torch.Tensor]:

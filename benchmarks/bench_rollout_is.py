@@ -16,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("GRPOLENS_THREADS", "1")
 
 import grpolens  # noqa: E402
-from grpolens import sweep as sw  # noqa: E402
+from grpolens.analysis import sweep as sw  # noqa: E402
 from grpolens.metrics import engine, partials, registry  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def best(fn, k: int = 2) -> float:
 def main() -> None:
     run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/grpolens-bench-ris")
     if not run.exists():
-        from grpolens.synth import synth_run
+        from grpolens.adapters.synth import synth_run
 
         synth_run(run, steps=8, ranks=4, micro_batches=4, groups=16, generations=8, max_len=1024, seed=0,
                   inject=["rollout-drift@4"])

@@ -40,7 +40,7 @@ def post(base: str, outputs: list[tuple[str, str]], inputs: list[tuple[str, str,
 
 
 def build(run: Path, steps: int, tokens: float) -> None:
-    from grpolens.synth import synth_run
+    from grpolens.adapters.synth import synth_run
 
     ranks, generations, max_len = 2, 8, 512
     per_completion = 0.45 * max_len * 1.13  # mean of the synthetic log-normal lengths
@@ -60,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import grpolens
-    from grpolens import format as fmt
+    from grpolens.run import format as fmt
 
     tmp = None
     run = args.run

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpolens.synth import SynthSpec, generate_samples, generate_tokens, synth_run
-from grpolens.validate import validate_run
+from grpolens.adapters.synth import SynthSpec, generate_samples, generate_tokens, synth_run
+from grpolens.run.validate import validate_run
 
 
 def best_of(repeat: int, fn) -> tuple[float, float]:

@@ -15,7 +15,7 @@ __all__ = ["recompute", "__version__"]
 
 def __getattr__(name: str):
     if name == "recompute":
-        from grpolens.compute import recompute
+        from grpolens.analysis.recompute import recompute
 
         return recompute
     raise AttributeError(f"module 'grpolens' has no attribute {name!r}")

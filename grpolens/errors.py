@@ -19,8 +19,8 @@ class UserError(Exception):
 class RunFormatError(ValueError):
     """A run (or a file in it) does not follow the format. ``path`` names the file at fault.
 
-    Defined here rather than in :mod:`grpolens.format` so that the CLI can catch it without
-    importing pyarrow at start-up; ``grpolens.format.RunFormatError`` is the same class.
+    Defined here rather than in :mod:`grpolens.run.format` so that the CLI can catch it without
+    importing pyarrow at start-up; ``grpolens.run.format.RunFormatError`` is the same class.
     """
 
     def __init__(self, path, message: str, column: str | None = None):

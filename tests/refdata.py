@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 
 
 @dataclass

@@ -19,7 +19,7 @@ from grpolens.check.baseline import read_golden
 from grpolens.check.defaults import DEFAULT_RULES_TOML
 from grpolens.check.rules import parse_rules
 from grpolens.cli import main
-from grpolens.synth import synth_run
+from grpolens.adapters.synth import synth_run
 
 STEPS = 16
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"

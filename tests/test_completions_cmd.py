@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 import grpolens
-from grpolens import format as fmt, sidecars
+from grpolens.run import format as fmt
+from grpolens.analysis import sidecars
 from grpolens.cli import main
 from tests.refdata import random_calls, write_run
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 import grpolens
-from grpolens import drilldown
+from grpolens.analysis import drilldown
 from tests.refdata import random_calls, write_run
 
 

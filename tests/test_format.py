@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, strategies as st
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "run-format.md"
 # The doc uses numpy-style names; Arrow prints float32/float64 as float/double.

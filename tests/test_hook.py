@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.hook import GRPOLensHook
-from grpolens.validate import validate_run
+from grpolens.run.validate import validate_run
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("old_logp", "ref_logp", "rollout_logp", "entropy")
@@ -359,7 +359,7 @@ def test_cuda_inputs_give_the_same_shards_as_cpu(tmp_path):
 
 
 def test_docs_example_runs(tmp_path, monkeypatch):
-    from grpolens.validate import validate_run
+    from grpolens.run.validate import validate_run
 
     code = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "hook.md").read_text(), re.S).group(1)
     monkeypatch.chdir(tmp_path)

@@ -124,7 +124,7 @@ def test_maxent_output_dir_or_sidecar_dir_and_key(tmp_path):
         (two / f.name).write_bytes(f.read_bytes())
         (two / f.name.replace("rich_completions", "completions")).write_bytes(f.read_bytes())
     with pytest.raises(Exception, match="--key"):
-        grpolens.importers.import_maxent_sidecars(two, b)
+        grpolens.adapters.importers.import_maxent_sidecars(two, b)
     assert not b.exists()
     assert _run("import", "maxent-sidecars", two, b, "--key", "completions") == 0
 

@@ -9,7 +9,7 @@ import pytest
 
 import grpolens
 from grpolens.errors import UserError
-from grpolens.parity import close, compare, read_log
+from grpolens.analysis.parity import close, compare, read_log
 from tests.refdata import random_calls, write_run
 
 

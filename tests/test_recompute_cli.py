@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 import grpolens
-from grpolens.compute import parse_overrides, parse_steps, recompute
+from grpolens.analysis.recompute import parse_overrides, parse_steps, recompute
 from grpolens.errors import UserError
 from tests.refdata import random_calls, write_run
 

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import grpolens
-from grpolens import format as fmt, sidecars
+from grpolens.run import format as fmt
+from grpolens.analysis import sidecars
 from tests.refdata import LossCall, approx, random_calls, write_run
 
 COLS = ["step", "prompt_index", "completion_index", "group_size", "reward_rank_desc", "prompt", "completion",
@@ -57,7 +58,7 @@ def hand_run(tmp_path):
     return run
 
 
-# Worked by hand from the rules in grpolens/sidecars.py (gather order 10, 11, 12, 13, 1, 2, 3):
+# Worked by hand from the rules in grpolens/analysis/sidecars.py (gather order 10, 11, 12, 13, 1, 2, 3):
 # group 7 -> prompt_index 0: q finite, Σq = 1 -> weight = mass = q.
 # group 9 -> 1: rewards 1, NaN, 1, null -> ranks 1, 3, 2 (tie: lower completion_index first), 4;
 #   q has a NaN -> weight = advantage (1, -2, 1, -1); mass = max(A,0)/Σ = (.5, 0, .5, 0).

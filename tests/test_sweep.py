@@ -5,10 +5,10 @@ import polars as pl
 import pytest
 
 import grpolens
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.metrics import engine
-from grpolens.sweep import COLUMNS, parse_params, sweep
+from grpolens.analysis.sweep import COLUMNS, parse_params, sweep
 from tests.refdata import random_calls, write_run
 
 

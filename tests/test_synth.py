@@ -9,11 +9,11 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.cli import main
 from grpolens.errors import UserError
-from grpolens.synth import SynthSpec, generate_samples, generate_tokens, parse_injection, synth_run
-from grpolens.validate import validate_run
+from grpolens.adapters.synth import SynthSpec, generate_samples, generate_tokens, parse_injection, synth_run
+from grpolens.run.validate import validate_run
 
 SMALL = dict(steps=6, ranks=2, micro_batches=3, groups=3, generations=4, max_len=48)
 
@@ -213,7 +213,7 @@ def test_cli_synth_and_errors(tmp_path, capsys):
 
 
 def test_failure_leaves_nothing_behind(tmp_path, monkeypatch):
-    import grpolens.synth as synth
+    import grpolens.adapters.synth as synth
 
     real = synth.generate_tokens
 

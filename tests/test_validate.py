@@ -11,10 +11,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.cli import main
-from grpolens.synth import synth_run
-from grpolens.validate import ERROR, WARNING, validate_run
+from grpolens.adapters.synth import synth_run
+from grpolens.run.validate import ERROR, WARNING, validate_run
 
 TOK = "tokens/step=00000001/rank=00000.parquet"
 SMP = "samples/step=00000001/rank=00000.parquet"
@@ -145,7 +145,7 @@ def test_unsorted_file(run):
 
 
 def test_unsorted_across_record_batches(run, monkeypatch):
-    import grpolens.validate as v
+    import grpolens.run.validate as v
 
     monkeypatch.setattr(v, "_BATCH_ROWS", 5)  # the out-of-order pair straddles a batch boundary
     _rewrite(run / TOK, lambda t: t.take(np.r_[np.arange(5), 6, 5, np.arange(7, t.num_rows)]))

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpolens import format as fmt
-from grpolens import writer as writer_mod
-from grpolens.writer import ShardWriter, WriterError
+from grpolens.run import format as fmt
+from grpolens.capture import writer as writer_mod
+from grpolens.capture.writer import ShardWriter, WriterError
 
 HELPER = Path(__file__).parent / "helpers" / "kill_writer.py"
 
@@ -187,7 +187,7 @@ def test_text_that_is_not_unicode_is_replaced_and_pandas_never_imported(tmp_path
     # and the writer must work without torch.
     code = f"""
 import sys
-from grpolens.writer import ShardWriter
+from grpolens.capture.writer import ShardWriter
 with ShardWriter({str(tmp_path)!r}) as w:
     w.add_samples(0, {{"sample_id": [1, 2], "group_id": [0, 0], "completion_len": [1, 2], "truncated": [0, 1],
                       "completion": ["ok \\ud800 \\u00e9", None], "reward": [0.5, None]}})
@@ -346,7 +346,7 @@ def test_kill_during_fsync_leaves_only_complete_shards(tmp_path):
     steps, leftovers = _check_complete(tmp_path)
     assert steps == [0, 1, 2]
     assert len(leftovers) == 1 and leftovers[0].parent.name == "step=00000003"  # the temp file, ignored by readers
-    from grpolens.validate import validate_run
+    from grpolens.run.validate import validate_run
 
     assert validate_run(tmp_path).errors == []  # the leftover is a warning, the run is usable
 

@@ -43,7 +43,7 @@ def run_series(df) -> dict[str, Series]:
 def metrics_of(run: Path, overrides: dict | None):
     """Current metrics of a run. The per-step cache is refreshed in place when the config is the
     run's own and the directory is writable; what-if overrides (``--set``) never overwrite it."""
-    from grpolens.compute import recompute
+    from grpolens.analysis.recompute import recompute
 
     if not overrides:
         try:
@@ -54,7 +54,7 @@ def metrics_of(run: Path, overrides: dict | None):
 
 
 def load_baseline(path: Path, overrides: dict | None) -> Baseline:
-    from grpolens.format import is_run
+    from grpolens.run.format import is_run
 
     path = Path(path)
     if path.is_dir():
@@ -83,7 +83,7 @@ def _decode(v: Any, where: str) -> float:
 
 def golden_json(df, metrics: list[str], *, run: Path, overrides: dict | None, rules_source: str) -> dict:
     import grpolens
-    from grpolens.format import read_manifest
+    from grpolens.run.format import read_manifest
 
     out: dict[str, Any] = {
         "format": GOLDEN_FORMAT,
@@ -106,7 +106,7 @@ def golden_json(df, metrics: list[str], *, run: Path, overrides: dict | None, ru
 
 
 def write_golden(path: Path, data: dict) -> None:
-    from grpolens.format import atomic_write_bytes
+    from grpolens.run.format import atomic_write_bytes
 
     path = Path(path)
     if path.parent and not path.parent.exists():

@@ -106,7 +106,7 @@ class Outcome:
 
 
 def _num(v: float) -> str:
-    from grpolens.ui import format_value
+    from grpolens.text import format_value
 
     return format_value(float(v))
 

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 from grpolens.check.evaluate import ERROR, FAIL, PASS, SKIP, Outcome
 from grpolens.check.runner import CheckReport
-from grpolens.ui import format_value
+from grpolens.text import format_value
 
 _STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", ERROR: "bold magenta"}
 _ICON = {PASS: "✅", FAIL: "❌", SKIP: "⏭️", ERROR: "⚠️"}

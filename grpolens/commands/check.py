@@ -31,7 +31,7 @@ def check_cmd(
     A failure names its first failing step and the `grpolens tokens` command to drill into it.
     """
     from grpolens.check.runner import check, resolve_rules
-    from grpolens.compute import parse_overrides
+    from grpolens.analysis.recompute import parse_overrides
 
     if show_rules:
         from grpolens.check.defaults import DEFAULT_RULES_TOML
@@ -45,7 +45,7 @@ def check_cmd(
     report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden)
 
     from grpolens.check import report as rep
-    from grpolens.format import atomic_write_bytes
+    from grpolens.run.format import atomic_write_bytes
 
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)  # like pytest --junitxml: CI report dirs are fresh

@@ -79,7 +79,8 @@ def completions_cmd(
 
 def _load(run: Path, step: int):
     """The step's rows and a word on where they came from."""
-    from grpolens import format as fmt, sidecars
+    from grpolens.run import format as fmt
+    from grpolens.analysis import sidecars
     from grpolens.errors import UserError
 
     if not fmt.is_run(run) and sidecars.sidecar_files(run):
@@ -114,7 +115,7 @@ def _table(df, step: int, total: int, matched: int, source: str, chars: int):
     from rich.table import Table
     from rich.text import Text
 
-    from grpolens.safe_text import printable
+    from grpolens.text import printable
 
     cols = [(h, c, k) for h, c, k in VIEW if c in df.columns and df[c].null_count() < df.height]
     has_is = "is_vetoed" in df.columns and df["is_vetoed"].null_count() < df.height
@@ -152,7 +153,7 @@ def _show_prompt(console, df) -> None:
     from rich.panel import Panel
     from rich.text import Text
 
-    from grpolens.safe_text import printable
+    from grpolens.text import printable
 
     prompts = [p for p in df["prompt"].unique(maintain_order=True).to_list() if p is not None] if "prompt" in df.columns else []
     if prompts:

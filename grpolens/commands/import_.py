@@ -31,7 +31,7 @@ def import_cmd(
     from rich.console import Console
     from rich.text import Text
 
-    from grpolens import importers
+    from grpolens.adapters import importers
     from grpolens.errors import UserError
 
     if source == "verl-jsonl":

@@ -25,11 +25,11 @@ def parity_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from grpolens.compute import parse_overrides
+    from grpolens.analysis.recompute import parse_overrides
     from grpolens.errors import UserError
     from grpolens.metrics.registry import PROFILES
-    from grpolens.parity import compare
-    from grpolens.ui import format_value
+    from grpolens.analysis.parity import compare
+    from grpolens.text import format_value
 
     if profile not in PROFILES:
         raise UserError(f"--profile: unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")

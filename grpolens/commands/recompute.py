@@ -27,8 +27,8 @@ def recompute_cmd(
     """
     from rich.console import Console
 
-    from grpolens.compute import parse_overrides, recompute
-    from grpolens.ui import progress_bar, summary_table
+    from grpolens.analysis.recompute import parse_overrides, recompute
+    from grpolens.commands.ui import progress_bar, summary_table
 
     console = Console(stderr=True)
     overrides = parse_overrides(set_)
@@ -44,7 +44,7 @@ def recompute_cmd(
         return
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
-    from grpolens.ui import key_columns
+    from grpolens.commands.ui import key_columns
 
     out_console = Console()
     if not out_console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns

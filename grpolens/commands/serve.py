@@ -70,8 +70,8 @@ def _check_port(host: str, port: int) -> None:
 
 
 def _recompute_all(runs, console) -> None:
-    from grpolens.compute import recompute
-    from grpolens.ui import progress_bar
+    from grpolens.analysis.recompute import recompute
+    from grpolens.commands.ui import progress_bar
 
     for name, path in runs.runs.items():
         with progress_bar(console, f"recompute {name}") as tick:
@@ -86,7 +86,7 @@ def _start_watcher(runs, console, every: float = 5.0) -> None:
     import threading
     import time
 
-    from grpolens.compute import recompute
+    from grpolens.analysis.recompute import recompute
     from grpolens.serve.data import run_version
 
     def loop() -> None:

@@ -24,10 +24,11 @@ def sidecars_cmd(
     import polars as pl
     from rich.console import Console
 
-    from grpolens import format as fmt, sidecars
-    from grpolens.compute import parse_steps, recompute
+    from grpolens.run import format as fmt
+    from grpolens.analysis import sidecars
+    from grpolens.analysis.recompute import parse_steps, recompute
     from grpolens.errors import UserError
-    from grpolens.ui import progress_bar
+    from grpolens.commands.ui import progress_bar
 
     key = sidecars.check_key(key)
     fmt.read_manifest(run)

@@ -26,10 +26,10 @@ def sweep_cmd(
     from rich.table import Table
     from rich.text import Text
 
-    from grpolens import format as fmt
-    from grpolens.compute import parse_overrides
-    from grpolens.sweep import parse_params, summary, sweep, write_html
-    from grpolens.ui import progress_bar
+    from grpolens.run import format as fmt
+    from grpolens.analysis.recompute import parse_overrides
+    from grpolens.analysis.sweep import parse_params, summary, sweep, write_html
+    from grpolens.commands.ui import progress_bar
 
     console = Console(stderr=True)
     params = parse_params(param)

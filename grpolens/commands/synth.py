@@ -33,7 +33,7 @@ def synth_cmd(
 
     from rich.console import Console
 
-    from grpolens.synth import synth_run
+    from grpolens.adapters.synth import synth_run
 
     t0 = time.perf_counter()
     path = synth_run(out, steps=steps, ranks=ranks, micro_batches=micro_batches, groups=groups,

@@ -24,8 +24,9 @@ def tokens_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from grpolens import drilldown, format as fmt
-    from grpolens.decode import make_decoder
+    from grpolens.analysis import drilldown
+    from grpolens.run import format as fmt
+    from grpolens.run.decode import make_decoder
     from grpolens.errors import UserError
 
     if by not in drilldown.SCORES:
@@ -66,7 +67,7 @@ def tokens_cmd(
         t.add_column(c, justify="left" if c in ("token", "rank/mb") else "right", no_wrap=True)
     from rich.text import Text
 
-    from grpolens.safe_text import printable
+    from grpolens.text import printable
 
     for i, r in enumerate(df.iter_rows(named=True), 1):
         tok = Text(printable(decode(r["token_id"]), keep_newlines=False)) if r["token_id"] >= 0 else Text("—")
@@ -95,7 +96,7 @@ def _show_completion(console, cols, decode, by: str, title: str) -> None:
     from rich.panel import Panel
     from rich.text import Text
 
-    from grpolens.safe_text import printable
+    from grpolens.text import printable
 
     s = cols["score"]
     finite = s[np.isfinite(s)]

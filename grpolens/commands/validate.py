@@ -22,7 +22,7 @@ def validate_cmd(
     from rich.table import Table
     from rich.text import Text
 
-    from grpolens.validate import ERROR, validate_run
+    from grpolens.run.validate import ERROR, validate_run
 
     report = validate_run(run)  # RunFormatError (not a directory) -> exit 2 in cli.main
     console = Console()

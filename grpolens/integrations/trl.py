@@ -20,7 +20,7 @@ What is recorded, and where it is taken from (``docs/integrations/trl.md`` has t
   raw value, the weighted total reward, the advantage, the round's index ``generation`` (several
   rounds share a step when ``steps_per_generation < gradient_accumulation_steps``; TRL logs the
   mean of their values) and, optionally, the prompt/completion text;
-* the trainer config (``CONFIG_DEFAULTS`` keys of :mod:`grpolens.format`, plus every
+* the trainer config (``CONFIG_DEFAULTS`` keys of :mod:`grpolens.run.format`, plus every
   ``GRPOConfig`` field under ``trl_args``) in the manifest, ``trainer = {"name": "trl", ...}``;
 * TRL's own logged metrics, one JSON object per ``log()`` call, in ``RUN/grpolens/trl_log.jsonl``
   (rank 0), so that ``grpolens recompute --profile trl`` can be compared with them.
@@ -52,7 +52,7 @@ import trl
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from grpolens.hook import GRPOLensHook
+from grpolens.capture.hook import GRPOLensHook
 
 __all__ = ["GRPOLensTrainer", "GRPOLensMixin", "with_grpolens", "run_config", "SAMPLE_ID_STRIDE",
            "TRL_LOG_NAME"]
@@ -198,7 +198,7 @@ class GRPOLensMixin:
     ``grpolens_text``       store prompt and completion text in the samples table (default True)
     ``grpolens_enabled``    False: behave exactly like the base trainer, write nothing
     ``grpolens_run_name``   the manifest's run name (default: the directory name)
-    ``grpolens_writer``     dict of :class:`~grpolens.writer.ShardWriter` options
+    ``grpolens_writer``     dict of :class:`~grpolens.capture.writer.ShardWriter` options
     """
 
     def __init__(self, *args, grpolens_dir=None, grpolens_text: bool = True, grpolens_enabled: bool = True,

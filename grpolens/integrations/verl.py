@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from grpolens.hook import GRPOLensHook
+from grpolens.capture.hook import GRPOLensHook
 
 __all__ = ["VerlCapture", "verl_config", "group_id_of"]
 
@@ -104,7 +104,7 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) 
 
 
 class VerlCapture:
-    """Writes a verl actor's batches through :class:`~grpolens.hook.GRPOLensHook`.
+    """Writes a verl actor's batches through :class:`~grpolens.capture.hook.GRPOLensHook`.
 
     ``rank`` must be the data-parallel rank (under Ulysses sequence parallelism pass
     ``enabled=(sp_rank == 0)`` so that each sequence is written once). ``eos_token_id`` lets

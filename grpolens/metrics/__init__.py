@@ -9,7 +9,7 @@ FAMILY_MODULES = [
     "health",
     "entropy",
     "rewards",
-    "completions",
+    "lengths",
     "diversity",
     "policy",
     "kl",
@@ -20,6 +20,6 @@ FAMILY_MODULES = [
 
 #: Other modules that register producers or visitors (imported after the families).
 EXTRA_MODULES = [
-    "grpolens.drilldown",
-    "grpolens.sidecars",
+    "grpolens.analysis.drilldown",
+    "grpolens.analysis.sidecars",
 ]

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from grpolens import format as fmt
-from grpolens.format import RunFormatError
+from grpolens.run import format as fmt
+from grpolens.run.format import RunFormatError
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import merge_arrays, sequence_partials
 

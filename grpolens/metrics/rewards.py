@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from grpolens.format import REWARD_PREFIX
+from grpolens.run.format import REWARD_PREFIX
 from grpolens.metrics.registry import PLACEHOLDER, Metric, register
 
 QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)

@@ -1,6 +1,6 @@
 """Rollout importance sampling and train–inference mismatch (family ``rollout_is``).
 
-Formulas live in :mod:`grpolens.rollout_is` (weights, modes, veto, rejection filters) and in the
+Formulas live in :mod:`grpolens.functional.is_weights` (weights, modes, veto, rejection filters) and in the
 ``mismatch`` producer below (KL, perplexities, χ²); this module registers the partials, the
 visitors (exact per-step Δ quantiles, rejection-filter partials, IS-weight histograms, the
 ``--is-weights`` writer) and the metrics with their names per profile.
@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from grpolens import format as fmt
-from grpolens import rollout_is as ris
+from grpolens.run import format as fmt
+from grpolens.functional import is_weights as ris
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.config import RS_OPTIONS
 from grpolens.metrics.engine import visitor
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import Metric, register
-from grpolens.rollout_is import ISConfig, SAFETY_BOUND
+from grpolens.functional.is_weights import ISConfig, SAFETY_BOUND
 
 FAMILY = "rollout_is"
 REQ = ("rollout_logp",)
@@ -359,7 +359,7 @@ class ISWeightWriter:
 
 def resolve_config(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> dict:
     """The checked config ``recompute`` uses: manifest, then ``--config``, then ``--set``."""
-    from grpolens.compute import deep_update, load_config_file
+    from grpolens.analysis.recompute import deep_update, load_config_file
     from grpolens.metrics.config import check_config
 
     cfg = fmt.read_manifest(run).resolved_config()

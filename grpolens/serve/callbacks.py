@@ -19,9 +19,9 @@ from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.dash_table.Format import Format, Scheme
 from dash.exceptions import PreventUpdate
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.errors import UserError
-from grpolens.format import RunFormatError
+from grpolens.run.format import RunFormatError
 from grpolens.serve import data, figures
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
 from grpolens.serve.runs import RunSet

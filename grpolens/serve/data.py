@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.errors import UserError
 
 #: Points per curve sent to the browser; longer curves are min/max-downsampled (spikes survive).
@@ -385,9 +385,9 @@ def step_tokens(run: Path, step: int) -> pl.DataFrame:
     def make() -> pl.DataFrame:
         import pyarrow as pa
 
-        from grpolens import drilldown
+        from grpolens.analysis import drilldown
         from grpolens.metrics.batch import TokenBatch
-        from grpolens.rollout_is import bounded_exp
+        from grpolens.functional.is_weights import bounded_exp
 
         shards = fmt.list_shards(run, fmt.TOKENS, [step])
         if not shards:
@@ -508,7 +508,7 @@ def _run_config(run: Path) -> dict:
 
 
 #: Columns of the completions table, in display order (the sidecar table's names, see
-#: :mod:`grpolens.sidecars`); ``reward/<name>`` columns follow ``reward_total``.
+#: :mod:`grpolens.analysis.sidecars`); ``reward/<name>`` columns follow ``reward_total``.
 COMPLETION_COLUMNS = ("sample_id", "rank", "group_id", "reward_rank_desc", "reward_total", "advantage",
                       "completion_len", "truncated", "tokens", "masked_tokens", "kl_mean", "kl_max", "mismatch_mean",
                       "is_weight_max", "entropy_mean", "clip_frac", "is_vetoed", "prompt", "completion")
@@ -517,7 +517,7 @@ PREVIEW_CHARS = 80
 
 
 def completions_file(run: Path) -> Path:
-    from grpolens.sidecars import COMPLETIONS_FILE
+    from grpolens.analysis.sidecars import COMPLETIONS_FILE
 
     return fmt.derived_dir(run) / COMPLETIONS_FILE
 
@@ -561,7 +561,7 @@ def _sidecar_rows(run: Path, step: int) -> pl.DataFrame | None:
 def _computed_rows(run: Path, step: int) -> pl.DataFrame:
     """The completions table of one step computed from its shards by the same code that writes
     ``completions.parquet`` during recompute (for a run that was never recomputed)."""
-    from grpolens.sidecars import build_steps
+    from grpolens.analysis.sidecars import build_steps
 
     return build_steps(run, [step])
 
@@ -650,11 +650,11 @@ def completion(run: Path, step: int, sample_id: int) -> dict[str, Any] | None:
 
 
 def decoder(run: Path):
-    """``(id -> text, source)`` for token labels (see :mod:`grpolens.decode`); the text is
+    """``(id -> text, source)`` for token labels (see :mod:`grpolens.run.decode`); the text is
     untrusted and is only ever shown as text."""
     def make():
         try:
-            from grpolens.decode import make_decoder
+            from grpolens.run.decode import make_decoder
 
             return make_decoder(run, _run_config(run))
         except Exception:  # noqa: BLE001
@@ -805,10 +805,10 @@ def is_step_detail(run: Path, step: int) -> dict[str, Any]:
             return out
     # No is_hist.parquet for this step: the rollout-IS family's own per-token decisions, on the
     # step's shards (one implementation of truncation, masking and veto for every view).
-    from grpolens import drilldown
-    from grpolens.format import read_manifest
+    from grpolens.analysis import drilldown
+    from grpolens.run.format import read_manifest
     from grpolens.metrics.config import check_config
-    from grpolens.rollout_is import ISConfig, token_weights
+    from grpolens.functional.is_weights import ISConfig, token_weights
 
     b = drilldown.load_step(run, step)
     tw = token_weights(b, ISConfig.from_cfg(check_config(read_manifest(run).resolved_config())))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.errors import UserError
 
 #: Directories never searched for runs (a run's own tables, caches, VCS, environments).

@@ -25,8 +25,8 @@ def expected_step(step: int) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    from grpolens.format import Manifest
-    from grpolens.writer import ShardWriter
+    from grpolens.run.format import Manifest
+    from grpolens.capture.writer import ShardWriter
 
     run = sys.argv[1]
     stall = int(sys.argv[sys.argv.index("--stall-at-step") + 1]) if "--stall-at-step" in sys.argv else None

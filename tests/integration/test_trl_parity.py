@@ -65,7 +65,7 @@ def test_recompute_matches_trl_log(trl_run, name):
 def test_loss_with_rollout_importance_sampling(trl_run, name):
     """TRL multiplies the policy term by its vLLM IS ratio before + beta*kl: the trl `loss` matches
     with the run's rollout_is config, and would not without it (the ratio is not ~1 in these runs)."""
-    from grpolens import parity
+    from grpolens.analysis import parity
 
     run = trl_run(name) / "run"
     rows = [r for r in trl_parity.compare(run) if r.key == "loss"]

@@ -1,4 +1,4 @@
-"""Test helpers over :mod:`grpolens.parity`: compare ``recompute(run, profile="trl")`` with the
+"""Test helpers over :mod:`grpolens.analysis.parity`: compare ``recompute(run, profile="trl")`` with the
 metrics TRL itself logged in the run (``RUN/grpolens/trl_log.jsonl``, written by the integration).
 
 The product command is ``grpolens parity RUN``; the integration tests use the same comparison.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpolens.parity import RTOL, Row, compare as _compare, read_log, summary  # noqa: F401 (re-exported)
+from grpolens.analysis.parity import RTOL, Row, compare as _compare, read_log, summary  # noqa: F401 (re-exported)
 
 
 def trl_log(run: Path) -> dict[int, dict]:

@@ -49,7 +49,7 @@ def test_halves_of_sequences_merge(tmp_path):
     from grpolens.metrics.config import check_config
     from grpolens.metrics.partials import PRODUCERS, merge_partials, sequence_partials
     from grpolens.metrics.registry import load_builtins
-    from grpolens import format as fmt
+    from grpolens.run import format as fmt
 
     load_builtins()
     rng = np.random.default_rng(32)

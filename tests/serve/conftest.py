@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def serve_runs(tmp_path_factory):
     import grpolens
-    from grpolens.synth import synth_run
+    from grpolens.adapters.synth import synth_run
 
     root = tmp_path_factory.mktemp("serve-runs")
     common = dict(steps=14, ranks=2, micro_batches=2, groups=4, generations=4, max_len=40, texts=True)

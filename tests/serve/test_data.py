@@ -64,7 +64,7 @@ def test_resolve_errors(tmp_path, serve_runs):
 def test_duplicate_run_names_get_suffixes(tmp_path):
     import shutil
 
-    from grpolens.synth import synth_run
+    from grpolens.adapters.synth import synth_run
 
     a = synth_run(tmp_path / "x" / "run", steps=2, max_len=8)
     shutil.copytree(a, tmp_path / "y" / "run")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
+from grpolens.text import format_value
+
 
 @contextlib.contextmanager
 def progress_bar(console, label: str, enabled: bool = True, min_total: int = 2) -> Iterator[Callable[[int, int], None]]:
@@ -27,19 +29,6 @@ def progress_bar(console, label: str, enabled: bool = True, min_total: int = 2) 
             prog.update(task, completed=done)
 
         yield tick
-
-
-def format_value(v) -> str:
-    """Short and exact enough to read: 4 significant digits, integers as integers."""
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        if v != v:
-            return "nan"
-        if v.is_integer() and abs(v) < 1e9:
-            return str(int(v))
-        return f"{v:.4g}"
-    return str(v)
 
 
 #: What the summary shows by default: the quantities that say first whether a run is healthy.

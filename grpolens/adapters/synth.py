@@ -297,8 +297,8 @@ def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_
     and only if it is empty or a grpolens run (never an arbitrary directory).
     """
     import grpolens
-    from grpolens.format import Manifest, is_run
-    from grpolens.writer import ShardWriter
+    from grpolens.run.format import Manifest, is_run
+    from grpolens.capture.writer import ShardWriter
 
     spec = SynthSpec(steps, ranks, micro_batches, groups, generations, max_len, seed, vocab, texts,
                      tuple(parse_injection(s) for s in inject))

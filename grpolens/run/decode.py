@@ -3,7 +3,7 @@
 The manifest config may name ``vocab_file`` (a JSON list of token strings, or an object
 id -> string; a relative path is relative to the run) or ``tokenizer`` (a Hugging Face tokenizer
 name or directory, loaded from local files only, when transformers is installed). Without
-either, tokens show as ``⟨id⟩``. Decoded text is untrusted: see :mod:`grpolens.safe_text`.
+either, tokens show as ``⟨id⟩``. Decoded text is untrusted: see :mod:`grpolens.text`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 
 ERROR, WARNING = "error", "warning"
 _BATCH_ROWS = 1 << 20
@@ -61,7 +61,7 @@ class Report:
         return not self.errors
 
     def raise_for_errors(self) -> None:
-        """Raise :class:`~grpolens.format.RunFormatError` for the first error (naming how many more)."""
+        """Raise :class:`~grpolens.run.format.RunFormatError` for the first error (naming how many more)."""
         errors = self.errors
         if not errors:
             return
@@ -71,7 +71,7 @@ class Report:
 
 
 def validate_run(run: os.PathLike | str) -> Report:
-    """Check ``run``; a path that is not a directory raises :class:`~grpolens.format.RunFormatError`."""
+    """Check ``run``; a path that is not a directory raises :class:`~grpolens.run.format.RunFormatError`."""
     run = Path(run)
     if not run.exists():
         raise fmt.RunFormatError(run, "run directory does not exist")

@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import polars as pl
 
-from grpolens import format as fmt
-from grpolens.format import RunFormatError
+from grpolens.run import format as fmt
+from grpolens.run.format import RunFormatError
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
 
@@ -206,7 +206,7 @@ def sequence_columns(seq: pl.DataFrame, cfg: dict) -> pl.DataFrame:
     }
     vetoed = masked = none
     if "ris.n" in p:
-        from grpolens import rollout_is as ris
+        from grpolens.functional import is_weights as ris
 
         c = ris.ISConfig.from_cfg(cfg)
         if c.configured:  # rows whose shard had no rollout_logp (NaN ris.n) stay null
@@ -301,7 +301,7 @@ def _completions(cfg: dict) -> Completions:
 
 
 def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
-    from grpolens.compute import read_samples
+    from grpolens.analysis.recompute import read_samples
 
     return completions_table(step, read_samples(Path(run), step), seqcols)
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.errors import UserError
 
 __all__ = ["ImportResult", "import_verl_jsonl", "import_maxent_sidecars", "capabilities", "SOURCES"]
@@ -133,7 +133,7 @@ def _number(v: Any) -> float:
 
 def _write_run(out: Path, steps: dict[int, dict[str, Any]], trainer: dict, imported: dict, overwrite: bool) -> None:
     """Write ``steps`` (step -> samples columns) as a run at ``out``, atomically."""
-    from grpolens.writer import ShardWriter
+    from grpolens.capture.writer import ShardWriter
 
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
@@ -287,9 +287,9 @@ def _sidecar_files(src: Path, key: str | None) -> list[tuple[int, Path]]:
 def read_maxent_sidecars(src: Path, key: str | None = None) -> tuple[dict[int, list[dict[str, Any]]], list[str]]:
     """Step -> rows, and the columns that have no place in the samples table.
 
-    Files are parsed by :func:`grpolens.sidecars.read_sidecar`, the one reader of the reference's
+    Files are parsed by :func:`grpolens.analysis.sidecars.read_sidecar`, the one reader of the reference's
     format (bare NaN literals, either writer's columns)."""
-    from grpolens.sidecars import read_sidecar
+    from grpolens.analysis.sidecars import read_sidecar
 
     steps: dict[int, list[dict[str, Any]]] = {}
     dropped: set[str] = set()

@@ -1,4 +1,8 @@
-"""Model-generated text is untrusted: make it safe to show in a terminal.
+"""How grpolens shows things as text: numbers (:func:`format_value`) and untrusted model text (:func:`printable`).
+
+A leaf module (no grpolens imports) so that every layer can show values the same way.
+
+Model-generated text is untrusted: make it safe to show in a terminal.
 
 Rich markup is never parsed from it (callers append it to :class:`rich.text.Text` as plain
 text), and control characters -- terminal escape sequences above all -- are shown as visible
@@ -23,3 +27,16 @@ def printable(text: str, keep_newlines: bool = True) -> str:
     if not keep_newlines:
         out = out.replace("\n", "⏎").replace("\t", "⇥")
     return out
+
+
+def format_value(v) -> str:
+    """Short and exact enough to read: 4 significant digits, integers as integers."""
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if v.is_integer() and abs(v) < 1e9:
+            return str(int(v))
+        return f"{v:.4g}"
+    return str(v)

@@ -23,9 +23,9 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.errors import UserError
-from grpolens.format import RunFormatError
+from grpolens.run.format import RunFormatError
 from grpolens.metrics import reduce
 from grpolens.metrics.engine import VISITORS, SequencePartials, iter_steps
 from grpolens.metrics.registry import PROFILES, REGISTRY, Metric, load_builtins

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from grpolens import format as fmt
+from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import read_tokens, visitor
 

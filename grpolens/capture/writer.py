@@ -1,9 +1,9 @@
 """The training-side shard writer: buffers rows per step, writes Parquet shards on a background thread.
 
-numpy and pyarrow only (no torch: :mod:`grpolens.hook` is the torch front end). One writer per
+numpy and pyarrow only (no torch: :mod:`grpolens.capture.hook` is the torch front end). One writer per
 training rank. The producer (training) thread only validates shapes and queues the arrays; a single
 background thread turns them into Arrow tables, sorts them and writes them with
-:func:`grpolens.format.atomic_write_table`.
+:func:`grpolens.run.format.atomic_write_table`.
 
 Rules the writer follows (``docs/hook.md`` states them for users):
 
@@ -23,7 +23,7 @@ Rules the writer follows (``docs/hook.md`` states them for users):
   keys keep their arrival order. Samples rows keep their arrival order.
 * **Atomic.** Every file appears under its final name only once complete (temp file in the same
   directory, fsync, rename); a killed process leaves complete shards and, at worst, ``.*.tmp`` files
-  that :func:`grpolens.format.list_shards` ignores.
+  that :func:`grpolens.run.format.list_shards` ignores.
 * **Bounded memory.** ``bytes_pending`` counts every byte handed to the writer and not yet on disk.
   A call that would push it over ``max_queue_bytes`` blocks until the thread has written enough
   (a call larger than the whole bound waits until nothing else is pending).
@@ -45,8 +45,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from grpolens import format as fmt
-from grpolens.format import atomic_write_table  # module-level name: tests slow it down to test back-pressure
+from grpolens.run import format as fmt
+from grpolens.run.format import atomic_write_table  # module-level name: tests slow it down to test back-pressure
 
 #: Columns the writer fills in itself; callers must not pass them.
 FILLED = {fmt.TOKENS: ("step", "rank", "micro_batch"), fmt.SAMPLES: ("step", "rank")}

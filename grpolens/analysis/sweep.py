@@ -1,9 +1,9 @@
 """``grpolens sweep``: rollout-IS thresholds over a grid, every grid point in one pass over the tokens.
 
 Each token shard is read once; for every grid point the per-sequence partials of
-:func:`grpolens.rollout_is.sequence_partials` are taken on that shard's batch (δ and the valid
+:func:`grpolens.functional.is_weights.sequence_partials` are taken on that shard's batch (δ and the valid
 tokens are computed once per shard), merged per step and summarised by
-:func:`grpolens.rollout_is.summarize` -- the same functions ``recompute`` uses, so a grid point's
+:func:`grpolens.functional.is_weights.summarize` -- the same functions ``recompute`` uses, so a grid point's
 row equals the ``rollout_is/*`` metrics of a recompute with that config.
 
 Loss mass removed (``loss_mass_removed``): Σ|A| over valid tokens that leave the loss (mask band,
@@ -20,11 +20,11 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
-from grpolens import format as fmt
-from grpolens import rollout_is as ris
+from grpolens.run import format as fmt
+from grpolens.functional import is_weights as ris
 from grpolens.errors import UserError
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.rollout_is import ISConfig
+from grpolens.functional.is_weights import ISConfig
 
 #: ``rollout_is`` keys a sweep may vary (``--param rollout_is.<key>=v1,v2,...``).
 SWEEPABLE = ("level", "mode", "lower", "upper", "mask_lower", "mask_upper", "veto_lower", "veto_upper")
@@ -149,7 +149,7 @@ def sweep(
     progress: Callable[[int, int], None] | None = None,
 ) -> pl.DataFrame:
     """One row per (step, grid point): the parameters and the :data:`COLUMNS` statistics."""
-    from grpolens.compute import parse_steps
+    from grpolens.analysis.recompute import parse_steps
     from grpolens.metrics.engine import iter_steps
     from grpolens.metrics.rollout_is import resolve_config
 

@@ -1,0 +1,1 @@
+"""Applications over a run: recompute, rollout-IS sweeps, token drill-down, sidecars, parity."""

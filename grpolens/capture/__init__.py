@@ -1,0 +1,1 @@
+"""Capture: what training ranks run. The torch hook and the numpy/pyarrow shard writer."""

@@ -1,0 +1,1 @@
+"""Pure maths on arrays, with no knowledge of runs, registries or trainers."""
