@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 import grpolens
-from grpolens.analysis.recompute import parse_overrides, parse_steps, recompute
+from grpolens.analysis.recompute import recompute
+from grpolens.run.reader import parse_overrides, parse_steps
 from grpolens.errors import UserError
 from tests.refdata import random_calls, write_run
 

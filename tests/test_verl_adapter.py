@@ -206,7 +206,7 @@ def test_verl_config_mapping():
     assert (c["epsilon"], c["epsilon_high"], c["beta"], c["importance_sampling_level"]) == (0.2, 0.28, 0.001, "sequence")
     assert c["rollout_is"] == {"rollout_is": "token", "rollout_is_threshold": 2.0}
     assert verl_config({"use_kl_loss": False, "kl_loss_coef": 0.1})["beta"] == 0.0
-    from grpolens.metrics.config import check_config
+    from grpolens.run.config import check_config
     from grpolens.run.format import CONFIG_DEFAULTS
 
     check_config({**CONFIG_DEFAULTS, **c})  # a config grpolens accepts

@@ -22,7 +22,8 @@ import polars as pl
 
 from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
-from grpolens.metrics.engine import read_tokens, visitor
+from grpolens.metrics.engine import visitor
+from grpolens.run.reader import RunReader
 
 SCORES = {
     "kl": ("ref_logp",),
@@ -133,13 +134,8 @@ def _top_tokens(cfg: dict) -> TopTokens:
 # ---------------------------------------------------------------------------------------------
 
 def load_step(run: Path, step: int) -> TokenBatch | None:
-    shards = fmt.list_shards(run, fmt.TOKENS, steps=[step])
-    if not shards:
-        return None
-    import pyarrow as pa
-
-    tables = [read_tokens(sh.path) for sh in shards]
-    return TokenBatch.from_arrow(pa.concat_tables(tables, promote_options="default"))
+    table = RunReader(run).tokens(step)
+    return None if table is None else TokenBatch.from_arrow(table)
 
 
 def completion_tokens(b: TokenBatch, sample_id: int, by: str) -> dict[str, np.ndarray] | None:

@@ -21,15 +21,13 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
-from grpolens.run.format import RunFormatError
 from grpolens.metrics import reduce
 from grpolens.metrics.engine import VISITORS, SequencePartials, iter_steps
 from grpolens.metrics.registry import PROFILES, REGISTRY, Metric, load_builtins
-from grpolens.metrics.config import check_config
+from grpolens.run.reader import RunReader, read_samples
 
 CACHE_VERSION = 1
 
@@ -44,121 +42,8 @@ class RecomputeResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# Options
-# ---------------------------------------------------------------------------------------------
-
-def parse_steps(spec: str | None) -> tuple[int | None, int | None]:
-    """``A:B`` (inclusive both ends, either side optional) or a single step ``N``."""
-    if spec is None or spec == "":
-        return None, None
-    try:
-        if ":" in spec:
-            a, b = spec.split(":", 1)
-            lo = int(a) if a.strip() else None
-            hi = int(b) if b.strip() else None
-        else:
-            lo = hi = int(spec)
-    except ValueError:
-        raise UserError(f"--steps: expected A:B or N with integer steps, got {spec!r}") from None
-    if lo is not None and hi is not None and lo > hi:
-        raise UserError(f"--steps: start {lo} is after end {hi}")
-    return lo, hi
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        low = text.lower()
-        if low in ("none", "null"):
-            return None
-        if low in ("true", "false"):
-            return low == "true"
-        return text
-
-
-def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values are JSON when they parse as JSON; ``a.b=v`` sets a nested key."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise UserError(f"--set: expected key=value, got {item!r}")
-        key, text = item.split("=", 1)
-        key = key.strip()
-        if not key:
-            raise UserError(f"--set: empty key in {item!r}")
-        value = _parse_value(text.strip())
-        parts = key.split(".")
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise UserError(f"--set: {key!r} conflicts with another --set")
-        node[parts[-1]] = value
-    return out
-
-
-def load_config_file(path: os.PathLike | str) -> dict[str, Any]:
-    """A JSON or TOML file with config keys (a top-level ``config`` table is also accepted)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--config: no such file {p}")
-    text = p.read_text()
-    try:
-        if p.suffix.lower() == ".toml":
-            import tomllib
-
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
-        raise UserError(f"--config: {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {e}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"--config: {p} must contain a table/object of config keys")
-    if isinstance(data.get("config"), dict):
-        data = data["config"]
-    return data
-
-
-def deep_update(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_update(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # Per-step computation
 # ---------------------------------------------------------------------------------------------
-
-def read_samples(run: Path, step: int) -> pl.DataFrame | None:
-    shards = fmt.list_shards(run, fmt.SAMPLES, steps=[step])
-    if not shards:
-        return None
-    frames = []
-    for sh in shards:
-        try:
-            frames.append(pl.from_arrow(pq.read_table(sh.path)))
-        except Exception as e:  # noqa: BLE001
-            raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
-    return pl.concat(frames, how="diagonal_relaxed")
-
-
-def sample_columns(run: Path) -> set[str]:
-    """Every column name in the run's samples shards (Parquet footers only). Template metrics
-    (``rewards/<name>/*``) are expanded over these, so the output has the same columns whatever
-    ``--steps`` selects."""
-    cols: set[str] = set()
-    for sh in fmt.list_shards(run, fmt.SAMPLES):
-        try:
-            cols.update(pq.read_schema(sh.path).names)
-        except Exception as e:  # noqa: BLE001
-            raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
-    return cols
-
 
 def metrics_for(profile: str, cfg: dict, columns: Iterable[str] = ()) -> list[Metric]:
     """The metrics ``profile`` logs under ``cfg``, templates expanded over the run's sample ``columns``.
@@ -208,11 +93,6 @@ def _config_hash(cfg: dict, profile: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def default_out_dir(run: Path, profile: str) -> Path:
-    d = fmt.derived_dir(run)
-    return d if profile == "grpolens" else d / profile
-
-
 # ---------------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------------
@@ -242,29 +122,18 @@ def recompute(
     >>> import grpolens                                                   # doctest: +SKIP
     >>> grpolens.recompute("sample_runs/tiny").select("step", "entropy")   # doctest: +SKIP
     """
-    run = Path(run)
+    reader = RunReader(run)
+    run = reader.path
     if profile not in PROFILES:
         raise UserError(f"--profile: unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    manifest = fmt.read_manifest(run)
-    cfg = manifest.resolved_config()
-    if config_file is not None:
-        cfg = deep_update(cfg, load_config_file(config_file))
-    if overrides:
-        cfg = deep_update(cfg, overrides)
-    cfg = check_config(cfg)
-    lo, hi = parse_steps(steps) if isinstance(steps, (str, type(None))) else steps
+    cfg = reader.config(overrides, config_file)
+    sel, lo, hi = reader.select_steps(steps)
+    token_steps = reader.steps(fmt.TOKENS)
+    sample_steps = reader.steps(fmt.SAMPLES)
+    all_steps = reader.steps()
 
-    token_steps = fmt.list_steps(run, fmt.TOKENS)
-    sample_steps = fmt.list_steps(run, fmt.SAMPLES)
-    all_steps = sorted(set(token_steps) | set(sample_steps))
-    if not all_steps:
-        raise RunFormatError(run, "the run has no token or sample shards (expected tokens/step=*/rank=*.parquet)")
-    sel = [s for s in all_steps if (lo is None or s >= lo) and (hi is None or s <= hi)]
-    if not sel:
-        raise UserError(f"--steps: no steps of the run fall in {lo}:{hi} (the run has steps {all_steps[0]}..{all_steps[-1]})")
-
-    metrics = metrics_for(profile, cfg, sample_columns(run))
-    out_dir = Path(out) if out is not None else default_out_dir(run, profile)
+    metrics = metrics_for(profile, cfg, reader.sample_columns())
+    out_dir = Path(out) if out is not None else reader.out_dir(profile)
     chash = _config_hash(cfg, profile)
 
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------

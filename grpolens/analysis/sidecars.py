@@ -301,15 +301,9 @@ def _completions(cfg: dict) -> Completions:
 
 
 def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
-    from grpolens.analysis.recompute import read_samples
+    from grpolens.run.reader import read_samples
 
     return completions_table(step, read_samples(Path(run), step), seqcols)
-
-
-def run_config(run: Path) -> dict:
-    from grpolens.metrics.config import check_config
-
-    return check_config(fmt.read_manifest(run).resolved_config())
 
 
 def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None = None,
@@ -317,10 +311,11 @@ def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None =
     """The completions of ``steps`` computed from the shards (one pass over those steps only)."""
     from grpolens.metrics.engine import iter_steps
     from grpolens.metrics.registry import load_builtins
+    from grpolens.run.reader import resolve_config
 
     run = Path(run)
     load_builtins()
-    cfg = cfg if cfg is not None else run_config(run)
+    cfg = cfg if cfg is not None else resolve_config(run)
     steps = sorted(set(steps))
     tok = sorted(set(steps) & set(fmt.list_steps(run, fmt.TOKENS)))
     v = Completions(cfg)

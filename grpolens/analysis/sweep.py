@@ -77,7 +77,7 @@ def grid(base: dict | None, params: dict[str, list[Any]], fixed: dict[str, Any] 
     The mask band follows the IS band unless the run set it apart (as when normalising), and
     ``fixed`` (``--level``, ``--mode``) applies to every point. Returns (point, config) pairs.
     """
-    from grpolens.metrics.config import normalize_rollout_is
+    from grpolens.run.config import normalize_rollout_is
 
     n = int(np.prod([len(v) for v in params.values()]))
     if n > MAX_POINTS:
@@ -149,9 +149,8 @@ def sweep(
     progress: Callable[[int, int], None] | None = None,
 ) -> pl.DataFrame:
     """One row per (step, grid point): the parameters and the :data:`COLUMNS` statistics."""
-    from grpolens.analysis.recompute import parse_steps
     from grpolens.metrics.engine import iter_steps
-    from grpolens.metrics.rollout_is import resolve_config
+    from grpolens.run.reader import parse_steps, resolve_config
 
     run = Path(run)
     cfg = resolve_config(run, overrides, Path(config_file) if config_file is not None else None)

@@ -31,7 +31,7 @@ def check_cmd(
     A failure names its first failing step and the `grpolens tokens` command to drill into it.
     """
     from grpolens.check.runner import check, resolve_rules
-    from grpolens.analysis.recompute import parse_overrides
+    from grpolens.run.reader import parse_overrides
 
     if show_rules:
         from grpolens.check.defaults import DEFAULT_RULES_TOML

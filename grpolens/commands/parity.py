@@ -25,7 +25,7 @@ def parity_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from grpolens.analysis.recompute import parse_overrides
+    from grpolens.run.reader import parse_overrides
     from grpolens.errors import UserError
     from grpolens.metrics.registry import PROFILES
     from grpolens.analysis.parity import compare

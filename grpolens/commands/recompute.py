@@ -27,7 +27,8 @@ def recompute_cmd(
     """
     from rich.console import Console
 
-    from grpolens.analysis.recompute import parse_overrides, recompute
+    from grpolens.analysis.recompute import recompute
+    from grpolens.run.reader import parse_overrides
     from grpolens.commands.ui import progress_bar, summary_table
 
     console = Console(stderr=True)

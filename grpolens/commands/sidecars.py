@@ -26,7 +26,8 @@ def sidecars_cmd(
 
     from grpolens.run import format as fmt
     from grpolens.analysis import sidecars
-    from grpolens.analysis.recompute import parse_steps, recompute
+    from grpolens.analysis.recompute import recompute
+    from grpolens.run.reader import parse_steps
     from grpolens.errors import UserError
     from grpolens.commands.ui import progress_bar
 

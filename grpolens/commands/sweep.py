@@ -27,7 +27,7 @@ def sweep_cmd(
     from rich.text import Text
 
     from grpolens.run import format as fmt
-    from grpolens.analysis.recompute import parse_overrides
+    from grpolens.run.reader import parse_overrides
     from grpolens.analysis.sweep import parse_params, summary, sweep, write_html
     from grpolens.commands.ui import progress_bar
 

@@ -81,7 +81,7 @@ class RSFilter:
 
 @dataclass(frozen=True)
 class ISConfig:
-    """A normalised ``rollout_is`` config (see :func:`grpolens.metrics.config.normalize_rollout_is`).
+    """A normalised ``rollout_is`` config (see :func:`grpolens.run.config.normalize_rollout_is`).
 
     ``configured`` is False for the analysis default used when a run has no ``rollout_is``:
     token level, nothing changed, no thresholds (raw-weight statistics only).

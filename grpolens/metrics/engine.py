@@ -13,19 +13,15 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from grpolens.run import format as fmt
 from grpolens.run.format import RunFormatError
+from grpolens.run.reader import READ_COLUMNS, read_tokens
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import merge_arrays, sequence_partials
-
-READ_COLUMNS = tuple(c.name for c in fmt.TOKEN_COLUMNS)
 
 
 class Visitor(Protocol):
@@ -73,21 +69,6 @@ class SequencePartials:
         for _, p in pieces:
             present |= p
         return merge_arrays([cols for cols, _ in pieces]), present
-
-
-def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS) -> pa.Table:
-    """Read the wanted columns of one tokens shard; a broken file raises RunFormatError."""
-    try:
-        pf = pq.ParquetFile(path)
-        have = set(pf.schema_arrow.names)
-        missing = [c for c in fmt.REQUIRED[fmt.TOKENS] if c not in have]
-        if missing:
-            raise RunFormatError(path, f"required column(s) missing: {', '.join(missing)}", column=missing[0])
-        return pf.read(columns=[c for c in columns if c in have])
-    except RunFormatError:
-        raise
-    except (OSError, pa.ArrowException) as e:
-        raise RunFormatError(path, f"unreadable Parquet file: {e}") from None
 
 
 @dataclass

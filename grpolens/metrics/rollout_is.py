@@ -30,7 +30,8 @@ import polars as pl
 from grpolens.run import format as fmt
 from grpolens.functional import is_weights as ris
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.metrics.config import RS_OPTIONS
+from grpolens.run.config import RS_OPTIONS
+from grpolens.run.reader import resolve_config
 from grpolens.metrics.engine import visitor
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import Metric, register
@@ -355,19 +356,6 @@ class ISWeightWriter:
                    "is_weight": "applied weight (after truncation/zeroing)",
                    "is_mask": "the loss mask after the mask band, veto and rejection filters"}}
         fmt.atomic_write_bytes(self.root / "config.json", (json.dumps(doc, indent=2) + "\n").encode())
-
-
-def resolve_config(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> dict:
-    """The checked config ``recompute`` uses: manifest, then ``--config``, then ``--set``."""
-    from grpolens.analysis.recompute import deep_update, load_config_file
-    from grpolens.metrics.config import check_config
-
-    cfg = fmt.read_manifest(run).resolved_config()
-    if config_file is not None:
-        cfg = deep_update(cfg, load_config_file(config_file))
-    if overrides:
-        cfg = deep_update(cfg, overrides)
-    return check_config(cfg)
 
 
 def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> ISWeightWriter:

@@ -380,7 +380,7 @@ def step_tokens(run: Path, step: int) -> pl.DataFrame:
     Reads only this step's shards. Non-finite scores become null (they are counted by the
     health metrics, and would otherwise sort above every real value).
     """
-    from grpolens.metrics.engine import read_tokens
+    from grpolens.run.reader import read_tokens
 
     def make() -> pl.DataFrame:
         import pyarrow as pa
@@ -481,13 +481,10 @@ def _precomputed_top(run: Path, step: int, by: str, k: int) -> pl.DataFrame | No
 def step_samples(run: Path, step: int) -> pl.DataFrame:
     """The samples rows of one step (all ranks), texts included."""
     def make() -> pl.DataFrame:
-        frames = []
-        for sh in fmt.list_shards(run, fmt.SAMPLES, [step]):
-            try:
-                frames.append(pl.read_parquet(sh.path))
-            except Exception as e:  # noqa: BLE001
-                raise fmt.RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
-        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+        from grpolens.run.reader import read_samples
+
+        df = read_samples(run, step)
+        return pl.DataFrame() if df is None else df
 
     return _STEP_MEMO.get(("samples", str(run), step, _step_fingerprint(run, step)), make)
 
@@ -495,14 +492,13 @@ def step_samples(run: Path, step: int) -> pl.DataFrame:
 def _run_config(run: Path) -> dict:
     """The run's config with defaults, ``rollout_is`` normalised as the metric families see it."""
     def make() -> dict:
-        cfg = fmt.read_manifest(run).resolved_config()
-        try:
-            from grpolens.metrics.config import check_config
+        from grpolens.run.reader import RunReader
 
-            cfg = check_config(cfg)
+        reader = RunReader(run)
+        try:
+            return reader.config()
         except Exception:  # noqa: BLE001 - display only: fall back to the raw config
-            pass
-        return cfg
+            return reader.config(check=False)
 
     return _RUN_MEMO.get(("config", str(run), _stat(run / fmt.MANIFEST_NAME)), make)
 
@@ -806,12 +802,11 @@ def is_step_detail(run: Path, step: int) -> dict[str, Any]:
     # No is_hist.parquet for this step: the rollout-IS family's own per-token decisions, on the
     # step's shards (one implementation of truncation, masking and veto for every view).
     from grpolens.analysis import drilldown
-    from grpolens.run.format import read_manifest
-    from grpolens.metrics.config import check_config
     from grpolens.functional.is_weights import ISConfig, token_weights
+    from grpolens.run.reader import resolve_config
 
     b = drilldown.load_step(run, step)
-    tw = token_weights(b, ISConfig.from_cfg(check_config(read_manifest(run).resolved_config())))
+    tw = token_weights(b, ISConfig.from_cfg(resolve_config(run)))
     valid = tw["valid"]
     out["raw"] = _hist_log10(tw["is_weight_raw"][valid])
     out["applied"] = _hist_log10(tw["is_weight"][valid & tw["is_mask"]])

@@ -46,7 +46,7 @@ def test_halves_of_sequences_merge(tmp_path):
     import pyarrow.parquet as pq
 
     from grpolens.metrics.batch import TokenBatch
-    from grpolens.metrics.config import check_config
+    from grpolens.run.config import check_config
     from grpolens.metrics.partials import PRODUCERS, merge_partials, sequence_partials
     from grpolens.metrics.registry import load_builtins
     from grpolens.run import format as fmt

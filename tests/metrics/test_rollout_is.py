@@ -14,7 +14,7 @@ import pytest
 
 import grpolens
 from grpolens.errors import UserError
-from grpolens.metrics.config import check_config, normalize_rollout_is
+from grpolens.run.config import check_config, normalize_rollout_is
 from grpolens.run.format import CONFIG_DEFAULTS
 from tests.refdata import LossCall, approx, f32, random_calls, write_run
 
