@@ -212,6 +212,8 @@ def write_html(df: pl.DataFrame, params: dict[str, list[Any]], path: Path, title
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from grpolens.plot_config import plot_config
+
     metrics = [("rejected/token_fraction", "rejected tokens"), ("veto/seq_fraction", "vetoed sequences"),
                ("loss_mass_removed", "|A| mass removed"), ("applied/ess", "ESS (applied)"),
                ("applied/max", "largest applied weight")]
@@ -225,7 +227,7 @@ def write_html(df: pl.DataFrame, params: dict[str, list[Any]], path: Path, title
                                      legendgroup=label, showlegend=r == 1, line={"color": _color(i)}), row=r, col=1)
     fig.update_layout(title=title, height=260 * len(metrics), template="plotly_white")
     fig.update_xaxes(title_text="step", row=len(metrics), col=1)
-    fmt.atomic_write_bytes(path, fig.to_html(include_plotlyjs=True, full_html=True).encode())
+    fmt.atomic_write_bytes(path, fig.to_html(include_plotlyjs=True, full_html=True, config=plot_config()).encode())
 
 
 def _color(i: int) -> str:

@@ -22,13 +22,15 @@ from dash.exceptions import PreventUpdate
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.run.format import RunFormatError
+from grpolens.plot_config import plot_config
 from grpolens.serve import data, figures
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
 from grpolens.serve.runs import RunSet
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
-GRAPH_CONFIG = {"displaylogo": False}
+#: Every dcc.Graph gets this config: no "Share chart" upload button (see grpolens.plot_config).
+GRAPH_CONFIG = plot_config()
 
 
 # ---------------------------------------------------------------------------------------------

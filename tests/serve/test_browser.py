@@ -1,11 +1,13 @@
 """End-to-end: the dashboard in headless Chromium (Selenium), on two synthetic runs.
 
 One server and one browser serve the whole module (starting Chromium costs seconds). Each page
-is screenshotted to ``test-artifacts/serve/`` for people to look at.
+is screenshotted to ``test-artifacts/serve/`` for people to look at. Chromium's network log is read
+after every test: no request may leave 127.0.0.1 (the dashboard shows prompt-derived data).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -54,13 +56,41 @@ def browser():
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--window-size=1400,1000", f"--user-data-dir={profile}"):
         opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})
+    # "performance" carries the DevTools Network events: every request the pages make.
+    opts.set_capability("goog:loggingPrefs", {"browser": "SEVERE", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     driver.implicitly_wait(0)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+LOCAL_SCHEMES = ("data", "blob", "about", "file", "chrome")  # chrome://: the browser's own resources
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def requested_urls(driver) -> list[str]:
+    """Every URL the browser requested since the last call (the performance log is drained)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg.get("method") in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+            urls.append(msg["params"].get("request", msg["params"]).get("url", ""))
+    return urls
+
+
+def off_machine(urls: list[str]) -> list[str]:
+    return [u for u in urls if urlparse(u).scheme not in LOCAL_SCHEMES and urlparse(u).hostname not in LOCAL_HOSTS]
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaves_loopback(browser):
+    """After each test, every request the browser made went to the dashboard on 127.0.0.1."""
+    requested_urls(browser)  # drop what an earlier test's teardown left
+    yield
+    urls = requested_urls(browser)
+    assert off_machine(urls) == [], off_machine(urls)
 
 
 def wait(driver, cond, timeout=30, what="condition"):
@@ -220,3 +250,38 @@ def test_compare_two_runs(server, browser, runset):
     shot(browser, "compare")
     logs = severe_logs(browser)
     assert logs == [], logs
+
+
+UPLOAD_TITLES = ("share", "cloud", "chart studio")
+
+
+def modebar_titles(driver) -> list[str]:
+    return [b.get_attribute("data-title") or "" for b in css(driver, ".modebar-btn")]
+
+
+def test_no_chart_can_be_sent_to_the_cloud(server, browser, serve_runs, tmp_path):
+    """No mode bar on any page offers "Share chart" (plotly.js's sendChartToCloud, on by default)."""
+    pages = (("/", "Overview", ".js-plotly-plot"), ("/policy", "Policy", ".js-plotly-plot"),
+             ("/mismatch", "Mismatch", ".js-plotly-plot"), ("/rewards", "Rewards", ".js-plotly-plot"),
+             ("/tokens?run=alpha&step=9", "Tokens", ".js-plotly-plot"),
+             ("/completions?run=beta&step=5", "Completions", "#comp-table tbody tr"),
+             ("/compare", "Compare", ".js-plotly-plot"))
+    for path, label, ready in pages:
+        go(browser, server, path)
+        wait(browser, lambda d: css(d, ready) and (ready != ".js-plotly-plot" or css(d, ".modebar-btn")),
+             what=f"the {label} page")
+        titles = modebar_titles(browser)
+        if ready == ".js-plotly-plot":
+            assert any("download" in t.lower() for t in titles), (label, titles)  # the mode bar is there
+        assert not [t for t in titles if any(w in t.lower() for w in UPLOAD_TITLES)], (label, titles)
+    # The sweep's HTML report is a plotly chart too.
+    from grpolens.analysis.sweep import parse_params, sweep, write_html
+
+    _, alpha, _ = serve_runs
+    params = parse_params(["rollout_is.upper=1.5,2"])
+    report = tmp_path / "sweep.html"
+    write_html(sweep(alpha, params), params, report, "sweep")
+    browser.get(report.as_uri())
+    wait(browser, lambda d: css(d, ".modebar-btn"), what="the sweep chart")
+    titles = modebar_titles(browser)
+    assert not [t for t in titles if any(w in t.lower() for w in UPLOAD_TITLES)], titles
