@@ -277,3 +277,56 @@ def test_run_without_optional_columns_skips_what_it_cannot_have(tmp_path):
                                                          entropy=False, nonfinite=0.05))
     fails = failures(check(bad))
     assert "non-finite tokens" in fails
+
+
+def masked_copy(src: Path, dst: Path, step: int) -> Path:
+    """A copy of a run whose ``step`` has every token masked (mask = false): no token counts in the loss."""
+    import polars as pl
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("grpolens"))
+    for f in sorted((dst / "tokens" / f"step={step:08d}").glob("*.parquet")):
+        pl.read_parquet(f).with_columns(pl.lit(False).alias("mask")).write_parquet(f)
+    return dst
+
+
+def test_a_step_without_data_fails_every_report(runs, tmp_path, capsys):
+    """All tokens of step 3 masked: kl/k3 and entropy are null there. The built-in rules used to
+    report '9 passed'; now each rule whose metric is null there is NO DATA (exit 1) in every report."""
+    run = masked_copy(runs["clean"], tmp_path / "masked", 3)
+    junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
+    code, out, _ = cli(capsys, "check", run, "--junit", junit, "--github", "--summary-md", summary)
+    assert code == 1
+    flat = " ".join(out.split())
+    assert "9 passed" not in flat and "NO DATA: " in flat
+    assert "1 step (3) had no data" in flat
+    for name, metric in (("KL to reference", "kl/k3"), ("entropy collapse", "entropy"), ("finite metrics", None)):
+        assert f"NO DATA {name}: no data at step 3 (1 of {STEPS} in all steps): no token counts in the loss" in flat, name
+        if metric:
+            assert f"so {metric} has no value" in flat
+    report = check(run)
+    status = {o.rule.name: o.status for o in report.outcomes}
+    assert status["KL to reference"] == status["entropy collapse"] == status["finite metrics"] == "NO DATA"
+    assert status["non-finite tokens"] == "PASS"  # counts, not token means: they have a value (0)
+    assert report.no_data_steps == [3]
+    gh = [ln for ln in out.splitlines() if ln.startswith("::error ")]
+    assert any("NO DATA%3A KL to reference" in ln and "no data at step 3" in ln for ln in gh), gh
+    suite = ET.parse(junit).getroot().find("testsuite")
+    kinds = {c.get("name"): c.find("failure").get("type") for c in suite.findall("testcase") if c.find("failure") is not None}
+    assert kinds["KL to reference"] == kinds["entropy collapse"] == "no-data"
+    assert int(suite.get("failures")) == sum(s == "NO DATA" for s in status.values())
+    md = summary.read_text()
+    assert "🚫 no data" in md and "1 step (3) had no data" in md and "🚫 NO DATA | KL to reference" in md
+
+
+@pytest.mark.parametrize("reduce", ["all", "max", "mean"])
+def test_rules_may_allow_steps_without_data(runs, tmp_path, reduce):
+    run = masked_copy(runs["clean"], tmp_path / "masked", 3)
+    body = f"[[rule]]\nname = 'kl'\nmetric = 'kl/k3'\nreduce = '{reduce}'\nmax = 1.0\n"
+    strict, lenient = tmp_path / "strict.toml", tmp_path / "lenient.toml"
+    strict.write_text(body)
+    lenient.write_text(body + "no_data = 'allow'\n")
+    bad = check(run, rules=strict)
+    assert bad.exit_code == 1 and bad.outcomes[0].status == "NO DATA" and bad.outcomes[0].step == 3
+    ok = check(run, rules=lenient)
+    assert ok.exit_code == 0 and ok.outcomes[0].status == "PASS" and ok.outcomes[0].checked == STEPS - 1
+    assert "left out (first: step 3)" in ok.outcomes[0].message and ok.no_data_steps == [3]

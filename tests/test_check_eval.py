@@ -1,5 +1,5 @@
 """The rule engine on hand-made per-step series: reducers, windows, tolerances, directions, allowed
-failing fractions, early bounds, missing metrics and short candidates.
+failing fractions, early bounds, missing metrics, short candidates and steps without data.
 
 Expected verdicts come from a plain-Python reference written here from the rule definitions
 (|x − b| ≤ abs + rel·|b|, one-sided by direction), not from the engine."""
@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from grpolens.check.evaluate import ERROR, FAIL, PASS, SKIP, Series, evaluate
+from grpolens.check.evaluate import ERROR, FAIL, NO_DATA, PASS, SKIP, Series, evaluate
 from grpolens.check.rules import Early, Rule, Window, reduce_values
 
 
@@ -240,3 +240,62 @@ def test_series_from_frame_drops_nulls_keeps_nan():
     df = pl.DataFrame({"step": [2, 0, 1, 3], "m": [1.0, None, float("nan"), 4.0]})
     s = Series.from_frame(df, "m")
     assert s.steps.tolist() == [1, 2, 3] and math.isnan(s.values[0]) and s.values[1:].tolist() == [1.0, 4.0]
+
+
+# -- steps without data (every token masked: token metrics are null there) ----------------------
+
+# Step 3 has no data: the series lacks it, as Series.from_frame drops its null.
+NO_DATA_SERIES = {"m": series([1.0, 1.0, 1.0, 1.0, 1.0], steps=[0, 1, 2, 4, 5])}
+ALL_STEPS = list(range(6))
+
+
+@pytest.mark.parametrize("reducer", ["all", "max", "mean", "last", "p95"])
+@pytest.mark.parametrize("checks", [{"max": 2.0}, {"finite": True}, {"min": 0.0, "max": 2.0}])
+def test_a_step_without_data_is_no_data_not_a_pass(reducer, checks):
+    o = evaluate(rule(reduce=reducer, **checks), NO_DATA_SERIES, None, [3], ALL_STEPS)
+    assert o.status == NO_DATA and o.failed and o.step == 3 and o.failing == 1 and o.checked == 6
+    assert "no data at step 3" in o.message and "no token counts in the loss" in o.message
+    # without the information (what a caller that does not know the empty steps sees): a pass on the rest
+    assert evaluate(rule(reduce=reducer, **checks), NO_DATA_SERIES, None).status == PASS
+
+
+def test_allowed_no_data_judges_the_other_steps():
+    r = rule(max=2.0, no_data="allow")
+    o = evaluate(r, NO_DATA_SERIES, None, [3], ALL_STEPS)
+    assert o.status == PASS and o.checked == 5 and "1 step(s) without data left out (first: step 3)" in o.message
+    bad = {"m": series([1.0, 1.0, 1.0, 9.0, 1.0], steps=[0, 1, 2, 4, 5])}
+    o = evaluate(r, bad, None, [3], ALL_STEPS)
+    assert o.status == FAIL and o.step == 4
+    # a window of nothing but empty steps has nothing to judge
+    o = evaluate(rule(max=2.0, no_data="allow", window=Window(start=3, end=3)), NO_DATA_SERIES, None, [3], ALL_STEPS)
+    assert o.status == SKIP and "no data in window" in o.message
+
+
+def test_no_data_outside_the_window_does_not_count():
+    o = evaluate(rule(max=2.0, window=Window(start=4)), NO_DATA_SERIES, None, [3], ALL_STEPS)
+    assert o.status == PASS and o.checked == 2
+    # the window counts the empty step as a step: "last 3" is steps 3, 4, 5
+    o = evaluate(rule(max=2.0, window=Window(last=3)), NO_DATA_SERIES, None, [3], ALL_STEPS)
+    assert o.status == NO_DATA and o.checked == 3
+
+
+def test_no_data_against_a_baseline_is_no_data_not_a_short_run():
+    base = {"m": series([1.0] * 6)}
+    o = evaluate(rule(abs=0.1), NO_DATA_SERIES, base, [3], ALL_STEPS)
+    assert o.status == NO_DATA and o.step == 3
+
+
+def test_a_run_with_no_data_at_all_fails_where_the_metric_is_absent():
+    # every step empty: the metric has no value anywhere, which is not "the run cannot have it"
+    o = evaluate(rule(max=1.0, missing="skip"), {"m": series([])}, None, [0, 1], [0, 1])
+    assert o.status == NO_DATA and o.failing == 2 and "2 step(s), first 0" in o.message
+    assert evaluate(rule(max=1.0, missing="skip", no_data="allow"), {}, None, [0, 1], [0, 1]).status == SKIP
+    # some steps have data and the metric still has no value: the run cannot have it (no ref_logp...)
+    assert evaluate(rule(max=1.0, missing="skip"), {}, None, [1], [0, 1]).status == SKIP
+    assert evaluate(rule(max=1.0), {}, None, [1], [0, 1]).status == FAIL
+
+
+def test_pattern_rules_report_no_data_of_matched_metrics():
+    cand = {"a/x": NO_DATA_SERIES["m"], "a/y": series([0.0] * 6), "a/never": series([])}
+    o = evaluate(rule(metric="a/*", finite=True), cand, None, [3], ALL_STEPS)
+    assert o.status == NO_DATA and o.metric == "a/x" and "1 of 2 matched metrics fail" in o.message

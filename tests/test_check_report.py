@@ -42,7 +42,7 @@ def make_report(run="runs/cand") -> CheckReport:
 def test_report_statuses_and_exit_code():
     r = make_report()
     assert [o.status for o in r.outcomes] == ["FAIL", "PASS", "FAIL", "SKIP", "ERROR"]
-    assert r.counts() == {"PASS": 1, "FAIL": 2, "SKIP": 1, "ERROR": 1}
+    assert r.counts() == {"PASS": 1, "FAIL": 2, "NO DATA": 0, "SKIP": 1, "ERROR": 1}
     assert r.exit_code == 2  # an error in the input outranks regressions
     r.outcomes.pop()
     assert r.exit_code == 1

@@ -94,6 +94,7 @@ def test_builtin_rules_can_be_included():
     ("[[rule]]\nmetric='entropy'\nmax=1\nreduce='mean'\nallow_fail_fraction = 0.1\n", 5, ["only applies to reduce"]),
     ("[[rule]]\nmetric='entropy'\nmax=1\nallow_fail_fraction = 1.5\n", 4, ["[0, 1)"]),
     ("[[rule]]\nmetric='entropy'\nfinite = 'yes'\n", 3, ["finite", "true or false"]),
+    ("[[rule]]\nmetric='entropy'\nmax=1\nno_data = 'skip'\n", 4, ["no_data", "'fail' or 'allow'"]),
     ("[[rule]]\nmetric='entropy'\nreduce='mean'\n", 1, ["no check"]),
     ("[[rule]]\nmin = 0\n", 1, ["metric", "required"]),
     ("[[rule]]\nmetric='nope/*'\nmax=0\n", 2, ["matches no registered metric"]),

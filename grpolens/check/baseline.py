@@ -36,8 +36,22 @@ class Baseline:
     overrides: dict | None = None  # the --set a golden was written with (None: a run, same as ours)
 
 
+#: Tokens that count in the loss, per step: 0 means the step has no data for any token metric.
+LOSS_TOKENS = "health/masked_tokens"
+
+
 def run_series(df) -> dict[str, Series]:
     return {c: Series.from_frame(df, c) for c in df.columns if c != "step"}
+
+
+def no_data_steps(df) -> list[int]:
+    """Steps of a metrics frame without a token in the loss (every token masked, or none at all)."""
+    import polars as pl
+
+    if LOSS_TOKENS not in df.columns:
+        return []
+    sub = df.filter(pl.col(LOSS_TOKENS).fill_null(0) == 0)
+    return sorted(int(s) for s in sub["step"].to_list())
 
 
 def metrics_of(run: Path, overrides: dict | None):

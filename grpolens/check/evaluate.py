@@ -1,22 +1,28 @@
-"""Evaluate one rule on per-step metric series: PASS, FAIL, SKIP or ERROR, with the numbers.
+"""Evaluate one rule on per-step metric series: PASS, FAIL, NO DATA, SKIP or ERROR, with the numbers.
 
 Every check of a rule becomes a bound, so a rule's verdict at a point (a step, or the reduced
 window) is just ``lower ≤ x ≤ upper`` (and finite when asked). NaN never passes a bound: a metric
 that went NaN fails whatever rule looks at it.
+
+A step with no token in the loss (every token masked) has no value for any token metric: it is
+null, not a number that could pass. Such a step in a rule's window makes the outcome NO DATA,
+which fails like a regression unless the rule says ``no_data = "allow"`` (then the step is left
+out and the rest of the window is judged). Without this, a rule would pass on nothing.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from grpolens.check.rules import Rule, reduce_values
 
-PASS, FAIL, SKIP, ERROR = "PASS", "FAIL", "SKIP", "ERROR"
-_SEVERITY = {SKIP: 0, PASS: 1, FAIL: 2, ERROR: 3}
+PASS, FAIL, NO_DATA, SKIP, ERROR = "PASS", "FAIL", "NO DATA", "SKIP", "ERROR"
+STATUSES = (PASS, FAIL, NO_DATA, SKIP, ERROR)
+_SEVERITY = {SKIP: 0, PASS: 1, FAIL: 2, NO_DATA: 2, ERROR: 3}
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class Outcome:
 
     @property
     def failed(self) -> bool:
-        return self.status in (FAIL, ERROR)
+        return self.status in (FAIL, NO_DATA, ERROR)
 
     @property
     def excess(self) -> float | None:
@@ -118,18 +124,24 @@ def matched_metrics(rule: Rule, candidate: Mapping[str, Series], baseline: Mappi
     return [rule.metric]
 
 
-def evaluate(rule: Rule, candidate: Mapping[str, Series], baseline: Mapping[str, Series] | None) -> Outcome:
-    """Judge ``rule`` on the candidate's series (and the baseline's, when one is given)."""
+def evaluate(rule: Rule, candidate: Mapping[str, Series], baseline: Mapping[str, Series] | None,
+             no_data: Sequence[int] = (), all_steps: Sequence[int] | None = None) -> Outcome:
+    """Judge ``rule`` on the candidate's series (and the baseline's, when one is given).
+
+    ``no_data``: the candidate's steps without a token in the loss (where token metrics are null);
+    ``all_steps``: every step the candidate has (default: ``no_data`` plus the series' steps).
+    """
+    nd = _NoData(frozenset(int(s) for s in no_data), all_steps)
     if not rule.is_glob:
         return _evaluate_one(rule, rule.metric, candidate.get(rule.metric), None if baseline is None
-                             else baseline.get(rule.metric), baseline is not None)
+                             else baseline.get(rule.metric), baseline is not None, nd)
     outcomes = []
     for m in matched_metrics(rule, candidate, baseline):
         c = candidate.get(m)
         b = baseline.get(m) if baseline is not None else None
         if not c and not b:
             continue  # the run cannot have this metric (e.g. no ref_logp column): not this pattern's business
-        outcomes.append(_evaluate_one(rule, m, c, b, baseline is not None))
+        outcomes.append(_evaluate_one(rule, m, c, b, baseline is not None, nd))
     if not outcomes:
         status = SKIP if rule.missing == "skip" else FAIL
         return Outcome(rule, status, rule.metric, message=f"no metric matching {rule.metric!r} has values in this run")
@@ -145,7 +157,34 @@ def evaluate(rule: Rule, candidate: Mapping[str, Series], baseline: Mapping[str,
     return worst
 
 
-def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, has_baseline: bool) -> Outcome:
+@dataclass(frozen=True)
+class _NoData:
+    """The candidate's steps without data, and whether the whole run is such steps."""
+
+    steps: frozenset[int]
+    all_steps: Sequence[int] | None
+
+    @property
+    def whole_run(self) -> bool:
+        """No step has data: a metric with no value at all may be one the run would have had."""
+        return bool(self.steps) and (self.all_steps is None or set(self.all_steps) <= self.steps)
+
+    def gaps(self, c: Series | None, steps: Sequence[int]) -> list[int]:
+        """``steps`` without data at which the metric has no value."""
+        have = set() if c is None else set(c.steps.tolist())
+        return [s for s in steps if s in self.steps and s not in have]
+
+
+def _no_data_outcome(out: Outcome, gaps: list[int], of: int) -> Outcome:
+    out.status, out.step, out.failing, out.checked = NO_DATA, gaps[0], len(gaps), of
+    where = f"step {gaps[0]}" if len(gaps) == 1 else f"{len(gaps)} step(s), first {gaps[0]}"
+    out.message = (f"no data at {where} ({len(gaps)} of {of} in {out.rule.window.describe()}): no token counts "
+                   f"in the loss, so {out.metric} has no value")
+    return out
+
+
+def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, has_baseline: bool,
+                  nd: _NoData = _NoData(frozenset(), None)) -> Outcome:
     out = Outcome(rule, PASS, metric)
     compare = rule.compares and has_baseline
     notes = []
@@ -162,6 +201,12 @@ def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, h
             out.status = ERROR
             out.message = f"the baseline has no values for {metric} (write the golden with these rules, or drop the rule)"
             return out
+    if not c and nd.whole_run and not (compare and b):
+        steps = sorted(nd.steps)
+        if rule.no_data == "allow":
+            out.status, out.message = SKIP, f"no data: no step of this run has a token in the loss ({len(steps)} step(s))"
+            return out
+        return _no_data_outcome(out, steps, len(steps))
     if not c:
         if compare:
             out.status = FAIL
@@ -172,12 +217,23 @@ def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, h
             out.message = f"{metric} has no values in this run"
         return out
 
-    axis = b.steps.tolist() if compare else c.steps.tolist()
+    # Steps without data belong to the run's axis (the window counts them), with no value.
+    axis = b.steps.tolist() if compare else sorted(set(c.steps.tolist()) | nd.steps)
     window = rule.window.select(axis)
     if not window:
         out.status = FAIL
         out.message = f"window {rule.window.describe()} selects no step of {axis[0]}..{axis[-1]}"
         return out
+    gaps = nd.gaps(c, window)
+    if gaps:
+        if rule.no_data != "allow":
+            return _no_data_outcome(out, gaps, len(window))
+        notes.append(f"{len(gaps)} step(s) without data left out (first: step {gaps[0]})")
+        window = [s for s in window if s not in set(gaps)]
+        if not window:
+            out.status = SKIP
+            out.message = f"no data in window {rule.window.describe()}: {notes[-1]}"
+            return out
     absent = c.has(window)
     if absent:
         out.status, out.step = FAIL, absent[0]

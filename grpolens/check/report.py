@@ -8,12 +8,12 @@ import re
 import socket
 import xml.etree.ElementTree as ET
 
-from grpolens.check.evaluate import ERROR, FAIL, PASS, SKIP, Outcome
+from grpolens.check.evaluate import ERROR, FAIL, NO_DATA, PASS, SKIP, Outcome
 from grpolens.check.runner import CheckReport
 from grpolens.text import format_value
 
-_STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", ERROR: "bold magenta"}
-_ICON = {PASS: "✅", FAIL: "❌", SKIP: "⏭️", ERROR: "⚠️"}
+_STYLE = {PASS: "green", FAIL: "bold red", NO_DATA: "bold red", SKIP: "yellow", ERROR: "bold magenta"}
+_ICON = {PASS: "✅", FAIL: "❌", NO_DATA: "🚫", SKIP: "⏭️", ERROR: "⚠️"}
 
 
 def _v(v) -> str:
@@ -42,11 +42,30 @@ def detail(o: Outcome) -> str:
 def summary_line(report: CheckReport) -> str:
     c = report.counts()
     words = [f"{c[PASS]} passed", f"{c[FAIL]} failed"]
+    if c[NO_DATA]:
+        words.append(f"{c[NO_DATA]} without data")
     if c[SKIP]:
         words.append(f"{c[SKIP]} skipped")
     if c[ERROR]:
         words.append(f"{c[ERROR]} error(s)")
+    if report.no_data_steps:
+        words.append(f"{no_data_text(report.no_data_steps)} had no data")
     return ", ".join(words) + f" in {report.seconds:.2f}s"
+
+
+def verdict(report: CheckReport) -> str:
+    """PASSED, REGRESSION (a rule failed), NO DATA (only rules without data failed) or ERROR."""
+    if report.exit_code == 0:
+        return "PASSED"
+    if report.exit_code == 2:
+        return "ERROR"
+    return "REGRESSION" if report.counts()[FAIL] else "NO DATA"
+
+
+def no_data_text(steps: list[int]) -> str:
+    """``1 step (3)`` / ``12 steps (0, 1, 2, 3, 4, ...)``."""
+    shown = ", ".join(str(s) for s in steps[:5]) + (", ..." if len(steps) > 5 else "")
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} ({shown})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,7 +95,7 @@ def print_report(report: CheckReport, console) -> None:
         )
     console.print(t)
     for o in report.outcomes:
-        if o.status in (FAIL, ERROR, SKIP):
+        if o.status in (FAIL, NO_DATA, ERROR, SKIP):
             line = Text(f"{o.status} ", style=_STYLE[o.status])
             line.append(f"{o.rule.name}: ", style="bold")
             line.append(o.message)
@@ -88,8 +107,9 @@ def print_report(report: CheckReport, console) -> None:
         console.print(Text(f"note: {n}", style="yellow"))
     if report.golden_written:
         console.print(Text(f"wrote golden values to {report.golden_written}"))
-    verdict = {0: ("PASSED", "bold green"), 1: ("REGRESSION", "bold red"), 2: ("ERROR", "bold magenta")}[report.exit_code]
-    console.print(Text(f"{verdict[0]}: ", style=verdict[1]) + Text(summary_line(report)))
+    word = verdict(report)
+    style = {"PASSED": "bold green", "ERROR": "bold magenta"}.get(word, "bold red")
+    console.print(Text(f"{word}: ", style=style) + Text(summary_line(report)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +122,8 @@ def junit_xml(report: CheckReport) -> bytes:
     c = report.counts()
     total = len(report.outcomes)
     t = f"{report.seconds:.3f}"
-    counts = {"tests": str(total), "failures": str(c[FAIL]), "errors": str(c[ERROR]), "skipped": str(c[SKIP])}
+    counts = {"tests": str(total), "failures": str(c[FAIL] + c[NO_DATA]), "errors": str(c[ERROR]),
+              "skipped": str(c[SKIP])}
     root = ET.Element("testsuites", {"name": "grpolens check", **counts, "time": t})
     suite = ET.SubElement(root, "testsuite", {
         "name": f"grpolens check {report.run}", **counts, "time": t,
@@ -121,6 +142,8 @@ def junit_xml(report: CheckReport) -> bytes:
             (f"\nwhy this rule: {_xml_text(o.rule.why)}" if o.rule.why else "")
         if o.status == FAIL:
             ET.SubElement(case, "failure", {"message": text, "type": "regression"}).text = body
+        elif o.status == NO_DATA:
+            ET.SubElement(case, "failure", {"message": text, "type": "no-data"}).text = body
         elif o.status == ERROR:
             ET.SubElement(case, "error", {"message": text, "type": "bad-baseline"}).text = body
         elif o.status == SKIP:
@@ -155,7 +178,7 @@ def github_lines(report: CheckReport) -> list[str]:
     """``::error title=...::message`` for each failure or error, ``::warning`` for each note."""
     lines = []
     for o in report.outcomes:
-        if o.status not in (FAIL, ERROR):
+        if o.status not in (FAIL, NO_DATA, ERROR):
             continue
         msg = f"{o.metric}: {detail(o)}"
         cmd = report.drilldown(o)
@@ -180,8 +203,8 @@ def _md(s: str) -> str:
 
 
 def markdown_summary(report: CheckReport) -> str:
-    verdict = {0: "✅ passed", 1: "❌ regression", 2: "⚠️ error"}[report.exit_code]
-    head = f"### grpolens check: {verdict} — {_md(str(report.run))}"
+    icon = {"PASSED": "✅", "ERROR": "⚠️", "NO DATA": "🚫"}.get(verdict(report), "❌")
+    head = f"### grpolens check: {icon} {verdict(report).lower()} — {_md(str(report.run))}"
     if report.baseline:
         head += f" vs {_md(report.baseline)}"
     out = [head, "", f"{_md(summary_line(report))}; rules: {_md(report.rules_source)}", "",
@@ -194,7 +217,7 @@ def markdown_summary(report: CheckReport) -> str:
                  _md(o.limit_text()) if show else "", _md(o.margin_text()) if show else "",
                  "" if o.step is None or o.status == PASS and o.rule.reduce != "all" else str(o.step)]
         out.append("| " + " | ".join(cells) + " |")
-    problems = [o for o in report.outcomes if o.status in (FAIL, ERROR)]
+    problems = [o for o in report.outcomes if o.status in (FAIL, NO_DATA, ERROR)]
     if problems:
         out.append("")
         for o in problems:

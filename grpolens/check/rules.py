@@ -30,8 +30,9 @@ from grpolens.errors import UserError
 REDUCERS = ("all", "last", "mean", "median", "min", "max")  # and pNN, e.g. p95 or p99.9
 DIRECTIONS = ("upper", "lower", "both")
 MISSING = ("fail", "skip")
+NO_DATA = ("fail", "allow")
 RULE_KEYS = ("name", "metric", "reduce", "window", "direction", "abs", "rel", "min", "max", "finite", "early",
-             "allow_fail_fraction", "missing", "why")
+             "allow_fail_fraction", "missing", "no_data", "why")
 WINDOW_KEYS = ("start", "end", "last")
 EARLY_KEYS = ("fraction", "steps", "factor", "abs")
 FILE_KEYS = ("rule", "baseline", "builtin_rules")
@@ -112,6 +113,7 @@ class Rule:
     early: Early | None = None
     allow_fail_fraction: float = 0.0
     missing: str = "fail"
+    no_data: str = "fail"  # a step without a token in the loss: "fail" (NO DATA) or "allow" (left out)
     why: str = ""
 
     @property
@@ -355,6 +357,9 @@ def _parse_rule(raw: dict, index: int, fail) -> Rule:
     missing = raw.get("missing", "fail")
     if missing not in MISSING:
         raise err("missing", f"must be 'fail' or 'skip', got {missing!r}")
+    no_data = raw.get("no_data", "fail")
+    if no_data not in NO_DATA:
+        raise err("no_data", f"must be 'fail' or 'allow', got {no_data!r}")
 
     vals: dict[str, Any] = {}
     for k in ("abs", "rel"):
@@ -390,7 +395,8 @@ def _parse_rule(raw: dict, index: int, fail) -> Rule:
     rule = Rule(
         name=name.strip() if isinstance(name, str) else f"{metric} {reducer}",
         metric=metric, reduce=reducer, window=window, direction=direction, early=early,
-        finite=finite, allow_fail_fraction=float(allow), missing=missing, why=why.strip(), **vals,
+        finite=finite, allow_fail_fraction=float(allow), missing=missing, no_data=no_data, why=why.strip(),
+        **vals,
     )
     if not (rule.compares or rule.absolute):
         raise err(None, "no check: give min, max, finite, early, or abs/rel (against the baseline)")

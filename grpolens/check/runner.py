@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpolens.check.baseline import Baseline, golden_json, load_baseline, metrics_of, run_series, write_golden
-from grpolens.check.evaluate import ERROR, FAIL, PASS, SKIP, Outcome, evaluate, matched_metrics
+from grpolens.check.baseline import (Baseline, golden_json, load_baseline, metrics_of, no_data_steps, run_series,
+                                     write_golden)
+from grpolens.check.evaluate import ERROR, FAIL, NO_DATA, PASS, STATUSES, Outcome, evaluate, matched_metrics
 from grpolens.check.defaults import DEFAULTS_SOURCE
 from grpolens.check.rules import Rule, RuleSet, load_rules
 
@@ -27,16 +28,17 @@ class CheckReport:
     seconds: float = 0.0
     golden_written: Path | None = None
     notes: list[str] = field(default_factory=list)
+    no_data_steps: list[int] = field(default_factory=list)  # steps without a token in the loss
 
     @property
     def exit_code(self) -> int:
-        """0 all pass (skips allowed), 1 a regression, 2 an error (bad baseline for a rule)."""
+        """0 all pass (skips allowed), 1 a regression or a rule without data, 2 an error (bad baseline)."""
         if any(o.status == ERROR for o in self.outcomes):
             return 2
-        return 1 if any(o.status == FAIL for o in self.outcomes) else 0
+        return 1 if any(o.status in (FAIL, NO_DATA) for o in self.outcomes) else 0
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(o.status == s for o in self.outcomes) for s in (PASS, FAIL, SKIP, ERROR)}
+        return {s: sum(o.status == s for o in self.outcomes) for s in STATUSES}
 
     def drilldown(self, o: Outcome) -> str | None:
         """The command that shows the tokens behind a failure at its first failing step."""
@@ -81,6 +83,8 @@ def check(
     ruleset = resolve_rules(rules)
     df = metrics_of(run, overrides)
     candidate = run_series(df)
+    empty = no_data_steps(df)
+    steps = sorted(int(s) for s in df["step"].to_list())
     base_path = baseline if baseline is not None else ruleset.baseline
     base: Baseline | None = load_baseline(Path(base_path), overrides) if base_path is not None else None
 
@@ -88,9 +92,10 @@ def check(
     if base is not None:
         outcomes.append(_coverage(df["step"].to_list(), base))
     for rule in ruleset.rules:
-        outcomes.append(evaluate(rule, candidate, base.series if base is not None else None))
+        outcomes.append(evaluate(rule, candidate, base.series if base is not None else None, empty, steps))
 
-    report = CheckReport(run, outcomes, ruleset.source, base.label if base is not None else None)
+    report = CheckReport(run, outcomes, ruleset.source, base.label if base is not None else None,
+                         no_data_steps=empty)
     if base is None and ruleset.source != DEFAULTS_SOURCE and any(r.compares for r in ruleset.rules):
         report.notes.append("no baseline given: the rules' baseline comparisons (abs/rel) were skipped")
     if base is not None and base.overrides is not None and base.overrides != (overrides or {}):

@@ -26,7 +26,7 @@ def check_cmd(
                                     "for your own), or with --rules check that file and list its rules; then exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
 ) -> None:
-    """Check a run against rules (and a baseline): exit 0 all pass, 1 a regression, 2 bad input or rules.
+    """Check a run against rules (and a baseline): exit 0 all pass, 1 a regression or a rule without data, 2 bad input or rules.
 
     A failure names its first failing step and the `grpolens tokens` command to drill into it.
     """
@@ -72,11 +72,11 @@ def _print_rules(ruleset) -> None:
     from rich.text import Text
 
     t = Table(title=Text(f"{len(ruleset.rules)} rule(s) from {ruleset.source}"), title_justify="left")
-    for col in ("rule", "metric", "steps", "checks", "missing"):
+    for col in ("rule", "metric", "steps", "checks", "missing", "no data"):
         t.add_column(col)
     for r in ruleset.rules:
         steps = r.window.describe() if r.reduce == "all" else f"{r.reduce}, {r.window.describe()}"
-        t.add_row(Text(r.name), Text(r.metric), Text(steps), Text(r.describe_checks()), r.missing)
+        t.add_row(Text(r.name), Text(r.metric), Text(steps), Text(r.describe_checks()), r.missing, r.no_data)
     _console().print(t)
 
 
