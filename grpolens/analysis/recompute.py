@@ -111,6 +111,7 @@ def recompute(
     extra_visitors: list | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     result: bool = False,
+    engine: Any = None,
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
@@ -174,7 +175,7 @@ def recompute(
     tok_todo = [s for s in todo if s in set(token_steps)]
     collected: dict[str, dict[int, Any]] = {}  # visitor name -> step -> piece (visitors with collect=True)
     computed: set[int] = set()
-    for res in iter_steps(run, tok_todo, visitors, on_step=tick):
+    for res in iter_steps(run, tok_todo, visitors, on_step=tick, engine=engine):
         seqs, present = res.pieces[seqv.name]
         present_any |= present
         sd = reduce.StepData(res.step, seqs, cfg, profile, read_samples(run, res.step), present, {})

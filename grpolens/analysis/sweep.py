@@ -147,8 +147,10 @@ def sweep(
     level: str | None = None,
     mode: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    engine: Any = None,
 ) -> pl.DataFrame:
-    """One row per (step, grid point): the parameters and the :data:`COLUMNS` statistics."""
+    """One row per (step, grid point): the parameters and the :data:`COLUMNS` statistics
+    (``engine``: see :func:`grpolens.metrics.engine.make_engine`)."""
     from grpolens.metrics.engine import iter_steps
     from grpolens.run.reader import parse_steps, resolve_config
 
@@ -178,7 +180,7 @@ def sweep(
             progress(done, len(sel))
 
     records = []
-    for res in iter_steps(run, sel, [v], columns=READ, on_step=tick):
+    for res in iter_steps(run, sel, [v], columns=READ, on_step=tick, engine=engine):
         rows = res.pieces[v.name]
         if rows is None:
             continue

@@ -54,27 +54,27 @@ def no_data_steps(df) -> list[int]:
     return sorted(int(s) for s in sub["step"].to_list())
 
 
-def metrics_of(run: Path, overrides: dict | None):
+def metrics_of(run: Path, overrides: dict | None, engine=None):
     """Current metrics of a run. The per-step cache is refreshed in place when the config is the
     run's own and the directory is writable; what-if overrides (``--set``) never overwrite it."""
     from grpolens.analysis.recompute import recompute
 
     if not overrides:
         try:
-            return recompute(run, write=True)
+            return recompute(run, write=True, engine=engine)
         except PermissionError:
             pass
-    return recompute(run, overrides=overrides or None, write=False)
+    return recompute(run, overrides=overrides or None, write=False, engine=engine)
 
 
-def load_baseline(path: Path, overrides: dict | None) -> Baseline:
+def load_baseline(path: Path, overrides: dict | None, engine=None) -> Baseline:
     from grpolens.run.format import is_run
 
     path = Path(path)
     if path.is_dir():
         if not is_run(path):
             raise UserError(f"--baseline: {path} is a directory but not a grpolens run (no grpolens.json)")
-        df = metrics_of(path, overrides)
+        df = metrics_of(path, overrides, engine)
         return Baseline(str(path), "run", run_series(df), sorted(df["step"].to_list()))
     if path.is_file():
         return read_golden(path)

@@ -75,18 +75,19 @@ def check(
     rules: RuleSet | Path | str | None = None,
     overrides: dict | None = None,
     write_golden_to: Path | str | None = None,
+    engine=None,
 ) -> CheckReport:
     """Check ``run`` against ``rules`` (built-in defaults when None), optionally against a baseline
     run or golden file; with ``write_golden_to``, also write this run's values as a golden file."""
     t0 = time.perf_counter()
     run = Path(run)
     ruleset = resolve_rules(rules)
-    df = metrics_of(run, overrides)
+    df = metrics_of(run, overrides, engine)
     candidate = run_series(df)
     empty = no_data_steps(df)
     steps = sorted(int(s) for s in df["step"].to_list())
     base_path = baseline if baseline is not None else ruleset.baseline
-    base: Baseline | None = load_baseline(Path(base_path), overrides) if base_path is not None else None
+    base: Baseline | None = load_baseline(Path(base_path), overrides, engine) if base_path is not None else None
 
     outcomes = []
     if base is not None:

@@ -24,6 +24,8 @@ def check_cmd(
                                    "and of a baseline run: key=value. Repeatable."),
     show_rules: bool = typer.Option(False, "--show-rules", help="Print the built-in rules as TOML (a starting point "
                                     "for your own), or with --rules check that file and list its rules; then exit."),
+    engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
 ) -> None:
     """Check a run against rules (and a baseline): exit 0 all pass, 1 a regression or a rule without data, 2 bad input or rules.
@@ -42,7 +44,10 @@ def check_cmd(
             _print_rules(resolve_rules(rules))  # validated: a bad file exits 2 with the line at fault
         return
     overrides = parse_overrides(set_)
-    report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden)
+    from grpolens.metrics.engine import make_engine
+
+    report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden,
+                   engine=make_engine(engine, ray_address))
 
     from grpolens.check import report as rep
     from grpolens.run.format import atomic_write_bytes

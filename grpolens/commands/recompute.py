@@ -19,6 +19,8 @@ def recompute_cmd(
     last: int = typer.Option(5, "--last", help="Steps shown in the summary table."),
     show_all: bool = typer.Option(False, "--all", help="Show every metric in the summary, not only the key ones."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
+    engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
@@ -31,8 +33,11 @@ def recompute_cmd(
     from grpolens.run.reader import parse_overrides
     from grpolens.commands.ui import progress_bar, summary_table
 
+    from grpolens.metrics.engine import make_engine
+
     console = Console(stderr=True)
     overrides = parse_overrides(set_)
+    runner = make_engine(engine, ray_address)
     extra = None
     if is_weights:
         from grpolens.metrics.rollout_is import is_weight_writer
@@ -40,7 +45,7 @@ def recompute_cmd(
         extra = [is_weight_writer(run, overrides, config)]
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
-                        incremental=not full, progress=tick, result=True, extra_visitors=extra)
+                        incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner)
     if quiet:
         return
     for note in res.notes:

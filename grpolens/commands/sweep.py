@@ -18,6 +18,8 @@ def sweep_cmd(
     config: Optional[Path] = typer.Option(None, "--config", help="JSON or TOML file of config overrides (applied before --set)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Parquet table, one row per step and grid point (default: RUN/grpolens/sweep.parquet)."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a plotly chart (one line per grid point) to this HTML file."),
+    engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
 ) -> None:
     """Evaluate rollout-IS thresholds on a grid: veto and rejection rates, ESS, IS weights and the
@@ -32,10 +34,13 @@ def sweep_cmd(
     from grpolens.commands.ui import progress_bar
 
     console = Console(stderr=True)
+    from grpolens.metrics.engine import make_engine
+
     params = parse_params(param)
+    runner = make_engine(engine, ray_address)
     with progress_bar(console, "sweep", enabled=not quiet) as tick:
         df = sweep(run, params, overrides=parse_overrides(set_), config_file=config, steps=steps, level=level,
-                   mode=mode, progress=tick)
+                   mode=mode, progress=tick, engine=runner)
     path = out if out is not None else fmt.derived_dir(run) / "sweep.parquet"
     fmt.atomic_write_table(path, df.to_arrow())
     if html is not None:

@@ -10,6 +10,7 @@ in memory at a time (two shards per worker), so memory stays bounded however lon
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,6 +86,67 @@ def _threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def shard_pieces(sh: fmt.Shard, visitors: tuple[Visitor, ...], columns: tuple[str, ...]) -> dict[str, Any]:
+    """The per-shard work of every engine: read one tokens shard and run each visitor on it.
+    Returns ``{visitor name: piece}``; pieces are merged per step by the visitors' ``combine``."""
+    table = read_tokens(sh.path, columns)
+    batch = TokenBatch.from_arrow(table)
+    if batch.n and (np.any(batch.cols["step"] != sh.step) or np.any(batch.cols["rank"] != sh.rank)):
+        raise RunFormatError(sh.path, f"rows disagree with the path (step={sh.step}, rank={sh.rank})", column="step")
+    return {v.name: v.shard(batch, sh) for v in visitors}
+
+
+class Engine(Protocol):
+    """Runs ``work`` on every shard; yields ``(step, results)`` in step order, results in shard order."""
+
+    def map_steps(self, by_step: dict[int, list[fmt.Shard]],
+                  work: Callable[[fmt.Shard], dict[str, Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]: ...
+
+
+class ThreadEngine:
+    """The default engine: a thread pool in this process, one step ahead of the reduction (reading
+    overlaps reducing; one or two steps' shards in memory)."""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads or _threads()
+
+    def map_steps(self, by_step, work):
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+            order = sorted(by_step)
+            futures: dict[int, list] = {}
+
+            def submit(step: int) -> None:
+                futures[step] = [pool.submit(work, sh) for sh in by_step[step]]
+
+            for i, step in enumerate(order):
+                if step not in futures:
+                    submit(step)
+                if i + 1 < len(order):
+                    submit(order[i + 1])
+                yield step, [f.result() for f in futures.pop(step)]
+
+
+#: ``--engine`` choices.
+ENGINES = ("default", "ray")
+
+
+def make_engine(name: str = "default", ray_address: str | None = None) -> Engine:
+    """The engine ``--engine NAME`` names (``ray`` imports Ray, from the ``ray`` extra, only here)."""
+    if name == "default":
+        if ray_address:
+            from grpolens.errors import UserError
+
+            raise UserError("--ray-address needs --engine ray")
+        return ThreadEngine()
+    if name == "ray":
+        from grpolens.metrics.engine_ray import RayEngine
+
+        return RayEngine(ray_address)
+    from grpolens.errors import UserError
+
+    raise UserError(f"--engine: unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+
+
 def iter_steps(
     run: os.PathLike | str,
     steps: list[int],
@@ -92,37 +154,18 @@ def iter_steps(
     columns: Iterable[str] = READ_COLUMNS,
     on_step: Callable[[int], None] | None = None,
     threads: int | None = None,
+    engine: Engine | None = None,
 ) -> Iterator[StepResult]:
-    """Yield each step's combined visitor results, in step order, reading shards in parallel."""
-    columns = tuple(columns)
-    threads = threads or _threads()
+    """Yield each step's combined visitor results, in step order. ``engine`` runs the per-shard
+    work (:func:`shard_pieces`): threads here by default, Ray tasks with ``--engine ray``; the
+    merge of the pieces (the visitors' ``combine``) always runs here."""
     all_shards = fmt.list_shards(run, fmt.TOKENS, steps=steps)
     by_step: dict[int, list[fmt.Shard]] = {s: [] for s in steps}
     for sh in all_shards:
         by_step.setdefault(sh.step, []).append(sh)
-
-    def work(sh: fmt.Shard) -> dict[str, Any]:
-        table = read_tokens(sh.path, columns)
-        batch = TokenBatch.from_arrow(table)
-        if batch.n and (np.any(batch.cols["step"] != sh.step) or np.any(batch.cols["rank"] != sh.rank)):
-            raise RunFormatError(sh.path, f"rows disagree with the path (step={sh.step}, rank={sh.rank})", column="step")
-        return {v.name: v.shard(batch, sh) for v in visitors}
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        # Submit one step ahead so reading overlaps reduction without holding the whole run.
-        order = sorted(by_step)
-        futures: dict[int, list] = {}
-
-        def submit(step: int) -> None:
-            futures[step] = [pool.submit(work, sh) for sh in by_step[step]]
-
-        for i, step in enumerate(order):
-            if step not in futures:
-                submit(step)
-            if i + 1 < len(order):
-                submit(order[i + 1])
-            results = [f.result() for f in futures.pop(step)]
-            pieces = {v.name: v.combine(step, [r[v.name] for r in results]) for v in visitors}
-            if on_step:
-                on_step(step)
-            yield StepResult(step, by_step[step], pieces)
+    work = functools.partial(shard_pieces, visitors=tuple(visitors), columns=tuple(columns))
+    for step, results in (engine or ThreadEngine(threads)).map_steps(by_step, work):
+        pieces = {v.name: v.combine(step, [r[v.name] for r in results]) for v in visitors}
+        if on_step:
+            on_step(step)
+        yield StepResult(step, by_step[step], pieces)

@@ -97,3 +97,24 @@ def s3_env(s3, monkeypatch):
     storage._FS_CACHE.clear()
     yield s3
     storage._FS_CACHE.clear()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray instance with 2 worker CPUs, shared by every Ray test of the session."""
+    ray = pytest.importorskip("ray", reason="ray (the dev and ray extras) runs the Ray engine tests")
+    src = str(Path(__file__).resolve().parents[2])
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def synth_small(tmp_path_factory):
+    """A synthetic run with rollout log-probs, texts, 2 ranks and 2 micro-batches: every visitor has
+    something to do (IS histograms, top-K tokens, completions, diversity)."""
+    from grpolens.adapters.synth import synth_run
+
+    return synth_run(tmp_path_factory.mktemp("synth") / "run", steps=6, ranks=2, micro_batches=2, groups=4,
+                     generations=4, max_len=64, texts=True, inject=["rollout-drift@3"])
