@@ -61,7 +61,15 @@ def test_readme_commands_are_the_ci_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     test_cmd = [l for b in blocks for l in b.splitlines() if "pytest" in l]
     assert test_cmd, "README has no test command"
-    assert test_cmd[0].strip() in ci, ".ci/run must call the README's test command verbatim"
+    ci_lines = [l.strip() for l in ci.splitlines() if not l.lstrip().startswith("#")]
+    assert test_cmd[0].strip() in ci_lines, ".ci/run must run the README's test command verbatim, on a line of its own"
+    # ... inside a virtual environment of its own, which a package installed by hand cannot leak into
+    venv_at = next((i for i, l in enumerate(ci_lines) if " -m venv " in l), None)
+    assert venv_at is not None and venv_at < ci_lines.index(test_cmd[0].strip()), ".ci/run must create a venv first"
+    assert "--system-site-packages" not in ci
+    assert any(l.startswith("source ") and "/bin/activate" in l for l in ci_lines[venv_at:])
+    # the README says how to run only the fast tests
+    assert 'python -m pytest -m "not slow"' in readme
 
 
 def test_unknown_command_and_option_exit_2():
