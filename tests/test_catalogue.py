@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows
-from grpolens.metrics.registry import PLACEHOLDER, PROFILES, load_builtins
+from grpolens.metrics.registry import PLACEHOLDER, PROFILES
+from grpolens.plugins import load_builtins
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

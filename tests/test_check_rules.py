@@ -11,7 +11,8 @@ import pytest
 from grpolens.check.defaults import default_rules
 from grpolens.check.rules import Early, Window, load_rules, parse_rules
 from grpolens.errors import UserError
-from grpolens.metrics.registry import REGISTRY, load_builtins
+from grpolens.metrics.registry import REGISTRY
+from grpolens.plugins import load_builtins
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 

@@ -24,12 +24,9 @@ from grpolens.errors import UserError
 
 RTOL = 1e-5
 ATOL = 1e-8
-#: Absolute floors where a trainer's own float32 arithmetic is the larger error. TRL computes the k3
-#: term exp(ref − logp) − (ref − logp) − 1 in float32, which cancels to ~1e-8 absolute near 0, and
-#: its ``loss`` is a float32 sum of O(1) terms that cancel to 1e-4..1e-8 (rounding ~1e-7..1e-6).
-FLOAT32_FLOORS = {"trl": {"kl": 1e-7, "loss": 1e-6}}
-#: The log file each trainer integration writes inside the run.
-DEFAULT_LOGS = {"trl": "trl_log.jsonl"}
+# A profile names the log file its trainer's integration writes inside the run (``log_file``) and
+# the absolute floors where the trainer's own float32 arithmetic is the larger error
+# (``float32_floors``): see grpolens/profiles/<trainer>.py.
 
 
 @dataclass
@@ -79,19 +76,21 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
 def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, profile: str = "trl",
             rtol: float = RTOL, atol: float = ATOL, overrides: dict | None = None) -> list[Row]:
     """One :class:`Row` per (step, key) the log and the profile's recompute have in common."""
-    import grpolens
+    from grpolens import plugins
+    from grpolens.analysis.recompute import recompute
 
     run = Path(run)
+    prof = plugins.get(profile)
     if log is None:
-        if profile not in DEFAULT_LOGS:
+        if prof.log_file is None:
             raise UserError(f"--log: profile {profile!r} has no default log file; name one with --log")
-        log = run / "grpolens" / DEFAULT_LOGS[profile]
+        log = run / "grpolens" / prof.log_file
     logged = read_log(log)
-    df = grpolens.recompute(run, profile=profile, write=False, overrides=overrides)
+    df = recompute(run, profile=profile, write=False, overrides=overrides)
     produced = set(df.columns) - {"step"}
     ours = {int(r["step"]): r for r in df.iter_rows(named=True)}
     keys_logged = {k for rec in logged.values() for k in rec}
-    floors = FLOAT32_FLOORS.get(profile, {})
+    floors = prof.float32_floors
     rows: list[Row] = []
     for step, rec in sorted(logged.items()):
         mine = ours.get(step, {})

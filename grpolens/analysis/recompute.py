@@ -23,10 +23,11 @@ import numpy as np
 import polars as pl
 
 from grpolens.run import format as fmt
-from grpolens.errors import UserError
 from grpolens.metrics import reduce
 from grpolens.metrics.engine import VISITORS, SequencePartials, iter_steps
-from grpolens.metrics.registry import PROFILES, REGISTRY, Metric, load_builtins
+from grpolens.metrics.profile import Profile
+from grpolens.metrics.registry import REGISTRY, Metric
+from grpolens import plugins
 from grpolens.run.reader import RunReader, read_samples
 
 CACHE_VERSION = 1
@@ -45,13 +46,14 @@ class RecomputeResult:
 # Per-step computation
 # ---------------------------------------------------------------------------------------------
 
-def metrics_for(profile: str, cfg: dict, columns: Iterable[str] = ()) -> list[Metric]:
+def metrics_for(profile: str | Profile, cfg: dict, columns: Iterable[str] = ()) -> list[Metric]:
     """The metrics ``profile`` logs under ``cfg``, templates expanded over the run's sample ``columns``.
 
     When two applicable metrics carry the same name in ``profile``, the first registered keeps it
     (e.g. Twinkle's ``train/clip_ratio_low`` is the gated clip fraction, or under CISPO, where that
     metric does not apply, the unconditional one)."""
-    load_builtins()
+    plugins.load_plugins()
+    profile = profile.name if isinstance(profile, Profile) else profile
     columns = list(columns)
     out, taken = [], set()
     for m in REGISTRY.values():
@@ -71,7 +73,8 @@ def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
             val = None
         elif m.source == "samples" and sd.samples is None:
             val = None
-        elif sd.profile in m.generation_only and sd.samples is None and sd.extra.get("run_has_samples"):
+        elif ((m.template or m.name) in sd.profile.generation_only and sd.samples is None
+              and sd.extra.get("run_has_samples")):
             val = None
         else:
             val = reduce.compute(m, sd)
@@ -115,8 +118,8 @@ def recompute(
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
-    ``profile`` picks names and reductions (``grpolens``, ``trl``, ``twinkle``, ``maxent``,
-    ``xtuner``, ``verl``); ``overrides`` replace manifest config keys (what-if analysis);
+    ``profile`` picks names and reductions (a registered profile: see ``docs/profiles.md``);
+    ``overrides`` replace manifest config keys (what-if analysis);
     ``steps`` is ``"A:B"``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
 
@@ -125,8 +128,7 @@ def recompute(
     """
     reader = RunReader(run)
     run = reader.path
-    if profile not in PROFILES:
-        raise UserError(f"--profile: unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    prof = plugins.get(profile)
     cfg = reader.config(overrides, config_file)
     sel, lo, hi = reader.select_steps(steps)
     token_steps = reader.steps(fmt.TOKENS)
@@ -178,7 +180,7 @@ def recompute(
     for res in iter_steps(run, tok_todo, visitors, on_step=tick, engine=engine):
         seqs, present = res.pieces[seqv.name]
         present_any |= present
-        sd = reduce.StepData(res.step, seqs, cfg, profile, read_samples(run, res.step), present, {})
+        sd = reduce.StepData(res.step, seqs, cfg, prof, read_samples(run, res.step), present, {})
         sd.extra["pieces"] = res.pieces
         sd.extra["run_has_samples"] = bool(sample_steps)
         rows[res.step] = step_values(sd, metrics)
@@ -192,7 +194,7 @@ def recompute(
         if s in computed:
             continue
         # a step with samples but no token shards: sample-side metrics only
-        sd = reduce.StepData(s, {}, cfg, profile, read_samples(run, s), set(), {})
+        sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s), set(), {})
         rows[s] = step_values(sd, metrics)
         tick(s)
 
@@ -200,7 +202,7 @@ def recompute(
     records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
     schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
     raw = pl.DataFrame(records, schema=schema, orient="row")
-    final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, profile))
+    final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof))
 
     notes = _absent_notes(run, metrics, raw, present_any, computed)
     from grpolens.metrics.rollout_is import offset_notes  # constant train-rollout offset diagnosis
@@ -228,7 +230,7 @@ def recompute(
     return final
 
 
-def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, profile) -> dict[str, float]:
+def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof) -> dict[str, float]:
     """Totals of cumulative metrics over the steps before ``--steps`` starts (samples only:
     cumulative metrics count generated tokens, so no token shard is read)."""
     cum = [m for m in metrics if m.cumulative]
@@ -240,7 +242,7 @@ def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, profile) 
             break
         row = valid_cache.get(s)
         if row is None:
-            row = step_values(reduce.StepData(s, {}, cfg, profile, read_samples(run, s), set(), {}), cum)
+            row = step_values(reduce.StepData(s, {}, cfg, prof, read_samples(run, s), set(), {}), cum)
         for m in cum:
             totals[m.name] += row.get(m.name) or 0.0
     return totals

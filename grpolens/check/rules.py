@@ -405,10 +405,11 @@ def _parse_rule(raw: dict, index: int, fail) -> Rule:
 
 def _check_metric(metric: str, err) -> str:
     """Aliases become canonical names; globs must match at least one registered metric."""
-    from grpolens.metrics.registry import REGISTRY, load_builtins, resolve
+    from grpolens.metrics.registry import REGISTRY, resolve
+    from grpolens.plugins import load_plugins
 
+    load_plugins()  # profile aliases resolve too
     if any(c in metric for c in "*?["):
-        load_builtins()
         if not fnmatch.filter(REGISTRY, metric):
             raise err(f"the pattern {metric!r} matches no registered metric (patterns match canonical names; "
                       f"see `grpolens metrics`)")

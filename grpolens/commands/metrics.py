@@ -6,10 +6,12 @@ from typing import Optional
 
 import typer
 
+from grpolens.profiles import profile_help
+
 
 def metrics_cmd(
     family: Optional[str] = typer.Option(None, "--family", help="Only this family."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Only metrics this profile logs, with its names."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help=profile_help("Only metrics this profile logs, with its names")),
     markdown: bool = typer.Option(False, "--markdown", help="Print the catalogue as Markdown (docs/metrics.md is made this way)."),
 ) -> None:
     """List every metric: definition, name in each profile, config it depends on."""
@@ -18,10 +20,11 @@ def metrics_cmd(
 
     from grpolens.errors import UserError
     from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows
-    from grpolens.metrics.registry import PROFILES
+    from grpolens import plugins
 
-    if profile is not None and profile not in PROFILES:
-        raise UserError(f"--profile: unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    plugins.load_plugins()
+    if profile is not None:
+        plugins.get(profile)
     rows = catalogue_rows(family=family, profile=profile)
     if family is not None and not rows:
         raise UserError(f"--family: no metrics in family {family!r}")

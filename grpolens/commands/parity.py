@@ -7,11 +7,13 @@ from typing import List, Optional
 
 import typer
 
+from grpolens.profiles import profile_help
+
 
 def parity_cmd(
     run: Path = typer.Argument(..., help="Run directory."),
     log: Optional[Path] = typer.Option(None, "--log", help="The trainer's JSONL log [default: RUN/grpolens/trl_log.jsonl for --profile trl]."),
-    profile: str = typer.Option("trl", "--profile", "-p", help="Profile whose names and reductions the log uses."),
+    profile: str = typer.Option("trl", "--profile", "-p", help=profile_help("Profile whose names and reductions the log uses")),
     rtol: float = typer.Option(1e-5, "--rtol", help="Relative tolerance."),
     atol: float = typer.Option(1e-8, "--atol", help="Absolute tolerance (TRL's float32 kl and loss get floors, see docs)."),
     set_: List[str] = typer.Option([], "--set", help="Override a config key: key=value. Repeatable."),
@@ -27,12 +29,11 @@ def parity_cmd(
 
     from grpolens.run.reader import parse_overrides
     from grpolens.errors import UserError
-    from grpolens.metrics.registry import PROFILES
+    from grpolens import plugins
     from grpolens.analysis.parity import compare
     from grpolens.text import format_value
 
-    if profile not in PROFILES:
-        raise UserError(f"--profile: unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    plugins.get(profile)
     rows = compare(run, log, profile=profile, rtol=rtol, atol=atol, overrides=parse_overrides(set_))
     console = Console()
     if not rows:

@@ -7,11 +7,13 @@ from typing import List, Optional
 
 import typer
 
+from grpolens.profiles import profile_help
+
 
 def recompute_cmd(
     run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory [default: RUN/grpolens, or RUN/grpolens/<profile>]."),
-    profile: str = typer.Option("grpolens", "--profile", "-p", help="Names and reductions: grpolens, trl, twinkle, maxent, xtuner, verl."),
+    profile: str = typer.Option("grpolens", "--profile", "-p", help=profile_help()),
     steps: Optional[str] = typer.Option(None, "--steps", help="Step range A:B (inclusive; either end optional) or one step N."),
     set_: List[str] = typer.Option([], "--set", help="Override a config key: key=value (JSON value; a.b=v for nested). Repeatable."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON or TOML file of config overrides (applied before --set)."),

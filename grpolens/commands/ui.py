@@ -42,7 +42,8 @@ KEY_METRICS = (
 
 def key_columns(df, profile: str = "grpolens") -> list[str]:
     """The profile's names of :data:`KEY_METRICS` that the table has."""
-    from grpolens.metrics.registry import REGISTRY, load_builtins
+    from grpolens.metrics.registry import REGISTRY
+    from grpolens.plugins import load_plugins as load_builtins
 
     load_builtins()
     out = []

@@ -1,7 +1,11 @@
 """Metric families. Each module registers its partial producers and its metrics on import.
 
 Where to look for a metric: its family module has the formula (producer) and the registry entry
-(names per profile, doc); ``tests/metrics/test_<family>.py`` has the independent reference.
+(doc, reduction); each trainer's name for it is in that trainer's profile table
+(``grpolens/profiles/<trainer>.py``); ``tests/metrics/test_<family>.py`` has the independent reference.
+
+This package is closed: nothing in it imports anything above it (profiles, analysis, commands),
+by import or importlib. What extends it is loaded by :func:`grpolens.plugins.load_plugins`.
 """
 
 #: Built-in family modules, imported by :func:`grpolens.metrics.registry.load_builtins`.
@@ -16,10 +20,4 @@ FAMILY_MODULES = [
     "clip",
     "loss",
     "rollout_is",
-]
-
-#: Other modules that register producers or visitors (imported after the families).
-EXTRA_MODULES = [
-    "grpolens.analysis.drilldown",
-    "grpolens.analysis.sidecars",
 ]

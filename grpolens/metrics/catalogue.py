@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpolens.metrics.registry import PROFILES, REGISTRY, load_builtins
+from grpolens.metrics.registry import PROFILES, REGISTRY, load_builtins  # families; profile names: load the plugins first
 
 
 def catalogue_rows(family: str | None = None, profile: str | None = None) -> list[dict]:

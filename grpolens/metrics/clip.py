@@ -100,32 +100,31 @@ def _clip(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
 # Reductions
 # ---------------------------------------------------------------------------------------------
 
-def _cols(sd, part: str) -> tuple[str, str]:
-    """TRL counts every sequence (``gt``) at sequence level; everyone else sequences with a token."""
-    g = "gt" if sd.profile == "trl" else "g"
-    return f"clip.{g}.{part}", f"clip.{g}.n"
+def _cols(part: str, counted: str) -> tuple[str, str]:
+    """``counted``: at sequence level, "g" counts the sequences with a valid token, "gt" every
+    sequence (TRL's GSPO counting, used by its profile)."""
+    return f"clip.{counted}.{part}", f"clip.{counted}.n"
 
 
-def _fraction(part: str):
+def fraction(part: str, counted: str = "g"):
+    """``fn(sd)``: the clip fraction ``part`` as a token mean under the profile's grouping."""
     def fn(sd) -> float | None:
-        num, den = _cols(sd, part)
-        return reduce.grouped_ratio(sd, num, den, reduce.TOKEN_MEAN_RULE.get(sd.profile, "pooled"))
+        num, den = _cols(part, counted)
+        return reduce.grouped_ratio(sd, num, den, sd.profile.token_mean)
     return fn
 
 
-def _seq_extreme(part: str, which: str):
+def seq_extreme(part: str, which: str, counted: str = "g"):
+    """``fn(sd)``: the extreme per-sequence clip fraction ``part`` under the profile's grouping."""
     def fn(sd) -> float | None:
-        num, den = _cols(sd, part)
-        return reduce.seq_fraction_extreme(sd, num, den, which, reduce.TOKEN_MEAN_RULE.get(sd.profile, "pooled"))
+        num, den = _cols(part, counted)
+        return reduce.seq_fraction_extreme(sd, num, den, which, sd.profile.token_mean)
     return fn
 
 
 def _unconditional(col: str):
     def fn(sd) -> float | None:
-        v = reduce.grouped_ratio(sd, col, "clip.n", "pooled")
-        if v is None and sd.profile == "xtuner" and sd.n_seq:
-            return 0.0  # xtuner logs 0.0 when no token is valid
-        return v
+        return reduce.grouped_ratio(sd, col, "clip.n", "pooled")
     return fn
 
 
@@ -143,57 +142,48 @@ _UNIT = ("of valid tokens (at sequence level: of sequences with a valid token; T
 # otherwise to the gated ones (GRPOMetric / GSPOMetric).
 register(Metric(
     "clip/low", _FAM, f"Fraction {_UNIT} with min(c, delta) < 1 − epsilon and A < 0.",
-    kind="custom", fn=_fraction("low"), when=_ppo, config=_CFG,
-    names={"trl": "clip_ratio/low_mean", "twinkle": "train/clip_ratio_low"},
+    kind="custom", fn=fraction("low"), when=_ppo, config=_CFG,
 ))
 register(Metric(
     "clip/high", _FAM, f"Fraction {_UNIT} with min(c, delta) > 1 + epsilon_high and A > 0.",
-    kind="custom", fn=_fraction("high"), when=_ppo, config=_CFG,
-    names={"trl": "clip_ratio/high_mean", "twinkle": "train/clip_ratio_high"},
+    kind="custom", fn=fraction("high"), when=_ppo, config=_CFG,
 ))
 register(Metric(
     "clip/region", _FAM, f"Fraction {_UNIT} clipped low or high (= clip/low + clip/high).",
-    kind="custom", fn=_fraction("region"), when=_ppo, config=_CFG,
-    names={"trl": "clip_ratio/region_mean", "twinkle": "train/clip_ratio"},
+    kind="custom", fn=fraction("region"), when=_ppo, config=_CFG,
 ))
 register(Metric(
     "clip/low_min", _FAM,
     "Smallest per-sequence low-clip fraction Σ_t low / Σ_t valid over the step's sequences (at "
     "sequence level the 0/1 indicator). TRL: nanmin per micro-batch slot (fully masked sequences "
     "skipped, or counted as 0 under GSPO), then the mean over slots.",
-    kind="custom", fn=_seq_extreme("low", "min"), when=_ppo, config=_CFG,
-    names={"trl": "clip_ratio/low_min"},
+    kind="custom", fn=seq_extreme("low", "min"), when=_ppo, config=_CFG,
 ))
 register(Metric(
     "clip/high_max", _FAM,
     "Largest per-sequence high-clip fraction over the step's sequences (TRL: nanmax per "
     "micro-batch slot, then the mean over slots).",
-    kind="custom", fn=_seq_extreme("high", "max"), when=_ppo, config=_CFG,
-    names={"trl": "clip_ratio/high_max"},
+    kind="custom", fn=seq_extreme("high", "max"), when=_ppo, config=_CFG,
 ))
 register(Metric(
     "clip/cispo", _FAM,
     f"CISPO: fraction {_UNIT} whose weight c exceeds the cap epsilon_high with A > 0. TRL's "
     "`cispo_clip_ratio`.",
-    kind="custom", fn=_fraction("cispo"), when=lambda cfg: cfg.get("loss_type") == "cispo", config=_CFG,
-    names={"trl": "cispo_clip_ratio"},
+    kind="custom", fn=fraction("cispo"), when=lambda cfg: cfg.get("loss_type") == "cispo", config=_CFG,
 ))
 register(Metric(
     "clip/ratio_below", _FAM,
     "Fraction of tokens with a defined ratio whose e^d < 1 − epsilon, whatever the advantage (no delta). "
     "Twinkle's CISPOMetric `clip_ratio_low`; xtuner's `clip_frac_low` (0.0 when no token is valid).",
     kind="custom", fn=_unconditional("clip.below"), config=("epsilon",),
-    names={"twinkle": "train/clip_ratio_low", "xtuner": "reduced_train_policy_clip_frac_low"},
 ))
 register(Metric(
     "clip/ratio_above", _FAM,
     "Fraction of tokens with a defined ratio whose e^d > 1 + epsilon_high, whatever the advantage.",
     kind="custom", fn=_unconditional("clip.above"), config=("epsilon_high",),
-    names={"twinkle": "train/clip_ratio_high", "xtuner": "reduced_train_policy_clip_frac_high"},
 ))
 register(Metric(
     "clip/ratio_outside", _FAM,
     "Fraction of tokens with a defined ratio whose e^d lies outside [1 − epsilon, 1 + epsilon_high].",
     kind="custom", fn=_unconditional("clip.outside"), config=("epsilon", "epsilon_high"),
-    names={"twinkle": "train/clip_ratio"},
 ))

@@ -276,11 +276,9 @@ for _key, _what in (("distinct_1", "distinct unigrams / tokens"), ("distinct_2",
         f"diversity/{_key}", "diversity",
         f"Per prompt group, {_what} over the group's completions; plain mean over the step's groups.",
         kind="custom", fn=_reducer(_key, micro=False), source="samples",
-        names={"maxent": f"train/completions/diversity/{_key}"},
     ))
     register(Metric(
         f"diversity/{_key}_micro", "diversity",
         f"As diversity/{_key}, averaged over groups weighted by group size.",
         kind="custom", fn=_reducer(_key, micro=True), source="samples",
-        names={"maxent": f"train/completions/diversity/{_key}_micro"},
     ))

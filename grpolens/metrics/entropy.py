@@ -26,5 +26,4 @@ register(Metric(
     "entropy", "entropy",
     "Mean policy entropy over masked tokens: Σ H·m / Σ m.",
     kind="token_mean", num="entropy.sum", den="entropy.n", requires=("entropy",),
-    names={"trl": "entropy", "twinkle": "train/entropy", "maxent": "train/policy_entropy"},
 ))

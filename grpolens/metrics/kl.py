@@ -99,21 +99,23 @@ def _penalty(sd) -> float | None:
     """TRL's ``kl``: the k3 the loss adds, token-weighted per micro-batch slot in the trl profile."""
     corrected = bool(sd.cfg.get("use_bias_correction_kl"))
     num, den = ("kl.k3c.sum", "kl.k3c.n") if corrected else ("kl.k3.sum", "kl.n")
-    return reduce.grouped_ratio(sd, num, den, reduce.TOKEN_MEAN_RULE.get(sd.profile, "pooled"))
+    return reduce.grouped_ratio(sd, num, den, sd.profile.token_mean)
 
 
-def _k3_loss_norm(sd) -> float | None:
+def k3_loss_norm(sd, clamped: bool = False) -> float | None:
+    """k3 normalised like the loss. ``clamped`` (MaxEnt-GRPO's profile): x clamped to ±60, the
+    denominators clamped to >= 1 (0.0 where nothing is valid), and the longest sequence as the
+    length when max_completion_length is unset (the padded width of its batch)."""
     if not sd.n_seq:
         return None
-    maxent = sd.profile == "maxent"
-    s = sd.col("kl.k3_c60.sum" if maxent else "kl.k3.sum")
+    s = sd.col("kl.k3_c60.sum" if clamped else "kl.k3.sum")
     n = sd.col("kl.n")
-    if not maxent and n.sum() == 0:
-        return None  # MaxEnt clamps its denominators and logs 0.0; grpolens has nothing to average
+    if not clamped and n.sum() == 0:
+        return None  # nothing to average
     length = sd.cfg.get("max_completion_length")
-    if not length and maxent:
-        length = float(np.max(sd.col("seq_tokens")))  # MaxEnt: the padded width of the batch
-    return reduce.normalise_like_loss(sd.cfg.get("loss_type"), s, n, length, clamp=maxent)
+    if not length and clamped:
+        length = float(np.max(sd.col("seq_tokens")))
+    return reduce.normalise_like_loss(sd.cfg.get("loss_type"), s, n, length, clamp=clamped)
 
 
 def bucket_of(masked: np.ndarray) -> np.ndarray:
@@ -121,13 +123,14 @@ def bucket_of(masked: np.ndarray) -> np.ndarray:
     return np.searchsorted(_EDGES, masked, side="left")
 
 
-def _bucket(k: int, tokens: bool):
+def bucket(k: int, tokens: bool, clamped: bool = False):
+    """``fn(sd)``: k3 per token (or the token count) of length bucket ``k``. ``clamped`` (MaxEnt-GRPO's
+    profile): max(mask count, 1) tokens per sequence, x clamped to ±60, empty buckets not logged."""
     def fn(sd) -> float | None:
         if not sd.n_seq:
             return None
         m = sd.col("kl.masked")
-        if sd.profile == "maxent":
-            # MaxEnt: tok = max(mask count, 1) per sequence; buckets without a sequence are not logged
+        if clamped:
             tok = np.maximum(m, 1.0)
             sel = bucket_of(tok) == k
             if not sel.any():
@@ -171,7 +174,6 @@ register(Metric(
     "all-masked slot, then the mean over slots).",
     kind="custom", fn=_penalty, requires=_REF, when=lambda cfg: cfg.get("beta", 0.0) != 0.0,
     config=("beta", "use_bias_correction_kl", "importance_sampling_level", "loss_type"),
-    names={"trl": "kl"},
 ))
 register(Metric(
     "kl/k3_loss_norm", _FAM,
@@ -180,8 +182,7 @@ register(Metric(
     "Σ / (sequences · max_completion_length) (null if unset); the others Σ / N. MaxEnt-GRPO's "
     "`train/kl` (its profile clamps x to ±60, logs 0.0 where nothing is valid and uses the longest "
     "sequence when max_completion_length is unset).",
-    kind="custom", fn=_k3_loss_norm, requires=_REF, config=("loss_type", "max_completion_length"),
-    names={"maxent": "train/kl"},
+    kind="custom", fn=k3_loss_norm, requires=_REF, config=("loss_type", "max_completion_length"),
 ))
 for _k, _label in enumerate(BUCKET_LABELS):
     register(Metric(
@@ -189,13 +190,11 @@ for _k, _label in enumerate(BUCKET_LABELS):
         f"k3 per token over the sequences with {_label} masked tokens: Σ k3 / Σ tokens of those "
         "sequences (null when none). MaxEnt counts max(masked, 1) tokens per sequence, clamps x to "
         "±60 and omits empty buckets.",
-        kind="custom", fn=_bucket(_k, tokens=False), requires=_REF,
-        names={"maxent": f"train/kl_per_token_bucket/{_label}"},
+        kind="custom", fn=bucket(_k, tokens=False), requires=_REF,
     ))
     register(Metric(
         f"kl/by_length_tokens/{_label}", _FAM,
         f"Tokens with a finite k3 in the sequences with {_label} masked tokens (the weight of "
         f"kl/by_length/{_label}).",
-        kind="custom", fn=_bucket(_k, tokens=True), requires=_REF,
-        names={"maxent": f"train/kl_per_token_bucket_tokens/{_label}"},
+        kind="custom", fn=bucket(_k, tokens=True), requires=_REF,
     ))

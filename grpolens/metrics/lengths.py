@@ -51,7 +51,9 @@ def terminated_mask(sd, rule: str) -> np.ndarray | None:
     return n < sd.cfg["max_completion_length"]
 
 
-def _length_stat(which: str, rule: str | None = None, zero_profiles: tuple[str, ...] = ()):
+def length_stat(which: str, rule: str | None = None, empty: float | None = None):
+    """``fn(sd)``: mean/min/max completion length (of those terminated by ``rule``); ``empty`` when
+    the step has lengths but none is left (TRL and MaxEnt-GRPO log 0.0 there)."""
     def fn(sd):
         n = lengths(sd)
         if n is None:
@@ -62,7 +64,7 @@ def _length_stat(which: str, rule: str | None = None, zero_profiles: tuple[str, 
                 return None
             n = n[keep]
         v = _extreme(n, which)
-        return 0.0 if v is None and sd.profile in zero_profiles else v
+        return empty if v is None else v
     return fn
 
 
@@ -107,30 +109,26 @@ for _w in ("mean", "min", "max"):
     register(Metric(
         f"completions/length/{_w}", _FAM, f"{_w.capitalize()} completion length (`completion_len`, tokens "
         "generated, EOS included) over every completion of the step.",
-        fn=per_round(_length_stat(_w)), requires=("completion_len",),
-        names={"trl": f"completions/{_w}_length", "maxent": f"train/completions/{_w}_length_sampled"}, **_S))
+        fn=per_round(length_stat(_w)), requires=("completion_len",), **_S))
 register(Metric(
     "completions/truncated_frac", _FAM, "Fraction of the step's completions that stopped at the length limit "
     "without EOS (`truncated`). TRL's `clipped_ratio`.",
-    fn=per_round(truncated_frac), requires=("truncated",), names={"trl": "completions/clipped_ratio"}, **_S))
+    fn=per_round(truncated_frac), requires=("truncated",), **_S))
 for _w in ("mean", "min", "max"):
     register(Metric(
         f"completions/terminated_length/{_w}", _FAM, f"{_w.capitalize()} length of the completions that ended "
         "with EOS (not `truncated`); null when none did (TRL logs 0).",
-        fn=per_round(_length_stat(_w, "eos", zero_profiles=("trl",))), requires=("completion_len", "truncated"),
-        names={"trl": f"completions/{_w}_terminated_length"}, **_S))
+        fn=per_round(length_stat(_w, "eos")), requires=("completion_len", "truncated"), **_S))
 register(Metric(
     "completions/clipped_frac", _FAM, "Fraction of the step's completions with `completion_len >= "
     "max_completion_length` (by length, not EOS). MaxEnt-GRPO's `clipped_frac`.",
-    fn=clipped_frac, requires=("completion_len",), config=("max_completion_length",), when=_has_max_len,
-    names={"maxent": "train/completions/clipped_frac"}, **_S))
+    fn=clipped_frac, requires=("completion_len",), config=("max_completion_length",), when=_has_max_len, **_S))
 for _w in ("mean", "min", "max"):
     register(Metric(
         f"completions/unclipped_length/{_w}", _FAM, f"{_w.capitalize()} length of the completions shorter than "
         "`max_completion_length`; null when none (MaxEnt-GRPO logs 0).",
-        fn=_length_stat(_w, "length", zero_profiles=("maxent",)), requires=("completion_len",),
-        config=("max_completion_length",), when=_has_max_len,
-        names={"maxent": f"train/completions/{_w}_length_terminated"}, **_S))
+        fn=length_stat(_w, "length"), requires=("completion_len",),
+        config=("max_completion_length",), when=_has_max_len, **_S))
 register(Metric(
     "completions/tokens", _FAM, "Completion tokens generated at the step: Σ `completion_len`.",
     fn=tokens_generated, requires=("completion_len",), **_S))
@@ -143,4 +141,4 @@ register(Metric(
     "tokens/seen", _FAM, "Running total over steps of Σ (`prompt_len` + `completion_len`) of the generated "
     "completions, over the steps recomputed (so `--steps A:B` starts its total at A). A step where a prompt "
     "length is unknown is null and adds nothing. TRL's `num_tokens`.",
-    fn=tokens_seen, requires=("prompt_len", "completion_len"), cumulative=True, names={"trl": "num_tokens"}, **_S))
+    fn=tokens_seen, requires=("prompt_len", "completion_len"), cumulative=True, **_S))

@@ -138,8 +138,9 @@ def _round_tokens(sd, n: np.ndarray) -> np.ndarray | None:
     return per_round[seq_round]
 
 
-def _trl(sd, s: np.ndarray, n: np.ndarray) -> float | None:
-    """TRL's ``loss``: per micro-batch returned loss, summed over a rank's micro-batches, mean over ranks."""
+def per_call_loss(sd, s: np.ndarray, n: np.ndarray) -> float | None:
+    """The loss each loss call returns, summed over a rank's calls, then the mean over ranks
+    (TRL's logged ``loss``; its profile reduces with this)."""
     lt = sd.cfg["loss_type"]
     if lt in TOKEN_MEAN_LOSSES and lt != "bnpo":
         # Σ over a rank's calls of Σ L·M / (N/P · G/S), mean over P ranks = (S/G) Σ_all calls Σ L / N
@@ -169,7 +170,8 @@ def _trl(sd, s: np.ndarray, n: np.ndarray) -> float | None:
     return float(np.mean(per_rank))
 
 
-def _loss_value(sd) -> float | None:
+def loss_value(sd, per_call: bool = False) -> float | None:
+    """The step's loss; ``per_call``: reduced by :func:`per_call_loss` instead of over the whole step."""
     if not sd.n_seq:
         return None
     if sd.cfg.get("beta", 0.0) != 0.0 and "ref_logp" not in sd.present:
@@ -177,8 +179,8 @@ def _loss_value(sd) -> float | None:
     if ISConfig.from_cfg(sd.cfg).configured and "rollout_logp" not in sd.present:
         return None  # the trainer weighted the loss by rollout IS weights the run cannot reproduce
     s, n = sd.col("loss.sum"), sd.col("loss.n")
-    if sd.profile == "trl":
-        return _trl(sd, s, n)
+    if per_call:
+        return per_call_loss(sd, s, n)
     if n.sum() == 0:
         return None
     return _pooled(sd, s, n)
@@ -195,10 +197,9 @@ register(Metric(
     "exact when steps_per_generation = gradient_accumulation_steps)). With a rollout_is config (TRL: its vLLM "
     "IS correction on) the policy term is × the applied IS weight a and rejected tokens leave the mask, in "
     "both profiles (null without rollout_logp). No entropy bonus.",
-    kind="custom", fn=_loss_value,
+    kind="custom", fn=loss_value,
     config=("loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl",
             "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
             "max_completion_length", "log_ratio_clamp", "rollout_is", "steps_per_generation",
             "gradient_accumulation_steps"),
-    names={"trl": "loss"},
 ))

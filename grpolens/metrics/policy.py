@@ -185,14 +185,7 @@ def _pooled(sd, num: str, den: str) -> float | None:
     return reduce.grouped_ratio(sd, num, den, "pooled")
 
 
-def _xtuner_zero(sd, value: float | None) -> float | None:
-    """xtuner logs 0.0 for every train-policy value when no token was valid."""
-    if sd.profile == "xtuner" and value is None and sd.n_seq:
-        return 0.0
-    return value
-
-
-def _extreme(sd, col: str, which: str) -> float | None:
+def extreme(sd, col: str, which: str) -> float | None:
     if not sd.n_seq:
         return None
     x = sd.col(col)
@@ -200,20 +193,11 @@ def _extreme(sd, col: str, which: str) -> float | None:
     return v if np.isfinite(v) else None
 
 
-def _twinkle_max(sd, value: float | None) -> float | None:
-    """Twinkle's running maxima start at 0 and it logs nothing when the step has no masked token."""
-    if sd.profile != "twinkle":
-        return value
-    if not sd.col("policy.new.n").sum() > 0:
-        return None
-    return max(0.0, value) if value is not None else 0.0
-
-
-def _mean(num: str, den: str, xtuner_num: str | None = None, sign: float = 1.0):
+def token_mean(num: str, den: str, sign: float = 1.0):
+    """``fn(sd)``: sign · Σ num / Σ den pooled over the step."""
     def fn(sd):
-        col = xtuner_num if (xtuner_num and sd.profile == "xtuner") else num
-        v = _pooled(sd, col, den)
-        return _xtuner_zero(sd, None if v is None else sign * v)
+        v = _pooled(sd, num, den)
+        return None if v is None else sign * v
     return fn
 
 
@@ -222,20 +206,19 @@ def _confidence(sd) -> float | None:
     return None if v is None else float(np.exp(v))
 
 
-def _ratio_extreme(which: str):
+def ratio_extreme(which: str, clamp: float | None = None):
+    """``fn(sd)``: the step's largest/smallest token ratio e^d, d clamped to ±``clamp`` first if given."""
     def fn(sd):
-        dx = _extreme(sd, f"policy.d.{which}", which)
-        if dx is not None and sd.profile == "xtuner":
-            dx = float(np.clip(dx, -XTUNER_CLAMP, XTUNER_CLAMP))
+        dx = extreme(sd, f"policy.d.{which}", which)
+        if dx is not None and clamp is not None:
+            dx = float(np.clip(dx, -clamp, clamp))
         with np.errstate(over="ignore"):
-            v = None if dx is None else float(np.exp(dx))
-        v = _xtuner_zero(sd, v)
-        return _twinkle_max(sd, v) if which == "max" else v
+            return None if dx is None else float(np.exp(dx))
     return fn
 
 
-def _token_kl_max(sd) -> float | None:
-    return _twinkle_max(sd, _extreme(sd, "policy.k3.max", "max"))
+def token_kl_max(sd) -> float | None:
+    return extreme(sd, "policy.k3.max", "max")
 
 
 _FAM = "policy"
@@ -245,61 +228,53 @@ register(Metric(
     "policy/logp_mean", _FAM,
     "Mean current-policy log-prob of the masked tokens: Σ logp / N (finite logp).",
     kind="token_mean", num="policy.new.sum", den="policy.new.n",
-    names={"twinkle": "train/mean_new_logp"},
 ))
 register(Metric(
     "policy/confidence", _FAM,
     "Policy confidence exp(policy/logp_mean): the geometric-mean probability of the sampled tokens.",
-    kind="custom", fn=_confidence, names={"twinkle": "train/policy_confidence"},
+    kind="custom", fn=_confidence,
 ))
 register(Metric(
     "policy/old_logp_mean", _FAM,
     "Mean behaviour-policy log-prob Σ old_logp / N over tokens whose ratio is defined "
     "(Twinkle's docs call it the reference policy; it is the old policy).",
     kind="token_mean", num="policy.old.sum", den="policy.n", requires=_OLD,
-    names={"twinkle": "train/mean_old_logp"},
 ))
 register(Metric(
     "policy/log_ratio_mean", _FAM,
     "Mean log-ratio Σ d / N, d = logp − old_logp.",
     kind="token_mean", num="policy.d.sum", den="policy.n", requires=_OLD,
-    names={"twinkle": "train/logp_diff_mean"},
 ))
 register(Metric(
     "policy/k1", _FAM,
     "k1 estimate of KL(old‖new): Σ (old_logp − logp) / N = −policy/log_ratio_mean "
     "(xtuner's `kl1`, not clamped). xtuner logs 0.0 when no token is valid.",
-    kind="custom", fn=_mean("policy.d.sum", "policy.n", sign=-1.0), requires=_OLD,
-    names={"xtuner": "reduced_train_policy_kl1"},
+    kind="custom", fn=token_mean("policy.d.sum", "policy.n", sign=-1.0), requires=_OLD,
 ))
 register(Metric(
     "policy/approx_kl", _FAM,
     "Approximate KL(old‖new), Schulman's K3: Σ (e^d − d − 1) / N. xtuner clamps d to ±20 first "
     "(its profile uses that column; equal unless |d| > 20) and logs 0.0 when no token is valid.",
-    kind="custom", fn=_mean("policy.k3.sum", "policy.n", xtuner_num="policy.k3_c20.sum"), requires=_OLD,
-    names={"twinkle": "train/approx_kl", "xtuner": "reduced_train_policy_kl3"},
+    kind="custom", fn=token_mean("policy.k3.sum", "policy.n"), requires=_OLD,
 ))
 register(Metric(
     "policy/ratio_abs_dev_mean", _FAM,
     "Mean |r − 1| with r = exp(clamp(d, ±20)) (xtuner's definition, clamp included).",
-    kind="custom", fn=_mean("policy.absdev_c20.sum", "policy.n"), requires=_OLD,
-    names={"xtuner": "reduced_train_policy_ratio_abs_dev_mean"},
+    kind="custom", fn=token_mean("policy.absdev_c20.sum", "policy.n"), requires=_OLD,
 ))
 register(Metric(
     "policy/token_kl_max", _FAM,
     "Largest per-token K3 e^d − d − 1 in the step (all ranks). Twinkle starts the max at 0.",
-    kind="custom", fn=_token_kl_max, requires=_OLD, names={"twinkle": "train/token_kl_max"},
+    kind="custom", fn=token_kl_max, requires=_OLD,
 ))
 register(Metric(
     "policy/ratio_max", _FAM,
     "Largest token ratio e^d in the step. Twinkle starts the max at 0; xtuner clamps d to ±20 "
     "(so it saturates at e^20) and logs 0.0 when no token is valid.",
-    kind="custom", fn=_ratio_extreme("max"), requires=_OLD,
-    names={"twinkle": "train/token_ratio_max", "xtuner": "reduced_train_policy_ratio_max"},
+    kind="custom", fn=ratio_extreme("max"), requires=_OLD,
 ))
 register(Metric(
     "policy/ratio_min", _FAM,
     "Smallest token ratio e^d in the step (xtuner: d clamped to ±20, 0.0 when no token is valid).",
-    kind="custom", fn=_ratio_extreme("min"), requires=_OLD,
-    names={"xtuner": "reduced_train_policy_ratio_min"},
+    kind="custom", fn=ratio_extreme("min"), requires=_OLD,
 ))

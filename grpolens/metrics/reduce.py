@@ -20,17 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from grpolens.metrics.profile import Profile
 from grpolens.metrics.registry import Metric
 
-#: Default grouping of token means per profile (a metric may override it for one profile).
-TOKEN_MEAN_RULE = {
-    "grpolens": "pooled",
-    "trl": "trl_slot",
-    "twinkle": "pooled",
-    "maxent": "pooled",
-    "xtuner": "pack_mean",
-    "verl": "pooled",
-}
+#: The profile of a StepData built without one: canonical names, pooled token means.
+CANONICAL = Profile("grpolens", "canonical names, exact pooled values", canonical=True)
 
 
 @dataclass
@@ -40,7 +34,7 @@ class StepData:
     step: int
     seqs: dict[str, np.ndarray]
     cfg: dict
-    profile: str = "grpolens"
+    profile: Profile = CANONICAL
     samples: Any = None  # polars.DataFrame of samples generated at this step, or None
     present: set[str] = field(default_factory=set)  # token columns present in the run
     extra: dict[str, Any] = field(default_factory=dict)  # step-level partials (histograms, ...)
@@ -114,9 +108,23 @@ def seq_fraction_extreme(sd: StepData, num: str, den: str, which: str, rule: str
 
 
 def compute(metric: Metric, sd: StepData) -> float | None:
-    """The value of ``metric`` at one step under ``sd.profile``."""
-    kind = metric.profile_kind.get(sd.profile, metric.kind)
-    rule = TOKEN_MEAN_RULE.get(sd.profile, "pooled")
+    """The value of ``metric`` at one step under ``sd.profile``: the profile's own reduction of
+    the metric if it has one, else the family's; then the profile's value for "nothing to average"."""
+    prof = sd.profile
+    key = metric.template or metric.name
+    own = prof.reductions.get(key)
+    if own is not None:
+        value = own(sd) if metric.template is None else own(sd, column=metric.column)
+    else:
+        value = _family_value(metric, sd)
+    if value is None and key in prof.zero_when_empty and (sd.n_seq or not prof.zero_needs_sequences):
+        return 0.0
+    return value
+
+
+def _family_value(metric: Metric, sd: StepData) -> float | None:
+    kind = metric.kind
+    rule = sd.profile.token_mean
     if kind == "custom":
         return metric.fn(sd)
     if kind in ("token_mean", "pooled", "trl_slot", "pack_mean"):

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Iterable
 
-PROFILES = ("grpolens", "trl", "twinkle", "maxent", "xtuner", "verl")
+from grpolens.metrics.profile import PROFILES, Profile  # noqa: F401  (re-exported: the profile registry)
+
 KINDS = ("token_mean", "seq_mean", "max", "min", "seq_frac_min", "seq_frac_max", "sum", "custom")
 #: Stands for the column-derived part of a template metric's names (see the module doc).
 PLACEHOLDER = "<name>"
@@ -50,24 +51,25 @@ class Metric:
     requires: tuple[str, ...] = ()
     #: config keys the value depends on (documentation and cache invalidation)
     config: tuple[str, ...] = ()
-    #: profile -> the name that profile logs it under; a profile without an entry does not log it
+    #: profile -> the name that profile logs it under; a profile without an entry does not log it.
+    #: Built-in metrics leave it empty: each profile's table (``grpolens/profiles/<trainer>.py``)
+    #: fills it when the profile is applied (:func:`apply_profiles`).
     names: dict[str, str] = field(default_factory=dict)
     #: config predicate: the metric exists only when it returns True (e.g. clip metrics not under CISPO)
     when: Callable[[dict], bool] | None = None
-    #: per-profile override of the reduction, e.g. {"trl": "trl_slot_mean"}
-    profile_kind: dict[str, str] = field(default_factory=dict)
     #: where the value comes from: "tokens" (per-token shards) or "samples"
     source: str = "tokens"
     #: the logged value is the running total over steps (TRL's ``num_tokens``)
     cumulative: bool = False
-    #: profiles that log this metric only at steps with a generation (TRL computes ``sampling/*``
-    #: once per generation round): there it is null at steps without samples, if the run has any
-    generation_only: tuple[str, ...] = ()
     #: template over sample columns with this prefix (e.g. "reward/"); ``fn(sd, column)``
     per_column: str | None = None
+    #: for a metric expanded from a template: the template's name and the column it is over
+    template: str | None = None
+    column: str | None = None
 
     def name_in(self, profile: str) -> str | None:
-        if profile == "grpolens":
+        prof = PROFILES.get(profile)
+        if profile == "grpolens" or (prof is not None and prof.canonical):
             return self.name
         return self.names.get(profile)
 
@@ -86,7 +88,8 @@ class Metric:
             replace(self, name=self.name.replace(PLACEHOLDER, k), per_column=None,
                     names={p: n.replace(PLACEHOLDER, k) for p, n in self.names.items()},
                     requires=tuple(r.replace(PLACEHOLDER, k) for r in self.requires),
-                    fn=partial(self.fn, column=self.per_column + k))
+                    fn=partial(self.fn, column=self.per_column + k),
+                    template=self.name, column=self.per_column + k)
             for k in keys
         ]
 
@@ -109,29 +112,51 @@ def register(metric: Metric) -> Metric:
     if metric.per_column is not None and (
             metric.kind != "custom" or not all(PLACEHOLDER in n for n in (metric.name, *metric.names.values()))):
         raise ValueError(f"metric {metric.name}: a template must be custom and have {PLACEHOLDER} in every name")
-    unknown = set(metric.names) - set(PROFILES)
-    if unknown:
-        raise ValueError(f"metric {metric.name}: unknown profiles {sorted(unknown)}")
     REGISTRY[metric.name] = metric
     _ORIGIN[metric.name] = sys._getframe(1).f_globals.get("__name__", "")
     return metric
 
 
 def load_builtins() -> dict[str, Metric]:
-    """Import every built-in family module (each registers its metrics on import)."""
-    from grpolens.metrics import EXTRA_MODULES, FAMILY_MODULES
+    """Import every built-in family module (each registers its metrics on import).
+
+    Only the metrics layer: profiles, visitors and third-party plugins are loaded by
+    :func:`grpolens.plugins.load_plugins`, which calls this first."""
+    from grpolens.metrics import FAMILY_MODULES
     import importlib
 
     for mod in FAMILY_MODULES:
         importlib.import_module(f"grpolens.metrics.{mod}")
-    for mod in EXTRA_MODULES:
-        importlib.import_module(mod)
-    order = [f"grpolens.metrics.{m}" for m in FAMILY_MODULES] + list(EXTRA_MODULES)
+    order = [f"grpolens.metrics.{m}" for m in FAMILY_MODULES]
     rank = {m: i for i, m in enumerate(order)}
     items = sorted(enumerate(REGISTRY.items()), key=lambda t: (rank.get(_ORIGIN.get(t[1][0], ""), len(order)), t[0]))
     REGISTRY.clear()
     REGISTRY.update(kv for _, kv in items)
     return REGISTRY
+
+
+def apply_profiles() -> None:
+    """Give every registered metric its name in each registered profile (``Metric.names``).
+
+    A profile's table may only name registered metrics, and a template's name must keep
+    :data:`PLACEHOLDER`; a metric that declares its own name for a profile must agree with it."""
+    for prof in PROFILES.values():
+        if prof.canonical:
+            continue
+        unknown = sorted(set(prof.names) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"profile {prof.name}: names unknown metrics {unknown[:5]}")
+        for key in set(prof.reductions) | set(prof.zero_when_empty) | set(prof.generation_only):
+            if key not in prof.names:
+                raise ValueError(f"profile {prof.name}: {key} has a rule but no name in the profile")
+        for canonical, logged in prof.names.items():
+            m = REGISTRY[canonical]
+            if m.per_column is not None and PLACEHOLDER not in logged:
+                raise ValueError(f"profile {prof.name}: template {canonical} needs {PLACEHOLDER} in {logged!r}")
+            if m.names.get(prof.name, logged) != logged:
+                raise ValueError(f"profile {prof.name}: {canonical} is named {logged!r} and {m.names[prof.name]!r}")
+            if m.names.get(prof.name) != logged:
+                REGISTRY[canonical] = replace(m, names={**m.names, prof.name: logged})
 
 
 def resolve(name: str) -> Metric:

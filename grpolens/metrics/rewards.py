@@ -84,10 +84,6 @@ def group_index(sd) -> tuple[np.ndarray, int] | None:
 
 # -- generation rounds ------------------------------------------------------------------------
 
-#: Profiles whose trainer logs generation-side metrics once per generation round.
-ROUND_PROFILES = ("trl",)
-
-
 def generation_rounds(sd) -> list | None:
     """One StepData per generation round of the step (its samples only), in round order; None when
     the profile pools rounds, or the step's samples have no complete ``generation`` column."""
@@ -95,7 +91,7 @@ def generation_rounds(sd) -> list | None:
     if key not in sd.extra:
         df = sd.samples
         rounds = None
-        if (sd.profile in ROUND_PROFILES and df is not None and df.height and "generation" in df.columns
+        if (sd.profile.per_generation_round and df is not None and df.height and "generation" in df.columns
                 and df["generation"].null_count() == 0):
             rounds = [replace(sd, samples=part, extra={})
                       for _, part in sorted(df.partition_by("generation", as_dict=True).items())]
@@ -118,11 +114,6 @@ def per_round(fn: Callable) -> Callable:
 
 
 # -- statistics (one definition each) ---------------------------------------------------------
-
-def _maxent_zero(sd, value: float | None) -> float | None:
-    """MaxEnt-GRPO logs 0.0 where there is nothing to average; everyone else null."""
-    return 0.0 if value is None and sd.profile == "maxent" else value
-
 
 def mean(x: np.ndarray | None) -> float | None:
     return float(np.mean(x)) if x is not None and x.size else None
@@ -176,7 +167,7 @@ def frac_reward_zero_std(sd) -> float | None:
     return float(np.mean(zero[inv]))
 
 
-def frac_zero_advantage_groups(sd) -> float | None:
+def frac_zero_advantage_groups(sd, empty: float | None = None) -> float | None:
     """MaxEnt-GRPO: the fraction of groups all of whose finite advantages satisfy |a| < 1e-8
     (groups without a finite advantage are not counted)."""
     a = sample_values(sd, "advantage")
@@ -188,7 +179,7 @@ def frac_zero_advantage_groups(sd) -> float | None:
     has = np.bincount(inv, weights=ok, minlength=n_groups) > 0
     big = np.bincount(inv, weights=ok & (np.abs(np.where(ok, a, 0.0)) >= ZERO_ADV_TOL), minlength=n_groups) > 0
     if not has.any():
-        return _maxent_zero(sd, None)
+        return empty
     return float(np.count_nonzero(has & ~big) / np.count_nonzero(has))
 
 
@@ -203,14 +194,15 @@ def _n_groups(sd) -> float | None:
 
 # -- registry ---------------------------------------------------------------------------------
 
-def _stat(stat: Callable, column: str | None = None, maxent_zero: bool = False, **kw) -> Callable:
-    """fn(sd[, column]) applying ``stat`` to the finite values of a samples column."""
+def stat_of(stat: Callable, column: str | None = None, empty: float | None = None, **kw) -> Callable:
+    """fn(sd[, column]) applying ``stat`` to the finite values of a samples column; ``empty`` when
+    the column is there but ``stat`` has nothing to average (MaxEnt-GRPO logs 0.0)."""
     def fn(sd, column: str = column):
         x = finite_values(sd, column)
         if x is None:  # no samples, or the column is absent: nothing was logged
             return None
         v = stat(x, **kw)
-        return _maxent_zero(sd, v) if maxent_zero else v
+        return empty if v is None else v
     return fn
 
 
@@ -219,23 +211,21 @@ _S = dict(kind="custom", source="samples")
 
 register(Metric(
     "reward/mean", _FAM, "Mean total (weighted) reward `reward` over the step's completions with a finite reward.",
-    fn=per_round(_stat(mean, "reward", maxent_zero=True)), requires=("reward",),
-    names={"trl": "reward", "maxent": "train/reward"}, **_S))
+    fn=per_round(stat_of(mean, "reward")), requires=("reward",), **_S))
 register(Metric(
     "reward/std", _FAM, "Sample standard deviation (÷(n−1), Bessel) of the finite total rewards over the whole "
     "step (not per group); null with fewer than 2. TRL's `nanstd`.",
-    fn=per_round(_stat(std_sample, "reward")), requires=("reward",), names={"trl": "reward_std"}, **_S))
+    fn=per_round(stat_of(std_sample, "reward")), requires=("reward",), **_S))
 register(Metric(
     "reward/std_pop", _FAM, "Population standard deviation (÷n) of the finite total rewards over the step; "
     "0 for one value. MaxEnt-GRPO's `reward_std`.",
-    fn=_stat(std_population, "reward", maxent_zero=True), requires=("reward",),
-    names={"maxent": "train/reward_std"}, **_S))
+    fn=stat_of(std_population, "reward"), requires=("reward",), **_S))
 for _q in QUANTILES:
     _k = quantile_key(_q)
     register(Metric(
         f"reward/{_k}", _FAM, f"Quantile q={_q:g} of the finite total rewards, linear interpolation "
         "(numpy `linear`, type 7); null when none.",
-        fn=_stat(quantile, "reward", q=_q), requires=("reward",), names={"maxent": f"train/reward_{_k}"}, **_S))
+        fn=stat_of(quantile, "reward", q=_q), requires=("reward",), **_S))
 register(Metric(
     "reward/count", _FAM, "Completions of the step with a finite total reward (those the reward statistics use).",
     fn=lambda sd: None if (x := finite_values(sd, "reward")) is None else float(x.size), requires=("reward",), **_S))
@@ -248,13 +238,12 @@ register(Metric(
     "`isclose(σ, 0)` (|σ| ≤ 1e-8), σ = sample std of the group's finite rewards (not zero with fewer than 2); "
     "σ of the whole step under `scale_rewards=batch`; every completion zero with `num_generations=1`. "
     "Equals the fraction of groups when groups have equal size. TRL's rule.",
-    fn=per_round(frac_reward_zero_std), requires=("reward",), config=("scale_rewards", "num_generations"),
-    names={"trl": "frac_reward_zero_std"}, **_S))
+    fn=per_round(frac_reward_zero_std), requires=("reward",), config=("scale_rewards", "num_generations"), **_S))
 register(Metric(
     "advantage/frac_zero_groups", _FAM, "Fraction of prompt groups whose finite advantages all satisfy "
     "|a| < 1e-8 (groups with no finite advantage not counted). MaxEnt-GRPO's `frac_reward_zero_std`: by "
     "advantages, so it equals `reward/frac_zero_std` only when advantages are group-centred.",
-    fn=frac_zero_advantage_groups, requires=("advantage",), names={"maxent": "train/frac_reward_zero_std"}, **_S))
+    fn=frac_zero_advantage_groups, requires=("advantage",), **_S))
 register(Metric(
     "samples/count", _FAM, "Completions generated at the step (rows of the samples table, all ranks).",
     fn=_n_samples, **_S))
@@ -269,7 +258,7 @@ for _name, _fn, _doc in (
 ):
     register(Metric(
         f"advantage/{_name}", _FAM, f"{_doc} of the completions' finite advantages (samples table, one per completion).",
-        fn=_stat(_fn, "advantage"), requires=("advantage",), **_S))
+        fn=stat_of(_fn, "advantage"), requires=("advantage",), **_S))
 
 # Per reward function: one column ``reward/<name>`` each (raw, unweighted), templates expanded per run.
 _N = PLACEHOLDER
@@ -278,21 +267,21 @@ _F = f"`{REWARD_PREFIX}{_N}`"  # how docs name the column
 register(Metric(
     f"rewards/{_N}/mean", _FAM, f"Mean of the finite raw (unweighted) values of {_F}, one column per "
     "reward function (completions it did not score are excluded). TRL `nanmean`.",
-    fn=per_round(_stat(mean, maxent_zero=True)), names={"trl": f"rewards/{_N}/mean", "maxent": f"train/rewards/{_N}/mean"}, **_P))
+    fn=per_round(stat_of(mean)), **_P))
 register(Metric(
     f"rewards/{_N}/std", _FAM, f"Sample std (÷(n−1)) of the finite raw values of {_F}; null with "
     "fewer than 2. TRL `nanstd`.",
-    fn=per_round(_stat(std_sample)), names={"trl": f"rewards/{_N}/std"}, **_P))
+    fn=per_round(stat_of(std_sample)), **_P))
 register(Metric(
     f"rewards/{_N}/std_pop", _FAM, f"Population std (÷n) of the finite raw values of {_F}. "
     "MaxEnt-GRPO's per-reward `std`.",
-    fn=_stat(std_population, maxent_zero=True), names={"maxent": f"train/rewards/{_N}/std"}, **_P))
+    fn=stat_of(std_population), **_P))
 for _q in QUANTILES:
     _k = quantile_key(_q)
     register(Metric(
         f"rewards/{_N}/{_k}", _FAM, f"Quantile q={_q:g} of the finite raw values of {_F} "
         "(numpy `linear`).",
-        fn=_stat(quantile, q=_q), names={"maxent": f"train/rewards/{_N}/{_k}"}, **_P))
+        fn=stat_of(quantile, q=_q), **_P))
 register(Metric(
     f"rewards/{_N}/nonfinite", _FAM, f"Completions whose {_F} is null, NaN or ±inf "
     "(excluded from its statistics).",

@@ -516,7 +516,11 @@ def xtuner_summary(sd) -> dict[str, float | None]:
         mms.append(mm)
         iss.append(o)
     out: dict[str, float | None] = {}
-    for packs, keys in ((mms, MISMATCH_XTUNER), (iss, IS_XTUNER if c.configured and c.has_band else {})):
+    # what the profile logs of each part, and how packs merge: by its names (max/min/mean)
+    logged = sd.profile.names
+    mm_keys = {k: v for k, v in logged.items() if k.startswith("mismatch/")}
+    is_keys = {k: v for k, v in logged.items() if k.startswith("rollout_is/")}
+    for packs, keys in ((mms, mm_keys), (iss, is_keys if c.configured and c.has_band else {})):
         valid = [d for d in packs if d]
         for key, name in keys.items():
             if key.startswith("mask/") and not c.masks:
@@ -621,14 +625,12 @@ def trl_summary(sd) -> dict[str, float | None]:
     }
 
 
-_SUMMARIES = {"xtuner": xtuner_summary, "verl": verl_summary, "trl": trl_summary}
-
-
 def step_summary(sd) -> dict[str, float | None]:
-    """All of this family's values for a step under ``sd.profile`` (computed once per step)."""
-    key = ("rollout_is", sd.profile)
+    """All of this family's values for a step under ``sd.profile`` (its ``rollout_is_summary``, or
+    the canonical one; computed once per step)."""
+    key = ("rollout_is", sd.profile.name)
     if key not in sd.extra:
-        sd.extra[key] = _SUMMARIES.get(sd.profile, canonical_summary)(sd)
+        sd.extra[key] = (sd.profile.rollout_is_summary or canonical_summary)(sd)
     return sd.extra[key]
 
 
@@ -657,71 +659,71 @@ WHEN = {
 }
 
 _IS_BAND = "lower, upper"
-IS_METRICS: list[tuple[str, str, str | None, dict[str, str]]] = [
-    # (key, doc, when, names per profile)
-    ("valid_tokens", "Masked tokens with a defined log-ratio δ = log π_train − log π_rollout (the tokens every IS statistic is over).", None, {}),
-    ("undefined_tokens", "Masked tokens left out: δ is NaN (a NaN log-prob), or the sequence holds both +inf and −inf δ.", None, {}),
-    ("safety_bound_fraction", "Share of valid tokens whose level log-weight |X| exceeded the ±20 safety bound (weight saturated at e^±20).", None, {}),
-    ("raw/mean", "Raw IS weight w = exp(clip(X, ±20)) at the configured level (token X = δ, sequence X = Σδ, geometric X = mean δ), token-weighted mean.", None, {"xtuner": "rollout_is_mean"}),
-    ("raw/std", "Population std of the raw weights, token-weighted.", None, {}),
-    ("raw/min", "Smallest raw weight over valid tokens (xtuner, sequence/geometric level: exp(min X) over every row of a pack, unbounded).", None, {"xtuner": "rollout_is_min"}),
-    ("raw/max", "Largest raw weight over valid tokens (xtuner, sequence/geometric level: exp(min(max X, 20)) over every row of a pack).", None, {"xtuner": "rollout_is_max"}),
-    ("raw/ess", "Effective sample size of the raw weights as a fraction: (Σw)² / (N·Σw²), in (0, 1].", None, {}),
-    ("raw/fraction_high", "Share of valid tokens whose unbounded level weight exceeds `upper` (sequence level in xtuner/verl: share of rows).", "band", {"xtuner": "rollout_is_ratio_fraction_high", "verl": "rollout_is_ratio_fraction_high"}),
-    ("raw/fraction_low", "Share of valid tokens whose unbounded level weight is below `lower`.", "band", {"xtuner": "rollout_is_ratio_fraction_low", "verl": "rollout_is_ratio_fraction_low"}),
-    ("raw/seq_mean", "Mean over sequences with a valid token of s_b = the sequence's mean raw weight.", None, {"xtuner": "rollout_is_seq_mean"}),
-    ("raw/seq_std", "Unbiased std of s_b over sequences (null for fewer than two; xtuner logs 0).", None, {"xtuner": "rollout_is_seq_std"}),
-    ("raw/seq_min", "Smallest s_b.", None, {"xtuner": "rollout_is_seq_min"}),
-    ("raw/seq_max", "Largest s_b.", None, {"xtuner": "rollout_is_seq_max"}),
-    ("raw/seq_max_deviation", "max_b |s_b − 1|: the sequence whose weights are furthest from on-policy.", None, {"xtuner": "rollout_is_seq_max_deviation"}),
-    ("raw/seq_fraction_high", "Share of sequences with s_b > upper (verl: over every row, an empty row's s_b = 0).", "band", {"xtuner": "rollout_is_seq_fraction_high", "verl": "rollout_is_seq_fraction_high"}),
-    ("raw/seq_fraction_low", "Share of sequences with s_b < lower.", "band", {"xtuner": "rollout_is_seq_fraction_low", "verl": "rollout_is_seq_fraction_low"}),
-    ("clamped/std", "Population std of the raw weights clamped to [lower, upper], token-weighted (the reference's overflow-safe spread; xtuner: 0 when a pack has one token).", "band", {"xtuner": "rollout_is_std"}),
-    ("clamped/ess", "ESS fraction of the raw weights clamped to [lower, upper]: (Σw')² / (N·Σw'²).", "band", {"xtuner": "rollout_is_eff_sample_size"}),
-    ("applied/mean", "Applied weight a (after truncation or IcePop zeroing; rejected tokens keep theirs), token-weighted mean. TRL: per-rank mean (sequence modes: over completions), then mean over ranks.", None, {"verl": "rollout_is_mean", "trl": "sampling/importance_sampling_ratio/mean"}),
-    ("applied/std", "Population std of the applied weights, token-weighted (verl: 0 for a single token).", None, {"verl": "rollout_is_std"}),
-    ("applied/min", "Smallest applied weight (verl, sequence level: exp(min Σδ) over every row).", None, {"verl": "rollout_is_min", "trl": "sampling/importance_sampling_ratio/min"}),
-    ("applied/max", "Largest applied weight (verl, sequence level: exp(min(max Σδ, 20)) over every row).", None, {"verl": "rollout_is_max", "trl": "sampling/importance_sampling_ratio/max"}),
-    ("applied/ess", "ESS fraction of the applied weights: (Σa)² / (N·Σa²).", None, {"verl": "rollout_is_eff_sample_size"}),
-    ("applied/seq_mean", "Mean over sequences of the sequence's mean applied weight (verl: over every row).", None, {"verl": "rollout_is_seq_mean"}),
-    ("applied/seq_std", "Unbiased std of the per-sequence mean applied weight.", None, {"verl": "rollout_is_seq_std"}),
-    ("applied/seq_min", "Smallest per-sequence mean applied weight.", None, {"verl": "rollout_is_seq_min"}),
-    ("applied/seq_max", "Largest per-sequence mean applied weight.", None, {"verl": "rollout_is_seq_max"}),
-    ("applied/seq_max_deviation", "max_b |mean applied weight − 1|.", None, {"verl": "rollout_is_seq_max_deviation"}),
-    ("truncated_fraction", "Share of valid tokens whose weight truncation changed.", "truncate", {}),
-    ("zeroed_fraction", "Share of valid tokens whose weight IcePop set to 0 (raw weight outside [lower, upper]).", "icepop", {"verl": "rollout_is_oob_ratio"}),
-    ("mask/token_fraction", "Share of valid tokens rejected by the mask band [mask_lower, mask_upper] (mask/both modes).", "mask", {"xtuner": "rollout_is_masked_fraction"}),
-    ("mask/seq_fraction", "Share of sequences with a token rejected by the mask band (xtuner: over every row of a pack).", "mask", {"xtuner": "rollout_is_seq_masked_fraction"}),
-    ("veto/seq_fraction", "Share of sequences vetoed: some token's raw ratio e^δ is outside [veto_lower, veto_upper].", "configured", {"xtuner": "rollout_is_veto_fraction"}),
-    ("veto/catastrophic_token_fraction", "Share of valid tokens whose raw ratio is outside the veto band.", "configured", {"xtuner": "rollout_is_catastrophic_token_fraction"}),
-    ("rejected/token_fraction", "Share of valid tokens removed from the loss mask (mask band, veto, rejection filters).", "configured", {}),
-    ("rejected/seq_fraction", "Share of sequences with at least one removed token.", "configured", {}),
-    ("modified/token_fraction", "Share of valid tokens removed from the loss or re-weighted by truncation/zeroing.", "configured", {}),
-    ("modified/seq_fraction", "Share of sequences with at least one modified token.", "configured", {}),
-    ("kept_tokens", "Valid tokens still in the loss mask after rejection.", "configured", {}),
-    ("loss_mass_removed", "Share of the advantage mass removed: Σ|A| over removed or zero-weighted tokens / Σ|A| over valid tokens.", "configured", {}),
+IS_METRICS: list[tuple[str, str, str | None]] = [
+    # (key, doc, when)
+    ("valid_tokens", "Masked tokens with a defined log-ratio δ = log π_train − log π_rollout (the tokens every IS statistic is over).", None),
+    ("undefined_tokens", "Masked tokens left out: δ is NaN (a NaN log-prob), or the sequence holds both +inf and −inf δ.", None),
+    ("safety_bound_fraction", "Share of valid tokens whose level log-weight |X| exceeded the ±20 safety bound (weight saturated at e^±20).", None),
+    ("raw/mean", "Raw IS weight w = exp(clip(X, ±20)) at the configured level (token X = δ, sequence X = Σδ, geometric X = mean δ), token-weighted mean.", None),
+    ("raw/std", "Population std of the raw weights, token-weighted.", None),
+    ("raw/min", "Smallest raw weight over valid tokens (xtuner, sequence/geometric level: exp(min X) over every row of a pack, unbounded).", None),
+    ("raw/max", "Largest raw weight over valid tokens (xtuner, sequence/geometric level: exp(min(max X, 20)) over every row of a pack).", None),
+    ("raw/ess", "Effective sample size of the raw weights as a fraction: (Σw)² / (N·Σw²), in (0, 1].", None),
+    ("raw/fraction_high", "Share of valid tokens whose unbounded level weight exceeds `upper` (sequence level in xtuner/verl: share of rows).", "band"),
+    ("raw/fraction_low", "Share of valid tokens whose unbounded level weight is below `lower`.", "band"),
+    ("raw/seq_mean", "Mean over sequences with a valid token of s_b = the sequence's mean raw weight.", None),
+    ("raw/seq_std", "Unbiased std of s_b over sequences (null for fewer than two; xtuner logs 0).", None),
+    ("raw/seq_min", "Smallest s_b.", None),
+    ("raw/seq_max", "Largest s_b.", None),
+    ("raw/seq_max_deviation", "max_b |s_b − 1|: the sequence whose weights are furthest from on-policy.", None),
+    ("raw/seq_fraction_high", "Share of sequences with s_b > upper (verl: over every row, an empty row's s_b = 0).", "band"),
+    ("raw/seq_fraction_low", "Share of sequences with s_b < lower.", "band"),
+    ("clamped/std", "Population std of the raw weights clamped to [lower, upper], token-weighted (the reference's overflow-safe spread; xtuner: 0 when a pack has one token).", "band"),
+    ("clamped/ess", "ESS fraction of the raw weights clamped to [lower, upper]: (Σw')² / (N·Σw'²).", "band"),
+    ("applied/mean", "Applied weight a (after truncation or IcePop zeroing; rejected tokens keep theirs), token-weighted mean. TRL: per-rank mean (sequence modes: over completions), then mean over ranks.", None),
+    ("applied/std", "Population std of the applied weights, token-weighted (verl: 0 for a single token).", None),
+    ("applied/min", "Smallest applied weight (verl, sequence level: exp(min Σδ) over every row).", None),
+    ("applied/max", "Largest applied weight (verl, sequence level: exp(min(max Σδ, 20)) over every row).", None),
+    ("applied/ess", "ESS fraction of the applied weights: (Σa)² / (N·Σa²).", None),
+    ("applied/seq_mean", "Mean over sequences of the sequence's mean applied weight (verl: over every row).", None),
+    ("applied/seq_std", "Unbiased std of the per-sequence mean applied weight.", None),
+    ("applied/seq_min", "Smallest per-sequence mean applied weight.", None),
+    ("applied/seq_max", "Largest per-sequence mean applied weight.", None),
+    ("applied/seq_max_deviation", "max_b |mean applied weight − 1|.", None),
+    ("truncated_fraction", "Share of valid tokens whose weight truncation changed.", "truncate"),
+    ("zeroed_fraction", "Share of valid tokens whose weight IcePop set to 0 (raw weight outside [lower, upper]).", "icepop"),
+    ("mask/token_fraction", "Share of valid tokens rejected by the mask band [mask_lower, mask_upper] (mask/both modes).", "mask"),
+    ("mask/seq_fraction", "Share of sequences with a token rejected by the mask band (xtuner: over every row of a pack).", "mask"),
+    ("veto/seq_fraction", "Share of sequences vetoed: some token's raw ratio e^δ is outside [veto_lower, veto_upper].", "configured"),
+    ("veto/catastrophic_token_fraction", "Share of valid tokens whose raw ratio is outside the veto band.", "configured"),
+    ("rejected/token_fraction", "Share of valid tokens removed from the loss mask (mask band, veto, rejection filters).", "configured"),
+    ("rejected/seq_fraction", "Share of sequences with at least one removed token.", "configured"),
+    ("modified/token_fraction", "Share of valid tokens removed from the loss or re-weighted by truncation/zeroing.", "configured"),
+    ("modified/seq_fraction", "Share of sequences with at least one modified token.", "configured"),
+    ("kept_tokens", "Valid tokens still in the loss mask after rejection.", "configured"),
+    ("loss_mass_removed", "Share of the advantage mass removed: Σ|A| over removed or zero-weighted tokens / Σ|A| over valid tokens.", "configured"),
 ]
 
-MISMATCH_METRICS: list[tuple[str, str, dict[str, str]]] = [
-    ("kl_k1", "k1 estimate of KL(π_rollout‖π_train): mean over masked finite tokens of log π_rollout − log π_train (may be negative).", {"xtuner": "mismatch_kl", "verl": "kl"}),
-    ("kl_k3", "k3 estimate: mean of e^δ − δ − 1, δ = log π_train − log π_rollout (unbounded, as the reference).", {"xtuner": "mismatch_k3_kl", "verl": "k3_kl"}),
-    ("abs_logp_diff", "Mean |δ| over masked finite tokens. TRL: per rank, then the plain mean over ranks.", {"xtuner": "mismatch_logprob_abs_diff", "trl": "sampling/sampling_logp_difference/mean"}),
-    ("abs_logp_diff_max", "Largest |δ|.", {"trl": "sampling/sampling_logp_difference/max"}),
-    ("training_ppl", "Mean over sequences of exp(−mean log π_train) (xtuner: per pack; verl: every row, an empty row counts 1).", {"xtuner": "mismatch_training_ppl", "verl": "training_ppl"}),
-    ("training_log_ppl", "Mean over sequences of −mean log π_train.", {"xtuner": "mismatch_training_log_ppl", "verl": "training_log_ppl"}),
-    ("rollout_ppl", "Mean over sequences of exp(−mean log π_rollout).", {"xtuner": "mismatch_rollout_ppl", "verl": "rollout_ppl"}),
-    ("rollout_log_ppl", "Mean over sequences of −mean log π_rollout.", {"xtuner": "mismatch_rollout_log_ppl", "verl": "rollout_log_ppl"}),
-    ("log_ppl_diff", "Mean over sequences of d_b = mean log π_rollout − mean log π_train (= log(train PPL / rollout PPL)).", {"xtuner": "mismatch_log_ppl_diff", "verl": "log_ppl_diff"}),
-    ("log_ppl_abs_diff", "Mean over sequences of |d_b|.", {"xtuner": "mismatch_log_ppl_abs_diff", "verl": "log_ppl_abs_diff"}),
-    ("log_ppl_diff_max", "Largest d_b.", {"xtuner": "mismatch_log_ppl_diff_max", "verl": "log_ppl_diff_max"}),
-    ("log_ppl_diff_min", "Smallest d_b.", {"xtuner": "mismatch_log_ppl_diff_min", "verl": "log_ppl_diff_min"}),
-    ("ppl_ratio", "Mean over sequences of exp(d_b) = train PPL / rollout PPL (a mean of ratios, as the reference).", {"xtuner": "mismatch_ppl_ratio", "verl": "ppl_ratio"}),
-    ("chi2_token", "χ² divergence per token: mean of e^(2·clip(δ, ±20)) − 1.", {"verl": "chi2_token"}),
-    ("chi2_seq", "χ² per sequence: mean over sequences of e^(2·clip(Σδ, ±20)) − 1.", {"verl": "chi2_seq"}),
-    ("delta_median", "Exact median of δ over the step's masked finite tokens.", {}),
-    ("delta_iqr", "Interquartile range of δ (the spread the median is judged against).", {}),
-    ("delta_sign_agreement", "Share of tokens whose δ has the sign of the median δ.", {}),
-    ("constant_offset", f"1 when the engines differ by a near-constant offset: |median δ| ≥ {OFFSET_MIN_NATS} nats and ≥ {OFFSET_MIN_AGREEMENT:.0%} of tokens on its side (temperature or top-p/top-k renormalisation mismatch), else 0.", {}),
+MISMATCH_METRICS: list[tuple[str, str]] = [
+    ("kl_k1", "k1 estimate of KL(π_rollout‖π_train): mean over masked finite tokens of log π_rollout − log π_train (may be negative)."),
+    ("kl_k3", "k3 estimate: mean of e^δ − δ − 1, δ = log π_train − log π_rollout (unbounded, as the reference)."),
+    ("abs_logp_diff", "Mean |δ| over masked finite tokens. TRL: per rank, then the plain mean over ranks."),
+    ("abs_logp_diff_max", "Largest |δ|."),
+    ("training_ppl", "Mean over sequences of exp(−mean log π_train) (xtuner: per pack; verl: every row, an empty row counts 1)."),
+    ("training_log_ppl", "Mean over sequences of −mean log π_train."),
+    ("rollout_ppl", "Mean over sequences of exp(−mean log π_rollout)."),
+    ("rollout_log_ppl", "Mean over sequences of −mean log π_rollout."),
+    ("log_ppl_diff", "Mean over sequences of d_b = mean log π_rollout − mean log π_train (= log(train PPL / rollout PPL))."),
+    ("log_ppl_abs_diff", "Mean over sequences of |d_b|."),
+    ("log_ppl_diff_max", "Largest d_b."),
+    ("log_ppl_diff_min", "Smallest d_b."),
+    ("ppl_ratio", "Mean over sequences of exp(d_b) = train PPL / rollout PPL (a mean of ratios, as the reference)."),
+    ("chi2_token", "χ² divergence per token: mean of e^(2·clip(δ, ±20)) − 1."),
+    ("chi2_seq", "χ² per sequence: mean over sequences of e^(2·clip(Σδ, ±20)) − 1."),
+    ("delta_median", "Exact median of δ over the step's masked finite tokens."),
+    ("delta_iqr", "Interquartile range of δ (the spread the median is judged against)."),
+    ("delta_sign_agreement", "Share of tokens whose δ has the sign of the median δ."),
+    ("constant_offset", f"1 when the engines differ by a near-constant offset: |median δ| ≥ {OFFSET_MIN_NATS} nats and ≥ {OFFSET_MIN_AGREEMENT:.0%} of tokens on its side (temperature or top-p/top-k renormalisation mismatch), else 0."),
 ]
 
 RS_STATS = {
@@ -742,35 +744,25 @@ RS_STATS = {
     "seq_masked_fraction": "share of rows with a token this filter rejects",
 }
 
-MISMATCH_XTUNER = {f"mismatch/{k}": v["xtuner"] for k, _, v in MISMATCH_METRICS if "xtuner" in v}
-IS_XTUNER = {f"rollout_is/{k}": n["xtuner"] for k, _, _, n in IS_METRICS if "xtuner" in n}
-
-
-def _prefixed(names: dict[str, str]) -> dict[str, str]:
-    pre = {"xtuner": "mismatch/", "verl": "rollout_corr/", "trl": ""}
-    return {p: pre[p] + n for p, n in names.items()}
-
-
-for _key, _doc, _when, _names in IS_METRICS:
+for _key, _doc, _when in IS_METRICS:
     _name = f"rollout_is/{_key}"
     register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, config=("rollout_is",),
-                    names=_prefixed(_names), when=WHEN[_when], generation_only=("trl",)))
-for _key, _doc, _names in MISMATCH_METRICS:
+                    when=WHEN[_when]))
+for _key, _doc in MISMATCH_METRICS:
     _name = f"mismatch/{_key}"
-    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, names=_prefixed(_names),
-                    generation_only=("trl",)))
+    register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ))
 for _key, _doc in (("masked_fraction", "Share of valid tokens rejected by the rejection filters together (verl rollout_rs)."),
                    ("seq_masked_fraction", "Share of all sequences (empty ones too, as verl) with a token rejected by the filters.")):
     _name = f"rollout_rs/{_key}"
     register(Metric(_name, FAMILY, _doc, kind="custom", fn=_value(_name), requires=REQ, config=("rollout_is",),
-                    names={"verl": f"rollout_corr/rollout_rs_{_key}"}, when=lambda cfg: bool(_isc(cfg).rs)))
+                    when=lambda cfg: bool(_isc(cfg).rs)))
 for _opt in RS_OPTIONS:
     for _stat, _what in RS_STATS.items():
         if _stat == "seq_fraction_low" and not _opt.endswith("k1"):
             continue
         _name = f"rollout_rs/{_opt}/{_stat}"
         register(Metric(_name, FAMILY, f"Rejection filter {_opt}: {_what}.", kind="custom", fn=_value(_name),
-                        requires=REQ, config=("rollout_is",), names={"verl": f"rollout_corr/rollout_rs_{_opt}_{_stat}"},
+                        requires=REQ, config=("rollout_is",),
                         when=lambda cfg, o=_opt: any(f.option == o for f in _isc(cfg).rs)))
 
 

@@ -48,7 +48,7 @@ def test_halves_of_sequences_merge(tmp_path):
     from grpolens.metrics.batch import TokenBatch
     from grpolens.run.config import check_config
     from grpolens.metrics.partials import PRODUCERS, merge_partials, sequence_partials
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.plugins import load_builtins
     from grpolens.run import format as fmt
 
     load_builtins()

@@ -1,0 +1,89 @@
+"""What a trainer profile is, and the registry of profiles.
+
+A :class:`Profile` says how one trainer logs the metrics grpolens computes: under which names, with
+which grouping of token means, and where it reduces or adjusts a value its own way. The formulas
+stay in the family modules (:mod:`grpolens.metrics`); each trainer's profile is an instance in its
+own module, ``grpolens/profiles/<trainer>.py``, which imports the families it adjusts (never the
+reverse) and registers itself with :func:`register_profile`. ``--profile`` choices, their help and
+``docs/profiles.md`` come from :data:`PROFILES`.
+
+The metrics layer only reads a profile's fields: :func:`grpolens.metrics.reduce.compute` applies
+``reductions`` and ``zero_when_empty``, :func:`grpolens.metrics.reduce.grouped_ratio` the
+``token_mean`` grouping, the reward family ``per_generation_round``, the rollout-IS family
+``rollout_is_summary``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+#: Token-mean groupings (see :mod:`grpolens.metrics.reduce`).
+TOKEN_MEAN_RULES = ("pooled", "trl_slot", "pack_mean")
+
+
+@dataclass(frozen=True)
+class Profile:
+    #: the ``--profile`` value
+    name: str
+    #: one line for ``--profile`` help and the profiles page: the trainer and what is reproduced
+    title: str
+    #: the trainer version(s) or source the profile was checked against
+    reference: str = "—"
+    #: grouping of token means: pooled over the step, per micro-batch slot (TRL), per pack (xtuner)
+    token_mean: str = "pooled"
+    #: how the profile's extrema and "nothing to average" read (documentation only)
+    extrema: str = "over the step"
+    empty: str = "null"
+    #: canonical metric name (template names included) -> the trainer's name; the metrics a profile
+    #: logs are exactly the keys of this table (the default profile logs every metric by its own name)
+    names: Mapping[str, str] = field(default_factory=dict)
+    #: canonical metric name -> ``fn(sd) -> float | None``: the trainer's own reduction of a metric
+    #: from the same per-sequence partials (its grouping, clamp or counting), replacing the family's
+    reductions: Mapping[str, Callable[[Any], float | None]] = field(default_factory=dict)
+    #: metrics the trainer logs as 0.0 where grpolens has nothing to average (null)
+    zero_when_empty: frozenset[str] = frozenset()
+    #: ... only at steps that have sequences (xtuner's merger), or at every step (MaxEnt-GRPO)
+    zero_needs_sequences: bool = False
+    #: generation-side metrics computed once per generation round and averaged over rounds (TRL)
+    per_generation_round: bool = False
+    #: metrics the trainer logs only at steps with a generation (null at the others, if the run has samples)
+    generation_only: frozenset[str] = frozenset()
+    #: ``fn(sd) -> {canonical name: value}``: the trainer's rollout-IS / mismatch step summary
+    #: (None: the canonical one)
+    rollout_is_summary: Callable[[Any], dict] | None = None
+    #: the log file the trainer's integration writes inside the run (``grpolens parity``'s default)
+    log_file: str | None = None
+    #: trainer name -> absolute floor where the trainer's own float32 arithmetic is the larger error
+    float32_floors: Mapping[str, float] = field(default_factory=dict)
+    #: every name is the canonical one (the default profile)
+    canonical: bool = False
+
+    def __post_init__(self):
+        if self.token_mean not in TOKEN_MEAN_RULES:
+            raise ValueError(f"profile {self.name}: unknown token_mean {self.token_mean!r}")
+
+    def name_of(self, metric_name: str) -> str | None:
+        """The name this profile logs ``metric_name`` under (None: it does not log it)."""
+        if self.canonical:
+            return metric_name
+        return self.names.get(metric_name)
+
+
+#: name -> profile, in registration order (built-ins first; see :mod:`grpolens.plugins`)
+PROFILES: dict[str, Profile] = {}
+
+
+def register_profile(profile: Profile) -> Profile:
+    if profile.name in PROFILES and PROFILES[profile.name] is not profile:
+        raise ValueError(f"profile {profile.name} registered twice")
+    PROFILES[profile.name] = profile
+    return profile
+
+
+def get_profile(name: str) -> Profile:
+    """The registered profile ``name``; a KeyError naming the choices otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}") from None

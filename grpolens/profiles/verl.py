@@ -1,0 +1,51 @@
+"""verl's rollout correction (``rollout_corr``, 2026): the whole step as one global batch, sequence
+summaries over every row (an empty row counts), its rejection-sampling filters' statistics."""
+
+from grpolens.metrics import rollout_is
+from grpolens.metrics.profile import Profile, register_profile
+from grpolens.metrics.registry import REGISTRY
+
+#: verl logs its rollout-correction metrics under this prefix
+PREFIX = "rollout_corr/"
+
+_ROLLOUT = {
+    "rollout_is/raw/fraction_high": "rollout_is_ratio_fraction_high",
+    "rollout_is/raw/fraction_low": "rollout_is_ratio_fraction_low",
+    "rollout_is/raw/seq_fraction_high": "rollout_is_seq_fraction_high",
+    "rollout_is/raw/seq_fraction_low": "rollout_is_seq_fraction_low",
+    "rollout_is/applied/mean": "rollout_is_mean",
+    "rollout_is/applied/std": "rollout_is_std",
+    "rollout_is/applied/min": "rollout_is_min",
+    "rollout_is/applied/max": "rollout_is_max",
+    "rollout_is/applied/ess": "rollout_is_eff_sample_size",
+    "rollout_is/applied/seq_mean": "rollout_is_seq_mean",
+    "rollout_is/applied/seq_std": "rollout_is_seq_std",
+    "rollout_is/applied/seq_min": "rollout_is_seq_min",
+    "rollout_is/applied/seq_max": "rollout_is_seq_max",
+    "rollout_is/applied/seq_max_deviation": "rollout_is_seq_max_deviation",
+    "rollout_is/zeroed_fraction": "rollout_is_oob_ratio",
+    "mismatch/kl_k1": "kl",
+    "mismatch/kl_k3": "k3_kl",
+    "mismatch/training_ppl": "training_ppl",
+    "mismatch/training_log_ppl": "training_log_ppl",
+    "mismatch/rollout_ppl": "rollout_ppl",
+    "mismatch/rollout_log_ppl": "rollout_log_ppl",
+    "mismatch/log_ppl_diff": "log_ppl_diff",
+    "mismatch/log_ppl_abs_diff": "log_ppl_abs_diff",
+    "mismatch/log_ppl_diff_max": "log_ppl_diff_max",
+    "mismatch/log_ppl_diff_min": "log_ppl_diff_min",
+    "mismatch/ppl_ratio": "ppl_ratio",
+    "mismatch/chi2_token": "chi2_token",
+    "mismatch/chi2_seq": "chi2_seq",
+}
+# every rejection-filter statistic: rollout_rs/<option>/<stat> -> rollout_rs_<option>_<stat>
+_RS = {m: "rollout_rs_" + m[len("rollout_rs/"):].replace("/", "_")
+       for m in REGISTRY if m.startswith("rollout_rs/")}
+
+NAMES = {k: PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()}
+
+PROFILE = register_profile(Profile(
+    "verl", "verl's rollout_corr keys", reference="verl `rollout_corr` (2026)",
+    token_mean="pooled", extrema="over the batch", empty="null",
+    names=NAMES, rollout_is_summary=rollout_is.verl_summary,
+))
