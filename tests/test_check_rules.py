@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolens.check.defaults import default_rules
-from grpolens.check.rules import Early, Window, load_rules, parse_rules
+from grpolens.check.rules import Early, Window, default_rules, load_rules, parse_rules
 from grpolens.errors import UserError
 from grpolens.metrics.registry import REGISTRY
 from grpolens.plugins import load_builtins

@@ -11,13 +11,10 @@ Every rule skips (rather than fails) when the run cannot have the metric: no ``r
 no rollout log-probs, a loss without clipping.
 
 ``grpolens check RUN --show-rules`` prints this file's TOML: a starting point for one's own rules.
+This module is data only; :func:`grpolens.check.rules.default_rules` parses it.
 """
 
 from __future__ import annotations
-
-from functools import lru_cache
-
-from grpolens.check.rules import RuleSet, parse_rules
 
 DEFAULTS_SOURCE = "built-in defaults"
 
@@ -133,8 +130,3 @@ finite = true
 missing = "skip"
 why = """No recomputed metric may be NaN or infinite at any step."""
 '''
-
-
-@lru_cache(maxsize=1)
-def default_rules() -> RuleSet:
-    return parse_rules(DEFAULT_RULES_TOML, source=DEFAULTS_SOURCE)

@@ -20,6 +20,7 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -280,8 +281,6 @@ def parse_rules(text: str, *, source: str = "<rules>", kind: str = "toml", base_
 
     rules = [_parse_rule(r, i, fail) for i, r in enumerate(raw_rules)]
     if builtin:
-        from grpolens.check.defaults import default_rules
-
         rules = list(default_rules().rules) + rules
     n_builtin = len(rules) - len(raw_rules)
     seen: set[str] = set()
@@ -467,3 +466,11 @@ def _parse_early(raw: Any, err) -> Early | None:
     if not _number(abs_) or not 0 <= abs_ < math.inf:
         raise err(f"abs must be a finite number >= 0, got {abs_!r}")
     return Early(factor=float(factor), fraction=float(frac), steps=steps, abs=float(abs_))
+
+
+@lru_cache(maxsize=1)
+def default_rules() -> RuleSet:
+    """The built-in rules (:mod:`grpolens.check.defaults`), parsed once."""
+    from grpolens.check.defaults import DEFAULT_RULES_TOML, DEFAULTS_SOURCE
+
+    return parse_rules(DEFAULT_RULES_TOML, source=DEFAULTS_SOURCE)

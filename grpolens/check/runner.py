@@ -60,7 +60,7 @@ def drilldown_score(metric: str) -> str:
 
 def resolve_rules(rules: RuleSet | Path | str | None) -> RuleSet:
     if rules is None:
-        from grpolens.check.defaults import default_rules
+        from grpolens.check.rules import default_rules
 
         return default_rules()
     if isinstance(rules, RuleSet):

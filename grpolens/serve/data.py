@@ -825,7 +825,7 @@ def check_verdicts(run: Path, baseline: Path | None = None) -> list[dict]:
     def make() -> list[dict]:
         try:
             from grpolens.check.baseline import no_data_steps, run_series
-            from grpolens.check.defaults import default_rules
+            from grpolens.check.rules import default_rules
             from grpolens.check.evaluate import ERROR, FAIL, NO_DATA, evaluate
 
             df = read_metrics(run)
