@@ -13,16 +13,20 @@ def metrics_cmd(
     family: Optional[str] = typer.Option(None, "--family", help="Only this family."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help=profile_help("Only metrics this profile logs, with its names")),
     markdown: bool = typer.Option(False, "--markdown", help="Print the catalogue as Markdown (docs/metrics.md is made this way)."),
+    profiles: bool = typer.Option(False, "--profiles", help="Print the table of registered profiles as Markdown (as in docs/profiles.md)."),
 ) -> None:
     """List every metric: definition, name in each profile, config it depends on."""
     from rich.console import Console
     from rich.table import Table
 
     from grpolens.errors import UserError
-    from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows
+    from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows, profiles_markdown
     from grpolens import plugins
 
     plugins.load_plugins()
+    if profiles:
+        typer.echo(profiles_markdown())
+        return
     if profile is not None:
         plugins.get(profile)
     rows = catalogue_rows(family=family, profile=profile)

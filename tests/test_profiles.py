@@ -1,0 +1,83 @@
+"""Profiles as registered objects: what the CLI and docs say comes from the registry, families never
+branch on a trainer, and a profile from another package loads through the ``grpolens.plugins``
+entry-point group without editing grpolens."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpolens import plugins
+from grpolens.metrics.catalogue import PROFILES_BEGIN, PROFILES_END, profiles_markdown
+from grpolens.metrics.profile import PROFILES, Profile
+from grpolens.profiles import builtin_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_docs_profiles_table_is_generated():
+    text = (ROOT / "docs" / "profiles.md").read_text()
+    block = text[text.index(PROFILES_BEGIN):text.index(PROFILES_END) + len(PROFILES_END)]
+    assert block == profiles_markdown(), (
+        "docs/profiles.md is stale: replace its table with the output of `grpolens metrics --profiles`")
+
+
+def test_profile_help_and_choices_come_from_the_registry():
+    plugins.load_plugins()
+    assert set(builtin_names()) <= set(PROFILES)
+    assert builtin_names()[0] == "grpolens"
+    r = subprocess.run([sys.executable, "-m", "grpolens.cli", "recompute", "--help"], capture_output=True, text=True,
+                       env={"COLUMNS": "400", "PATH": "", "PYTHONPATH": str(ROOT)})
+    for name in builtin_names():
+        assert name in r.stdout, name
+    r = subprocess.run([sys.executable, "-m", "grpolens.cli", "metrics", "--profile", "nosuch"],
+                       capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)})
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--profile: unknown profile 'nosuch'; choose one of grpolens" in r.stderr + r.stdout
+
+
+def test_families_never_branch_on_a_trainer():
+    names = "|".join(re.escape(n) for n in PROFILES if n != "grpolens")
+    pattern = re.compile(rf"sd\.profile\s*(==|!=|in)\s|[\"']({names})[\"']")
+    hits = []
+    for p in sorted((ROOT / "grpolens" / "metrics").glob("*.py")):
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if pattern.search(code) and not code.lstrip().startswith(("\"", "'")):
+                hits.append(f"{p.name}:{i}: {line.strip()}")
+    assert not hits, "trainer branches in the metrics layer:\n" + "\n".join(hits)
+
+
+def test_a_profile_may_only_name_registered_metrics():
+    from grpolens.metrics.registry import apply_profiles
+
+    bad = Profile("tests-bad", "a profile naming a metric that does not exist", names={"no/such/metric": "x"})
+    PROFILES[bad.name] = bad
+    try:
+        with pytest.raises(ValueError, match="names unknown metrics"):
+            apply_profiles()
+    finally:
+        del PROFILES[bad.name]
+
+
+def test_a_third_party_profile_loads_through_the_entry_point_group(tmp_path):
+    pkg = tmp_path / "site"
+    (pkg / "acme_grpolens").mkdir(parents=True)
+    (pkg / "acme_grpolens" / "__init__.py").write_text(
+        "from grpolens.metrics.profile import Profile, register_profile\n"
+        "register_profile(Profile('acme', 'Acme trainer', names={'entropy': 'acme/entropy', 'kl/k3': 'acme/kl'}))\n")
+    dist = pkg / "acme_grpolens-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-grpolens\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[grpolens.plugins]\nacme = acme_grpolens\n")
+    code = ("import grpolens, sys\n"
+            "from grpolens.adapters.synth import synth_run\n"
+            f"run = synth_run({str(tmp_path / 'run')!r}, steps=2, max_len=8)\n"
+            "df = grpolens.recompute(run, profile='acme', write=False)\n"
+            "print(sorted(df.columns))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": f"{ROOT}:{pkg}", "PATH": ""})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "['acme/entropy', 'acme/kl', 'step']"
