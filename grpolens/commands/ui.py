@@ -31,23 +31,14 @@ def progress_bar(console, label: str, enabled: bool = True, min_total: int = 2) 
         yield tick
 
 
-#: What the summary shows by default: the quantities that say first whether a run is healthy.
-KEY_METRICS = (
-    "reward/mean", "reward/std", "reward/frac_zero_std", "completions/length/mean", "completions/truncated_frac",
-    "entropy", "kl/k3", "policy/approx_kl", "clip/region", "clip/low", "clip/high", "loss",
-    "mismatch/kl_k1", "mismatch/abs_logp_diff", "rollout_is/veto/seq_fraction", "rollout_is/rejected/token_fraction",
-    "health/masked_tokens", "health/nonfinite/logp",
-)
-
-
 def key_columns(df, profile: str = "grpolens") -> list[str]:
-    """The profile's names of :data:`KEY_METRICS` that the table has."""
-    from grpolens.metrics.registry import REGISTRY
-    from grpolens.plugins import load_plugins as load_builtins
+    """The profile's names of the families' key metrics (``Family.key_metrics``) that the table has."""
+    from grpolens.metrics.registry import FAMILIES, REGISTRY
+    from grpolens.plugins import load_plugins
 
-    load_builtins()
+    load_plugins()
     out = []
-    for name in KEY_METRICS:
+    for name in (k for f in FAMILIES.values() for k in f.key_metrics):
         m = REGISTRY.get(name)
         alias = m.name_in(profile) if m is not None else None
         if alias is not None and alias in df.columns:

@@ -31,7 +31,7 @@ from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.policy import (adv_masked, adv_valid, coef, count, is_level, ratio, ratio_valid,
                                      seq_log_ratio)
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: Loss types whose loss clips the ratio PPO-style (TRL logs ``clip_ratio/*`` for these).
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "gspo")
@@ -186,4 +186,42 @@ register(Metric(
     "clip/ratio_outside", _FAM,
     "Fraction of tokens with a defined ratio whose e^d lies outside [1 − epsilon, 1 + epsilon_high].",
     kind="custom", fn=_unconditional("clip.outside"), config=("epsilon", "epsilon_high"),
+))
+
+
+#: The built-in ``grpolens check`` rules over this family (see :mod:`grpolens.check.defaults`).
+RULES = '''\
+[[rule]]
+name = "clip low rising"
+metric = "clip/low"
+direction = "upper"
+early = { factor = 5.0, abs = 0.05 }
+rel = 0.5
+abs = 0.02
+missing = "skip"
+why = """Fraction of tokens clipped below 1 - epsilon with a negative advantage. Above a few percent \
+the update is mostly clipped away: the policy moves too far per step (learning rate, too many \
+epochs per batch, stale rollouts). Rollouts are on-policy at first, so the fraction starts near 0: \
+floor 5 points, 5x the early level. Against a baseline: 1.5x plus 2 points."""
+
+[[rule]]
+name = "clip high rising"
+metric = "clip/high"
+direction = "upper"
+early = { factor = 5.0, abs = 0.05 }
+rel = 0.5
+abs = 0.02
+missing = "skip"
+why = """Fraction of tokens clipped above 1 + epsilon_high with a positive advantage; as for clip \
+low, a rise means over-large steps. DAPO's clip-higher makes this one the first to move."""
+'''
+
+register_family(Family(
+    'clip', page='policy',
+    key_metrics=('clip/region', 'clip/low', 'clip/high'),
+    overview=(
+        (3, 'clip fraction (low)', ('^clip/low$', '^clip/.*low')),
+        (4, 'clip fraction (high)', ('^clip/high$', '^clip/.*high')),
+    ),
+    rules=RULES,
 ))

@@ -25,7 +25,7 @@ import numpy as np
 
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import visitor
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 
 
 def _as_ids(completions: Sequence[Sequence]) -> list[np.ndarray]:
@@ -282,3 +282,8 @@ for _key, _what in (("distinct_1", "distinct unigrams / tokens"), ("distinct_2",
         f"As diversity/{_key}, averaged over groups weighted by group size.",
         kind="custom", fn=_reducer(_key, micro=True), source="samples",
     ))
+
+
+register_family(Family(
+    'diversity', page='rewards',
+))

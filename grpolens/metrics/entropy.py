@@ -12,7 +12,7 @@ import numpy as np
 
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 
 
 @producer("entropy", merge={"entropy.sum": "sum", "entropy.n": "sum"}, requires=("entropy",))
@@ -26,4 +26,29 @@ register(Metric(
     "entropy", "entropy",
     "Mean policy entropy over masked tokens: Σ H·m / Σ m.",
     kind="token_mean", num="entropy.sum", den="entropy.n", requires=("entropy",),
+))
+
+
+#: The built-in ``grpolens check`` rules over this family (see :mod:`grpolens.check.defaults`).
+RULES = '''\
+[[rule]]
+name = "entropy collapse"
+metric = "entropy"
+direction = "lower"
+early = { factor = 5.0 }
+rel = 0.3
+missing = "skip"
+why = """A policy whose mean token entropy falls to a fifth of where the run started has stopped \
+exploring: the group's completions become identical, advantages vanish and learning stalls. Entropy \
+depends on vocabulary, temperature and model, so the bound is relative to the run's own start rather \
+than absolute. Against a baseline: at least 70 % of the baseline's entropy at the same step."""
+'''
+
+register_family(Family(
+    'entropy', page='policy',
+    key_metrics=('entropy',),
+    overview=(
+        (5, 'entropy', ('^entropy$', '^entropy/mean$')),
+    ),
+    rules=RULES,
 ))

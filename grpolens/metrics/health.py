@@ -10,7 +10,7 @@ import numpy as np
 
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 
 NONFINITE_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy")
 
@@ -52,3 +52,22 @@ for _c in NONFINITE_COLUMNS:
         kind="sum", num=f"health.nonfinite.{_c}",
         requires=() if _c in ("logp", "advantage") else (_c,),
     ))
+
+
+#: The built-in ``grpolens check`` rules over this family (see :mod:`grpolens.check.defaults`).
+RULES = '''\
+[[rule]]
+name = "non-finite tokens"
+metric = "health/nonfinite/*"
+max = 0
+missing = "skip"
+why = """Every metric excludes tokens whose log-probs, advantages or entropies are NaN or ±inf, so a \
+NaN cannot silently poison a curve; this rule makes sure such tokens are never silently dropped either. \
+One non-finite log-prob is already a numerical bug (overflow in the logits, a bad fp16 cast)."""
+'''
+
+register_family(Family(
+    'health', page='health',
+    key_metrics=('health/masked_tokens', 'health/nonfinite/logp'),
+    rules=RULES,
+))

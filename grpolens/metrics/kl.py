@@ -24,7 +24,7 @@ from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.policy import coef, is_level, k3_of, memo, ratio_valid, seq_max_of_nonneg
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.
 MAXENT_CLAMP = 60.0
@@ -198,3 +198,30 @@ for _k, _label in enumerate(BUCKET_LABELS):
         f"kl/by_length/{_label}).",
         kind="custom", fn=bucket(_k, tokens=True), requires=_REF,
     ))
+
+
+#: The built-in ``grpolens check`` rules over this family (see :mod:`grpolens.check.defaults`).
+RULES = '''\
+[[rule]]
+name = "KL to reference"
+metric = "kl/k3"
+direction = "upper"
+early = { factor = 10.0, abs = 0.05 }
+rel = 1.0
+abs = 0.005
+missing = "skip"
+why = """The KL penalty (or, with beta = 0, nothing) keeps the policy near its reference; a jump of \
+the mean k3 KL is the first sign of a blow-up (a bad batch, a learning-rate or loss-scale bug, a \
+reference model loaded wrong). The floor of 0.05 nats/token matters because KL starts at 0 when the \
+reference is the initial policy; the 10x factor lets a long run's KL grow the way it normally does. \
+Against a baseline: at most twice the baseline's KL at the same step, plus 0.005."""
+'''
+
+register_family(Family(
+    'kl', page='policy',
+    key_metrics=('kl/k3',),
+    overview=(
+        (2, 'KL to reference', ('^kl/k3$', '^kl/k1$', '^kl/.*', '^policy/kl')),
+    ),
+    rules=RULES,
+))

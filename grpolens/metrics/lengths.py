@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 from grpolens.metrics.rewards import mean, per_round, sample_values
 
 _FAM = "completions"
@@ -142,3 +142,12 @@ register(Metric(
     "completions, over the steps recomputed (so `--steps A:B` starts its total at A). A step where a prompt "
     "length is unknown is null and adds nothing. TRL's `num_tokens`.",
     fn=tokens_seen, requires=("prompt_len", "completion_len"), cumulative=True, **_S))
+
+
+register_family(Family(
+    'completions', page='rewards',
+    key_metrics=('completions/length/mean', 'completions/truncated_frac'),
+    overview=(
+        (8, 'completion length', ('^completions?/.*length.*mean', '^lengths?/mean$', '^samples/length/mean$')),
+    ),
+))

@@ -53,7 +53,7 @@ from grpolens.metrics.partials import producer
 from grpolens.metrics.kl import kl_k3, kl_valid
 from grpolens.metrics.policy import adv_masked, adv_valid, coef
 from grpolens.metrics.reduce import SEQ_MEAN_LOSSES, normalise_like_loss
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials
 from grpolens.functional.is_weights import ISConfig, loss_weights
 
@@ -202,4 +202,10 @@ register(Metric(
             "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
             "max_completion_length", "log_ratio_clamp", "rollout_is", "steps_per_generation",
             "gradient_accumulation_steps"),
+))
+
+
+register_family(Family(
+    'loss', page='policy',
+    key_metrics=('loss',),
 ))

@@ -27,7 +27,7 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: xtuner's (and verl's, Twinkle's loss') clamp of log-ratios before exp.
 XTUNER_CLAMP = 20.0
@@ -277,4 +277,28 @@ register(Metric(
     "policy/ratio_min", _FAM,
     "Smallest token ratio e^d in the step (xtuner: d clamped to ±20, 0.0 when no token is valid).",
     kind="custom", fn=ratio_extreme("min"), requires=_OLD,
+))
+
+
+#: The built-in ``grpolens check`` rules over this family (see :mod:`grpolens.check.defaults`).
+RULES = '''\
+[[rule]]
+name = "token KL max"
+metric = "policy/token_kl_max"
+direction = "upper"
+early = { factor = 10.0, abs = 1.0 }
+rel = 2.0
+abs = 0.5
+missing = "skip"
+why = """The largest per-token k3 between the current and the behaviour policy: one token whose \
+probability moved e-fold or more since it was sampled (k3 > 1 means a ratio above ~3.1 or below \
+~0.16) escapes what PPO-style clipping and a mean over thousands of tokens can hide. It is 0 for \
+strictly on-policy training and grows with the batch size, hence a floor of 1 and the run's own \
+early level as the scale. Against a baseline: at most 3x the baseline's value plus 0.5."""
+'''
+
+register_family(Family(
+    'policy', page='policy',
+    key_metrics=('policy/approx_kl',),
+    rules=RULES,
 ))

@@ -94,6 +94,41 @@ class Metric:
         ]
 
 
+#: The dashboard's curve pages; every family is on one of them.
+PAGES = ("policy", "mismatch", "rewards", "health")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the applications need to know about a family, declared next to its formulas."""
+
+    name: str
+    #: the dashboard curve page its metrics are drawn on (one of :data:`PAGES`)
+    page: str
+    #: metrics the ``recompute`` summary shows by default: what says first whether a run is healthy
+    key_metrics: tuple[str, ...] = ()
+    #: dashboard overview slots it fills: ``(place, label, patterns)``; the first column matching
+    #: a pattern (a regular expression, tried in order) in any selected run fills the slot
+    overview: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
+    #: its built-in ``grpolens check`` rules, as TOML ``[[rule]]`` tables
+    rules: str = ""
+
+    def __post_init__(self):
+        if self.page not in PAGES:
+            raise ValueError(f"family {self.name}: page must be one of {', '.join(PAGES)}, got {self.page!r}")
+
+
+#: family name -> its metadata, in registration order
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    if family.name in FAMILIES and FAMILIES[family.name] != family:
+        raise ValueError(f"family {family.name} registered twice")
+    FAMILIES[family.name] = family
+    return family
+
+
 REGISTRY: dict[str, Metric] = {}
 #: name -> the module that registered it; load_builtins orders the registry by module so that
 #: catalogues and output columns do not depend on which module a caller happened to import first

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from grpolens.run.format import REWARD_PREFIX
-from grpolens.metrics.registry import PLACEHOLDER, Metric, register
+from grpolens.metrics.registry import PLACEHOLDER, Family, Metric, register, register_family
 
 QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 #: TRL's ``torch.isclose(std, 0)``: |std| <= atol + rtol·0.
@@ -286,3 +286,12 @@ register(Metric(
     f"rewards/{_N}/nonfinite", _FAM, f"Completions whose {_F} is null, NaN or ±inf "
     "(excluded from its statistics).",
     fn=lambda sd, column: nonfinite_count(sd, column), **_P))
+
+
+register_family(Family(
+    'rewards', page='rewards',
+    key_metrics=('reward/mean', 'reward/std', 'reward/frac_zero_std'),
+    overview=(
+        (1, 'reward', ('^rewards?/mean$', '^reward$', '^rewards?/total/mean$', '^samples/reward/mean$')),
+    ),
+))

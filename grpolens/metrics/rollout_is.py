@@ -34,7 +34,7 @@ from grpolens.run.config import RS_OPTIONS
 from grpolens.run.reader import resolve_config
 from grpolens.metrics.engine import visitor
 from grpolens.metrics.partials import producer
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, Metric, register, register_family
 from grpolens.functional.is_weights import ISConfig, SAFETY_BOUND
 
 FAMILY = "rollout_is"
@@ -808,3 +808,44 @@ def offset_notes(raw: pl.DataFrame) -> list[str]:
     spread = f", IQR {iqr:.3g}" if iqr is not None else ""
     return [f"constant train–rollout offset at step(s) {_ranges(hit['step'].to_list())}: median δ = log π_train − "
             f"log π_rollout = {med:+.3g} nats{spread}; {offset_cause(med)}"]
+
+
+#: The built-in ``grpolens check`` rules over this family (see :mod:`grpolens.check.defaults`).
+RULES = '''\
+[[rule]]
+name = "mismatch KL"
+metric = "mismatch/kl_k3"
+direction = "upper"
+early = { factor = 3.0, abs = 0.001 }
+rel = 1.0
+abs = 0.0005
+missing = "skip"
+why = """k3 KL between the trainer's and the inference engine's log-probs of the same tokens. For a \
+fixed model, engine and precision it is a small constant (~1e-3 nats/token for bf16 engines); \
+tripling means the stack changed: an engine upgrade, a precision or kernel change, sampling \
+settings (temperature, top-p) applied on one side only. Against a baseline: at most twice the \
+baseline's value plus 0.0005."""
+
+[[rule]]
+name = "veto fraction"
+metric = "rollout_is/veto/seq_fraction"
+direction = "upper"
+early = { factor = 10.0, abs = 0.05 }
+rel = 1.0
+abs = 0.05
+missing = "skip"
+why = """Share of sequences the rollout-IS veto throws away: a token whose trainer and engine \
+probabilities differ by the veto factor (1e4 by default, about 9 nats). Engine and trainer then \
+disagree about tokens, not about rounding; every vetoed sequence is lost training data. The floor \
+of 5 % keeps a single vetoed sequence in a small CI batch from failing the build."""
+'''
+
+register_family(Family(
+    'rollout_is', page='mismatch',
+    key_metrics=('mismatch/kl_k1', 'mismatch/abs_logp_diff', 'rollout_is/veto/seq_fraction', 'rollout_is/rejected/token_fraction'),
+    overview=(
+        (6, 'mismatch KL (train vs rollout)', ('^mismatch/k3$', '^mismatch/.*k3', '^mismatch/kl', '^rollout_is/.*kl', '^mismatch/')),
+        (7, 'veto fraction', ('veto.*frac', 'veto', 'masked_frac')),
+    ),
+    rules=RULES,
+))

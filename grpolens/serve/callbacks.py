@@ -193,9 +193,10 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
             g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline)
             if g is not None:
                 out.append(g)
-    if page in data.PAGE_FAMILIES:
+    pages = data.page_families()
+    if page in pages:
         banded = {c for f in frames for c in f.columns if re.search(r"/p\d\d$", c)} if page == "rewards" else set()
-        cols = [c for c in data.family_metrics(frames, data.PAGE_FAMILIES[page]) if c not in banded]
+        cols = [c for c in data.family_metrics(frames, pages[page]) if c not in banded]
         cols = prioritised(page, [c for c in cols if _matches(c, pattern)])
         for col in cols[:MAX_GRAPHS]:
             g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline)

@@ -189,13 +189,13 @@ def metric_docs() -> dict[str, str]:
     return {r["name"]: r["doc"] for r in catalogue_rows()}
 
 
-#: Which metric families each curve page shows (a family matches by name or ``name/...`` prefix).
-PAGE_FAMILIES = {
-    "policy": ("policy", "ratio", "kl", "clip", "loss", "entropy"),
-    "mismatch": ("mismatch", "rollout_is", "rollout-is", "is"),
-    "rewards": ("rewards", "reward", "completions", "lengths", "diversity", "advantage"),
-    "health": ("health",),
-}
+def page_families() -> dict[str, tuple[str, ...]]:
+    """Curve page -> the metric families drawn on it (each family declares its page)."""
+    from grpolens.metrics.registry import FAMILIES, PAGES
+    from grpolens.plugins import load_plugins
+
+    load_plugins()
+    return {page: tuple(f.name for f in FAMILIES.values() if f.page == page) for page in PAGES}
 
 
 def family_metrics(frames: list[pl.DataFrame], families: tuple[str, ...]) -> list[str]:
@@ -215,18 +215,16 @@ def family_metrics(frames: list[pl.DataFrame], families: tuple[str, ...]) -> lis
     return sorted((c for c in present if match(fam[c])), key=lambda c: order[c])
 
 
-#: Overview slots: a label and the metric names to try, in order (regular expressions). The first
-#: column present in any selected run fills the slot; samples-derived series are the fallback.
-OVERVIEW_SLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("reward", (r"^rewards?/mean$", r"^reward$", r"^rewards?/total/mean$", r"^samples/reward/mean$")),
-    ("KL to reference", (r"^kl/k3$", r"^kl/k1$", r"^kl/.*", r"^policy/kl")),
-    ("clip fraction (low)", (r"^clip/low$", r"^clip/.*low")),
-    ("clip fraction (high)", (r"^clip/high$", r"^clip/.*high")),
-    ("entropy", (r"^entropy$", r"^entropy/mean$")),
-    ("mismatch KL (train vs rollout)", (r"^mismatch/k3$", r"^mismatch/.*k3", r"^mismatch/kl", r"^rollout_is/.*kl", r"^mismatch/")),
-    ("veto fraction", (r"veto.*frac", r"veto", r"masked_frac")),
-    ("completion length", (r"^completions?/.*length.*mean", r"^lengths?/mean$", r"^samples/length/mean$")),
-)
+def overview_slots() -> list[tuple[str, tuple[str, ...]]]:
+    """Overview slots, in their places: a label and the metric names to try, in order (regular
+    expressions), as the families declare them. The first column present in any selected run fills
+    the slot; samples-derived series are the fallback."""
+    from grpolens.metrics.registry import FAMILIES
+    from grpolens.plugins import load_plugins
+
+    load_plugins()
+    slots = sorted(s for f in FAMILIES.values() for s in f.overview)
+    return [(label, patterns) for _, label, patterns in slots]
 
 
 def overview_metrics(frames: list[pl.DataFrame]) -> list[tuple[str, str]]:
@@ -235,7 +233,7 @@ def overview_metrics(frames: list[pl.DataFrame]) -> list[tuple[str, str]]:
     for f in frames:
         cols += [c for c in f.columns if c not in cols and f[c].null_count() < f.height]
     out = []
-    for label, patterns in OVERVIEW_SLOTS:
+    for label, patterns in overview_slots():
         for pat in patterns:
             hit = next((c for c in cols if re.search(pat, c)), None)
             if hit is not None:
