@@ -1,4 +1,5 @@
-"""Every documented example is a file, and each one runs (typer-style)."""
+"""Every documented example is a file, and each one runs (typer-style); the Python ones print what
+their ``.out`` file says, and are the snippets the docs show, verbatim."""
 
 import os
 import shutil
@@ -51,3 +52,23 @@ def test_example_runs(script, tmp_path):
     r = subprocess.run(["bash", "-eu", "-o", "pipefail", str(script)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{script.name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+PY_EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+#: the page that shows each Python example verbatim
+SHOWN_IN = {"readme_hook.py": "README.md", "hook_loop.py": "docs/hook.md"}
+
+
+@pytest.mark.parametrize("script", PY_EXAMPLES, ids=lambda p: p.name)
+def test_python_example_prints_its_output(script, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{script.name} failed:\n{r.stderr[-3000:]}"
+    assert r.stdout == script.with_suffix(".out").read_text(), r.stdout
+
+
+def test_python_examples_are_the_docs_snippets():
+    assert sorted(p.name for p in PY_EXAMPLES) == sorted(SHOWN_IN)
+    for name, page in SHOWN_IN.items():
+        blocks = [b.split("```", 1)[0] for b in (ROOT / page).read_text().split("```python\n")[1:]]
+        assert (ROOT / "docs" / "examples" / name).read_text() in blocks, f"{page} does not show docs/examples/{name}"
