@@ -205,7 +205,7 @@ def recompute(
     final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof))
 
     notes = _absent_notes(run, metrics, raw, present_any, computed)
-    from grpolens.metrics.rollout_is import offset_notes  # constant train-rollout offset diagnosis
+    from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
 
     notes += offset_notes(raw)
     if write:

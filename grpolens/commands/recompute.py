@@ -42,7 +42,7 @@ def recompute_cmd(
     runner = make_engine(engine, ray_address)
     extra = None
     if is_weights:
-        from grpolens.metrics.rollout_is import is_weight_writer
+        from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
         extra = [is_weight_writer(run, overrides, config)]
     with progress_bar(console, "recompute", enabled=not quiet) as tick:

@@ -20,4 +20,5 @@ FAMILY_MODULES = [
     "clip",
     "loss",
     "rollout_is",
+    "rollout_is_visitors",  # not a family: the visitors its metrics read (and its output writers)
 ]

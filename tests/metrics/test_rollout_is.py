@@ -584,7 +584,7 @@ def one_call(tmp_path, old, rollout, mask=None, adv=None, config=None, name="run
 
 
 def weights_of(run):
-    from grpolens.metrics.rollout_is import is_weight_writer
+    from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
     grpolens.recompute(run, write=False, extra_visitors=[is_weight_writer(run)])
     return pl.read_parquet(run / "grpolens" / "is_weights" / "step=00000000" / "rank=00000.parquet")
@@ -700,7 +700,7 @@ def test_is_weights_output(tmp_path, level, mode):
 
 
 def test_is_weights_needs_rollout(tmp_path):
-    from grpolens.metrics.rollout_is import is_weight_writer
+    from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
     run = write_run(tmp_path / "run", random_calls(np.random.default_rng(0), rollout=False))
     with pytest.raises(UserError, match="rollout_logp"):

@@ -1,0 +1,297 @@
+"""Per-step visitors of the rollout-IS family: what one pass over the tokens gives besides the
+per-sequence partials.
+
+Feeding the family's metrics: the exact δ quantiles (:class:`DeltaQuantiles`) and verl's
+rejection-filter partials (:class:`RSPartials`). Writing outputs: the IS-weight histograms
+(``RUN/grpolens/is_hist.parquet``, :class:`ISHistogram`) and the ``--is-weights`` writer
+(:class:`ISWeightWriter`, passed in by ``grpolens recompute --is-weights``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from grpolens.functional import is_weights as ris
+from grpolens.functional.is_weights import ISConfig, SAFETY_BOUND
+from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
+from grpolens.metrics.engine import visitor
+from grpolens.metrics.rollout_is import (DELTA_VISITOR, OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS, RS_VISITOR, batch_inputs,
+                                        batch_token_weights, batch_valid_weights)
+from grpolens.run import format as fmt
+from grpolens.run.reader import resolve_config
+
+# ---------------------------------------------------------------------------------------------
+# Visitors
+# ---------------------------------------------------------------------------------------------
+
+class DeltaQuantiles:
+    """Exact per-step quantiles of δ over masked finite tokens (one step's values in memory)."""
+
+    name = DELTA_VISITOR
+
+    def shard(self, b: TokenBatch, shard) -> np.ndarray | None:
+        if not b.has("rollout_logp"):
+            return None
+        old, roll = b.old, b.cols["rollout_logp"]
+        f = b.mask & np.isfinite(old) & np.isfinite(roll)
+        return old[f] - roll[f]
+
+    def combine(self, step: int, pieces: list) -> dict[str, float] | None:
+        parts = [p for p in pieces if p is not None]
+        if not parts:
+            return None
+        d = np.concatenate(parts)
+        if len(d) == 0:
+            return {"n": 0.0}
+        q25, med, q75 = np.percentile(d, [25, 50, 75])
+        agree = np.mean(d < 0) if med < 0 else np.mean(d > 0) if med > 0 else 0.0
+        flag = abs(med) >= OFFSET_MIN_NATS and agree >= OFFSET_MIN_AGREEMENT
+        return {"n": float(len(d)), "median": float(med), "iqr": float(q75 - q25),
+                "agreement": float(agree), "flag": 1.0 if flag else 0.0}
+
+
+@visitor(DELTA_VISITOR)
+def _delta_visitor(cfg: dict) -> DeltaQuantiles:
+    return DeltaQuantiles()
+
+
+#: Histogram bins on δ = ln w: 0.1-decade log-spaced |δ| from 1e-6 to the ±20 safety bound, both
+#: signs, plus one centre bin (−1e-6, 1e-6): bf16 noise (~1e-3) and catastrophic tails both resolve.
+_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(SAFETY_BOUND), 0.1), SAFETY_BOUND))
+HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
+
+
+def histogram(log_w: np.ndarray) -> np.ndarray:
+    x = np.clip(log_w, -SAFETY_BOUND, SAFETY_BOUND)
+    return np.histogram(x, bins=HIST_EDGES)[0].astype(np.int64)
+
+
+@dataclass
+class ISHistogram:
+    """Per-step histograms of the token raw weight e^δ and of the applied weight at the configured
+    level (zero weights counted apart); written to ``is_hist.parquet`` by every recompute."""
+
+    c: ISConfig
+    name: str = "rollout_is.hist"
+    collect: bool = True
+
+    def shard(self, b: TokenBatch, shard) -> dict | None:
+        if not b.has("rollout_logp"):
+            return None
+        x = batch_inputs(b)
+        a = batch_valid_weights(b, self.c)[1]
+        with np.errstate(divide="ignore"):
+            la = np.log(a[a > 0])
+        return {"raw": histogram(x.dv), "applied": histogram(la), "applied_zero": int((a == 0).sum())}
+
+    def combine(self, step: int, pieces: list) -> dict | None:
+        parts = [p for p in pieces if p is not None]
+        if not parts:
+            return None
+        return {k: sum(p[k] for p in parts) for k in parts[0]}
+
+    def finish(self, run: Path, out_dir: Path, by_step: dict[int, dict | None], kept_steps: set[int]) -> None:
+        path = out_dir / "is_hist.parquet"
+        frames = [hist_frame(s, h) for s, h in sorted(by_step.items()) if h is not None]
+        if path.is_file() and kept_steps:
+            try:
+                old = pl.read_parquet(path)
+                frames.insert(0, old.filter(pl.col("step").is_in(sorted(kept_steps))))
+            except Exception:  # noqa: BLE001 - an unreadable old file is simply replaced
+                pass
+        if not frames:
+            return
+        df = pl.concat(frames, how="vertical_relaxed").sort(["step", "kind", "lo"])
+        fmt.atomic_write_table(path, df.to_arrow())
+
+
+def hist_frame(step: int, h: dict) -> pl.DataFrame:
+    """Long format: step, kind (``raw``/``applied``), weight bin [lo, hi), count; applied zeros as [0, 0]."""
+    lo, hi = np.exp(HIST_EDGES[:-1]), np.exp(HIST_EDGES[1:])
+    nb = len(lo)
+    return pl.DataFrame({
+        "step": np.full(2 * nb + 1, step, dtype=np.int64),
+        "kind": ["raw"] * nb + ["applied"] * (nb + 1),
+        "lo": np.concatenate([lo, lo, [0.0]]), "hi": np.concatenate([hi, hi, [0.0]]),
+        "count": np.concatenate([h["raw"], h["applied"], [h["applied_zero"]]]).astype(np.int64),
+    })
+
+
+@visitor("rollout_is.hist")
+def _hist_visitor(cfg: dict) -> ISHistogram:
+    return ISHistogram(ISConfig.from_cfg(cfg))
+
+
+class RSPartials:
+    """Per-sequence partials of verl's rejection filters (only when ``rollout_is.rs`` is set)."""
+
+    name = RS_VISITOR
+
+    def __init__(self, c: ISConfig):
+        self.c = c
+        self.ks = sorted({f.k for f in c.rs})
+
+    def shard(self, b: TokenBatch, shard) -> dict | None:
+        if not self.c.rs or not b.has("rollout_logp"):
+            return None
+        x = batch_inputs(b)
+        sg, d = x.seg, x.dv
+        out = dict(b.seq_keys)
+        out["n"] = sg.n
+        stats = {k: ris.rs_stat(k, d) for k in self.ks}
+        for k, s in stats.items():
+            out[f"k{k}.sum"] = sg.sum(s)
+            out[f"k{k}.max"] = sg.max(s)
+        tokrej = np.zeros(len(d), dtype=bool)
+        for f in self.c.token_filters:
+            s = stats[f.k]
+            lo, hi = f.log_band
+            cl = np.clip(s, lo, hi)
+            rej = ~f.keep(s)
+            tokrej |= rej
+            o = f.option
+            out.update({f"{o}.s2": sg.sum(s * s), f"{o}.min": sg.min(s), f"{o}.hi": sg.sum(s > hi),
+                        f"{o}.lo": sg.sum(s < lo) if f.k == 1 else np.zeros(b.n_seq),
+                        f"{o}.c": sg.sum(cl), f"{o}.c2": sg.sum(cl * cl), f"{o}.rej": sg.sum(rej)})
+        out["tokrej"] = sg.sum(tokrej)
+        return out
+
+    def combine(self, step: int, pieces: list) -> dict[str, float | None] | None:
+        parts = [pl.DataFrame(p) for p in pieces if p is not None]
+        if not parts:
+            return None
+        df = pl.concat(parts, how="vertical_relaxed")
+        rule = lambda c: pl.col(c).max() if c.endswith(".max") else pl.col(c).min() if c.endswith(".min") else pl.col(c).sum()  # noqa: E731
+        df = df.group_by(list(KEY_COLUMNS)).agg([rule(c).alias(c) for c in df.columns if c not in KEY_COLUMNS])
+        return rs_summary({c: df[c].to_numpy() for c in df.columns}, self.c)
+
+
+@visitor(RS_VISITOR)
+def _rs_visitor(cfg: dict) -> RSPartials:
+    return RSPartials(ISConfig.from_cfg(cfg))
+
+
+def rs_summary(p: dict[str, np.ndarray], c: ISConfig) -> dict[str, float | None]:
+    """verl's per-filter metrics (``rollout_rs/<option>/<stat>``) and the combined masked fractions,
+    over the whole step. Token filters: statistics over valid tokens; sequence filters: over
+    sequences with a valid token (``mean`` and ``std`` weight a sequence by its tokens)."""
+    n = p["n"].astype(np.float64)
+    N = n.sum()
+    ok = n > 0
+    out: dict[str, float | None] = {}
+    if N == 0:
+        return out
+    seq_rej = np.zeros(len(n), dtype=bool)
+    for f in c.rs:
+        lo, hi = f.log_band
+        pre = f"rollout_rs/{f.option}/"
+        ksum, kmax = p[f"k{f.k}.sum"], p[f"k{f.k}.max"]
+        if f.scope == "token":
+            o = f.option
+            v = ksum[ok] / n[ok]
+            out[pre + "mean"] = ris._f(ksum.sum() / N)
+            out[pre + "max"], out[pre + "min"] = ris._f(kmax[ok].max()), ris._f(p[f"{o}.min"][ok].min())
+            out[pre + "fraction_high"] = ris._f(p[f"{o}.hi"].sum() / N)
+            out[pre + "fraction_low"] = ris._f(p[f"{o}.lo"].sum() / N)
+            c1, c2 = p[f"{o}.c"].sum(), p[f"{o}.c2"].sum()
+            rej_tokens = p[f"{o}.rej"]
+            rej_rows = rej_tokens > 0
+        else:
+            val = ksum if f.scope == "sum" else np.nan_to_num(ksum / np.where(ok, n, 1.0)) if f.scope == "mean" else np.where(ok, kmax, 0.0)
+            v = val[ok]
+            out[pre + "mean"] = ris._f((n * val).sum() / N)
+            out[pre + "max"], out[pre + "min"] = ris._f(v.max()), ris._f(v.min())
+            out[pre + "fraction_high"] = ris._f(np.mean(v > hi))
+            out[pre + "fraction_low"] = ris._f(np.mean(v < lo)) if f.k == 1 else 0.0
+            cl = np.clip(val, lo, hi)
+            c1, c2 = (n * cl).sum(), (n * cl * cl).sum()
+            rej_rows = ~f.keep(val)
+            rej_tokens = np.where(rej_rows, n, 0.0)
+            seq_rej |= rej_rows & ok
+        m = c1 / N
+        out[pre + "std"] = float(np.sqrt(max(0.0, c2 / N - m * m))) if N > 1 else 0.0
+        out[pre + "seq_mean"] = ris._f(v.mean())
+        out[pre + "seq_std"] = ris._f(v.std(ddof=1)) if len(v) > 1 else 0.0
+        out[pre + "seq_max"], out[pre + "seq_min"] = ris._f(v.max()), ris._f(v.min())
+        out[pre + "seq_max_deviation"] = ris._f(np.abs(v).max())
+        out[pre + "seq_fraction_high"] = ris._f(np.mean(v > hi))
+        if f.k == 1:
+            out[pre + "seq_fraction_low"] = ris._f(np.mean(v < lo))
+        out[pre + "masked_fraction"] = ris._f(rej_tokens.sum() / N)
+        out[pre + "seq_masked_fraction"] = ris._f(np.mean(rej_rows[ok]))
+    rejected = np.where(seq_rej, n, p["tokrej"])
+    out["rollout_rs/masked_fraction"] = ris._f(rejected.sum() / N)
+    out["rollout_rs/seq_masked_fraction"] = ris._f(np.mean(rejected > 0))  # over all rows, as verl
+    return out
+
+
+class ISWeightWriter:
+    """``recompute --is-weights``: per-token weights and the modified loss mask, one Parquet file
+    per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens."""
+
+    name = "rollout_is.weights"
+
+    def __init__(self, run: Path, c: ISConfig):
+        self.root = fmt.derived_dir(run) / "is_weights"
+        self.c = c
+
+    def shard(self, b: TokenBatch, sh: fmt.Shard) -> Path | None:
+        if not b.has("rollout_logp"):
+            return None
+        import pyarrow as pa
+
+        tw = batch_token_weights(b, self.c)
+        v = tw["valid"]
+        cols = {"step": pa.array(b.cols["step"], pa.int64()), "rank": pa.array(b.cols["rank"], pa.int32()),
+                "micro_batch": pa.array(b.cols["micro_batch"], pa.int32()),
+                "sample_id": pa.array(b.cols["sample_id"], pa.int64()), "pos": pa.array(b.cols["pos"], pa.int32()),
+                "mask": pa.array(b.mask), "valid": pa.array(v),
+                "is_weight_raw": pa.array(tw["is_weight_raw"], pa.float64(), mask=~v),
+                "is_weight": pa.array(tw["is_weight"], pa.float64(), mask=~v),
+                "is_mask": pa.array(tw["is_mask"])}
+        rel = fmt.shard_relpath("is_weights", sh.step, sh.rank, None if sh.part < 0 else sh.part)
+        path = self.root.parent / rel
+        fmt.atomic_write_table(path, pa.table(cols))
+        return path
+
+    def combine(self, step: int, pieces: list) -> int:
+        written = {p for p in pieces if p is not None}
+        step_dir = self.root / f"step={step:08d}"
+        if step_dir.is_dir():  # files of an earlier layout of this step would be read as current
+            for f in step_dir.glob("rank=*.parquet"):
+                if f not in written:
+                    f.unlink()
+        return len(written)
+
+    def write_config(self) -> None:
+        c = self.c
+        doc = {"level": c.level, "mode": c.mode, "lower": c.lower, "upper": c.upper, "mask_lower": c.mask_lower,
+               "mask_upper": c.mask_upper, "veto_lower": c.veto_lower, "veto_upper": c.veto_upper,
+               "rs": [{"option": f.option, "lower": f.lower, "upper": f.upper} for f in c.rs],
+               "configured": c.configured, "columns": {
+                   "valid": "mask and the log-ratio is defined (weights are null elsewhere)",
+                   "is_weight_raw": "safety-bounded weight at the level, before truncation/zeroing",
+                   "is_weight": "applied weight (after truncation/zeroing)",
+                   "is_mask": "the loss mask after the mask band, veto and rejection filters"}}
+        fmt.atomic_write_bytes(self.root / "config.json", (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> ISWeightWriter:
+    """The ``--is-weights`` visitor for ``recompute`` (fails early when the run has no rollout_logp)."""
+    from grpolens.errors import UserError
+
+    run = Path(run)
+    shards = fmt.list_shards(run, fmt.TOKENS)
+    if shards:
+        import pyarrow.parquet as pq
+
+        if "rollout_logp" not in pq.ParquetFile(shards[0].path).schema_arrow.names:
+            raise UserError(f"--is-weights: {shards[0].path} has no rollout_logp column, so there are no IS weights")
+    w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)))
+    w.write_config()
+    return w
