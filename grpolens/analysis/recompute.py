@@ -23,8 +23,9 @@ import numpy as np
 import polars as pl
 
 from grpolens.run import format as fmt
+from grpolens.errors import UserError
 from grpolens.metrics import reduce
-from grpolens.metrics.engine import VISITORS, SequencePartials, iter_steps
+from grpolens.metrics.engine import READ_COLUMNS, SequencePartials, iter_steps, visitor_factories
 from grpolens.metrics.profile import Profile
 from grpolens.metrics.registry import REGISTRY, Metric
 from grpolens import plugins
@@ -64,6 +65,27 @@ def metrics_for(profile: str | Profile, cfg: dict, columns: Iterable[str] = ()) 
                 taken.add(c.name_in(profile))
                 out.append(c)
     return out
+
+
+def select_metrics(metrics: list[Metric], only: Iterable[str], profile: str = "grpolens") -> list[Metric]:
+    """The metrics named by ``only``: each item a family (``clip``), a metric name or a glob over
+    names (``rollout_is/applied/*``), under grpolens' names or ``profile``'s. An item that matches
+    nothing is a user error."""
+    from fnmatch import fnmatchcase
+
+    items = [i.strip() for spec in only for i in spec.split(",") if i.strip()]
+    if not items:
+        raise UserError("--only: expected a family, a metric name or a pattern (e.g. --only clip,kl/k3)")
+    picked: set[str] = set()
+    for item in items:
+        hit = [m.name for m in metrics if m.family == item or fnmatchcase(m.name, item)
+               or (m.name_in(profile) is not None and fnmatchcase(m.name_in(profile), item))]
+        if not hit:
+            families = sorted({m.family for m in metrics})
+            raise UserError(f"--only: {item!r} is no metric family ({', '.join(families)}), metric name or "
+                            f"pattern of this run under profile {profile!r} (see grpolens metrics)")
+        picked.update(hit)
+    return [m for m in metrics if m.name in picked]
 
 
 def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
@@ -115,6 +137,7 @@ def recompute(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     result: bool = False,
     engine: Any = None,
+    only: Iterable[str] | None = None,
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
@@ -122,6 +145,13 @@ def recompute(
     ``overrides`` replace manifest config keys (what-if analysis);
     ``steps`` is ``"A:B"``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
+
+    ``only`` restricts the work to some metrics (families, names or globs, see
+    :func:`select_metrics`): only the producers and visitors those need run, token columns no
+    selected metric reads are not read, and neither the per-step cache nor the other outputs
+    (top tokens, completions, IS histograms) are read or written; the metrics go to ``out``
+    (default ``RUN/grpolens/only/``, so the full set is not replaced). Values are the full
+    recompute's, computed by the same code.
 
     >>> import grpolens                                                   # doctest: +SKIP
     >>> grpolens.recompute("sample_runs/tiny").select("step", "entropy")   # doctest: +SKIP
@@ -136,7 +166,15 @@ def recompute(
     all_steps = reader.steps()
 
     metrics = metrics_for(profile, cfg, reader.sample_columns())
-    out_dir = Path(out) if out is not None else reader.out_dir(profile)
+    families: frozenset[str] | None = None
+    if only is not None:
+        metrics = select_metrics(metrics, only, profile)
+        families = frozenset(m.family for m in metrics)
+        incremental = False
+    out_dir = Path(out) if out is not None else reader.out_dir(profile) / ("only" if only is not None else "")
+    need_samples = families is None or any(m.needs_samples(prof) for m in metrics)
+    # token_id feeds only diversity (and the top-tokens output): a restricted run may skip it
+    columns = READ_COLUMNS if families is None or "diversity" in families else tuple(c for c in READ_COLUMNS if c != "token_id")
     chash = _config_hash(cfg, profile)
 
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
@@ -162,8 +200,8 @@ def recompute(
     cached_rows = {s: valid_cache[s] for s in sel if s in valid_cache}
     todo = [s for s in sel if s not in cached_rows]
 
-    seqv = SequencePartials(cfg)
-    visitors = [seqv, *(factory(cfg) for factory in VISITORS.values()), *(extra_visitors or [])]
+    seqv = SequencePartials(cfg, families)
+    visitors = [seqv, *(factory(cfg) for factory in visitor_factories(families)), *(extra_visitors or [])]
     rows: dict[int, dict] = dict(cached_rows)
     present_any: set[str] = set()
     done = 0
@@ -177,10 +215,11 @@ def recompute(
     tok_todo = [s for s in todo if s in set(token_steps)]
     collected: dict[str, dict[int, Any]] = {}  # visitor name -> step -> piece (visitors with collect=True)
     computed: set[int] = set()
-    for res in iter_steps(run, tok_todo, visitors, on_step=tick, engine=engine):
+    for res in iter_steps(run, tok_todo, visitors, columns=columns, on_step=tick, engine=engine):
         seqs, present = res.pieces[seqv.name]
         present_any |= present
-        sd = reduce.StepData(res.step, seqs, cfg, prof, read_samples(run, res.step), present, {})
+        samples = read_samples(run, res.step) if need_samples else None
+        sd = reduce.StepData(res.step, seqs, cfg, prof, samples, present, {})
         sd.extra["pieces"] = res.pieces
         sd.extra["run_has_samples"] = bool(sample_steps)
         rows[res.step] = step_values(sd, metrics)
@@ -194,7 +233,7 @@ def recompute(
         if s in computed:
             continue
         # a step with samples but no token shards: sample-side metrics only
-        sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s), set(), {})
+        sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s) if need_samples else None, set(), {})
         rows[s] = step_values(sd, metrics)
         tick(s)
 
@@ -212,6 +251,7 @@ def recompute(
         out_dir.mkdir(parents=True, exist_ok=True)
         fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
         fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
+    if write and only is None:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         kept = set(cached_rows)
         for v in visitors:

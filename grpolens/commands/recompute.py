@@ -23,6 +23,7 @@ def recompute_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
     engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
+    only: List[str] = typer.Option([], "--only", help="Compute only these metrics: families (clip, kl, ...), metric names or globs ('rollout_is/applied/*'), comma-separated or repeated. Only the work they need runs; no cache, no other outputs; written to --out [default: RUN/grpolens/only]."),
     is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
@@ -47,7 +48,8 @@ def recompute_cmd(
         extra = [is_weight_writer(run, overrides, config)]
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
-                        incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner)
+                        incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
+                        only=only or None)
     if quiet:
         return
     for note in res.notes:

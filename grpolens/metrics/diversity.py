@@ -217,7 +217,7 @@ class SampleTokens:
         return merged
 
 
-@visitor("sample_tokens")
+@visitor("sample_tokens", families=("diversity",))
 def _sample_tokens(cfg: dict) -> SampleTokens:
     return SampleTokens()
 

@@ -36,18 +36,31 @@ class Visitor(Protocol):
 #: Visitors every recompute runs, registered by families like producers are: name -> factory(cfg).
 #: Their combined piece for a step is available to metrics as ``sd.extra["pieces"][name]``.
 VISITORS: dict[str, Callable[[dict], "Visitor"]] = {}
+#: visitor name -> the metric families whose values read its pieces; empty for a visitor that
+#: only writes an output file (top tokens, completions, IS histograms), which a recompute
+#: restricted to some families (``recompute --only``) skips
+VISITOR_FAMILIES: dict[str, tuple[str, ...]] = {}
 
 
-def visitor(name: str):
-    """Decorator registering a visitor factory ``factory(cfg) -> Visitor`` run by every recompute."""
+def visitor(name: str, families: tuple[str, ...] = ()):
+    """Decorator registering a visitor factory ``factory(cfg) -> Visitor`` run by every recompute
+    (``families``: the metric families that read its pieces; none for an output-only visitor)."""
 
     def deco(factory):
         if name in VISITORS:
             raise ValueError(f"visitor {name} registered twice")
         VISITORS[name] = factory
+        VISITOR_FAMILIES[name] = tuple(families)
         return factory
 
     return deco
+
+
+def visitor_factories(families: frozenset[str] | None = None) -> list[Callable[[dict], "Visitor"]]:
+    """The registered visitors a recompute runs: all of them, or those ``families`` need."""
+    if families is None:
+        return list(VISITORS.values())
+    return [f for n, f in VISITORS.items() if not families.isdisjoint(VISITOR_FAMILIES[n])]
 
 
 class SequencePartials:
@@ -55,12 +68,14 @@ class SequencePartials:
 
     name = "sequences"
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, families: frozenset[str] | None = None):
         self.cfg = cfg
+        self.families = families
 
     def shard(self, batch: TokenBatch, shard: fmt.Shard) -> tuple[dict[str, np.ndarray], set[str]]:
-        cols = sequence_partials(batch, self.cfg)
-        batch.partials = cols
+        cols = sequence_partials(batch, self.cfg, self.families)
+        if self.families is None:  # complete: other visitors of the pass may reuse them
+            batch.partials = cols
         return cols, set(batch.present)
 
     def combine(self, step: int, pieces: list[tuple[dict, set[str]]]) -> tuple[dict[str, np.ndarray], set[str]]:

@@ -202,6 +202,7 @@ register(Metric(
             "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
             "max_completion_length", "log_ratio_clamp", "rollout_is", "steps_per_generation",
             "gradient_accumulation_steps"),
+    reads_samples=True,  # the samples' generation rounds (see _round_tokens)
 ))
 
 

@@ -32,13 +32,18 @@ class Producer:
     merge: dict[str, str]
     #: optional token columns it needs; when the batch lacks one, the producer is skipped
     requires: tuple[str, ...] = ()
+    #: the metric families whose reductions read its columns: a recompute restricted to some
+    #: families (``recompute --only``) runs only the producers of those families
+    families: tuple[str, ...] = ()
 
 
 PRODUCERS: dict[str, Producer] = {}
 
 
-def producer(name: str, merge: dict[str, str], requires: tuple[str, ...] = ()):
-    """Decorator: register ``fn(batch, cfg) -> {column: per-sequence array}`` with merge rules."""
+def producer(name: str, merge: dict[str, str], requires: tuple[str, ...] = (), families: tuple[str, ...] | None = None):
+    """Decorator: register ``fn(batch, cfg) -> {column: per-sequence array}`` with merge rules.
+
+    ``families``: the metric families that reduce its columns (default: the family named like it)."""
     bad = {k: v for k, v in merge.items() if v not in MERGES}
     if bad:
         raise ValueError(f"producer {name}: unknown merge rules {bad}")
@@ -46,7 +51,7 @@ def producer(name: str, merge: dict[str, str], requires: tuple[str, ...] = ()):
     def deco(fn):
         if name in PRODUCERS:
             raise ValueError(f"producer {name} registered twice")
-        PRODUCERS[name] = Producer(name, fn, dict(merge), tuple(requires))
+        PRODUCERS[name] = Producer(name, fn, dict(merge), tuple(requires), tuple(families or (name,)))
         return fn
 
     return deco
@@ -59,12 +64,16 @@ def merge_rules() -> dict[str, str]:
     return rules
 
 
-def sequence_partials(batch: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    """Run every applicable producer on ``batch``: key columns plus partial columns, one row per sequence."""
+def sequence_partials(batch: TokenBatch, cfg: dict, families: frozenset[str] | None = None) -> dict[str, np.ndarray]:
+    """Run every applicable producer on ``batch``: key columns plus partial columns, one row per sequence.
+
+    ``families``: only the producers those metric families need (None: all of them)."""
     out: dict[str, np.ndarray] = dict(batch.seq_keys)
     out["seq_tokens"] = batch.lengths.astype(np.float64)  # stored rows, masked or not
     for p in PRODUCERS.values():
         if not batch.has(*p.requires):
+            continue
+        if families is not None and families.isdisjoint(p.families):
             continue
         cols = p.fn(batch, cfg)
         missing = set(p.merge) - set(cols)

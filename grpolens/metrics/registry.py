@@ -66,6 +66,13 @@ class Metric:
     #: for a metric expanded from a template: the template's name and the column it is over
     template: str | None = None
     column: str | None = None
+    #: a tokens metric whose value also reads the step's samples (a recompute restricted to
+    #: tokens metrics that do not skips reading the samples)
+    reads_samples: bool = False
+
+    def needs_samples(self, prof) -> bool:
+        """Whether its value under profile ``prof`` (a Profile) reads the step's samples."""
+        return self.source == "samples" or self.reads_samples or (self.template or self.name) in prof.generation_only
 
     def name_in(self, profile: str) -> str | None:
         prof = PROFILES.get(profile)

@@ -74,7 +74,7 @@ def batch_valid_weights(b: TokenBatch, c: ISConfig) -> tuple[np.ndarray, np.ndar
 # Producers
 # ---------------------------------------------------------------------------------------------
 
-@producer("rollout_is", merge=ris.IS_MERGE, requires=REQ)
+@producer("rollout_is", merge=ris.IS_MERGE, requires=REQ, families=(FAMILY,))
 def _is_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     return batch_partials(b, ISConfig.from_cfg(cfg))
 
@@ -83,7 +83,7 @@ MM_MERGE = {"mm.n": "sum", "mm.old": "sum", "mm.roll": "sum", "mm.d": "sum", "mm
             "mm.absdmax": "max", "mm.k3": "sum", "mm.chi": "sum"}
 
 
-@producer("mismatch", merge=MM_MERGE, requires=REQ)
+@producer("mismatch", merge=MM_MERGE, requires=REQ, families=(FAMILY,))
 def _mismatch_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Over masked tokens whose two log-probs are finite: Σ log π_train, Σ log π_rollout, Σδ, Σ|δ|,
     max|δ|, Σ(e^δ − δ − 1) (k3, unbounded as in the reference) and Σ e^(2·clip(δ, ±20)) (χ²)."""

@@ -20,7 +20,7 @@ from grpolens.functional import is_weights as ris
 from grpolens.functional.is_weights import ISConfig, SAFETY_BOUND
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
-from grpolens.metrics.rollout_is import (DELTA_VISITOR, OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS, RS_VISITOR, batch_inputs,
+from grpolens.metrics.rollout_is import (DELTA_VISITOR, FAMILY, OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS, RS_VISITOR, batch_inputs,
                                         batch_token_weights, batch_valid_weights)
 from grpolens.run import format as fmt
 from grpolens.run.reader import resolve_config
@@ -55,7 +55,7 @@ class DeltaQuantiles:
                 "agreement": float(agree), "flag": 1.0 if flag else 0.0}
 
 
-@visitor(DELTA_VISITOR)
+@visitor(DELTA_VISITOR, families=(FAMILY,))
 def _delta_visitor(cfg: dict) -> DeltaQuantiles:
     return DeltaQuantiles()
 
@@ -167,11 +167,12 @@ class RSPartials:
             return None
         df = pl.concat(parts, how="vertical_relaxed")
         rule = lambda c: pl.col(c).max() if c.endswith(".max") else pl.col(c).min() if c.endswith(".min") else pl.col(c).sum()  # noqa: E731
-        df = df.group_by(list(KEY_COLUMNS)).agg([rule(c).alias(c) for c in df.columns if c not in KEY_COLUMNS])
+        # in row order: sums over sequences must not depend on a hash order (bit-identical reruns)
+        df = df.group_by(list(KEY_COLUMNS), maintain_order=True).agg([rule(c).alias(c) for c in df.columns if c not in KEY_COLUMNS])
         return rs_summary({c: df[c].to_numpy() for c in df.columns}, self.c)
 
 
-@visitor(RS_VISITOR)
+@visitor(RS_VISITOR, families=(FAMILY,))
 def _rs_visitor(cfg: dict) -> RSPartials:
     return RSPartials(ISConfig.from_cfg(cfg))
 
