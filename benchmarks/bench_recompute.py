@@ -1,78 +1,304 @@
-"""Recompute speed and memory on a synthetic run, against the read floor.
+"""Recompute speed and memory on a synthetic run, against the read floor and two hand-written baselines.
 
-    python benchmarks/bench_recompute.py --tokens 10e6            # ~10M tokens
-    python benchmarks/bench_recompute.py --tokens 100e6 --keep    # the 100M-token figure in the README
+    python benchmarks/bench_recompute.py --tokens 10e6                 # the main table
+    python benchmarks/bench_recompute.py --tokens 10e6 --reps 3        # alternate every command 3 times
+    python benchmarks/bench_recompute.py --tokens 10e6 --sizes 25e6,50e6,100e6,200e6   # + RSS by size
+    python benchmarks/bench_recompute.py --tokens 10e6 --rerun-steps 1000 --write-readme
 
-Each measurement runs in a fresh process; peak RSS is that process's max resident set size.
-The *read floor* is reading every token column of every shard with pyarrow and nothing else.
+Every figure comes from its own fresh process (wall time, CPU time of the process and its
+threads, peak RSS from ``wait4``), on one synthetic run (``grpolens synth``):
+
+1. *read floor*: read exactly the columns recompute reads and reduce each to one number
+   (``benchmarks/read_floor.py``);
+2. *full recompute*: ``grpolens recompute RUN --full`` -- every default metric and output file;
+3. *DuckDB*: the core subset of metrics in one SQL query (``benchmarks/subset_sql.py``, which
+   documents the subset; needs the ``bench`` extra);
+4. *torch*: the same subset the trainers' way, per step on padded (B, T) tensors
+   (``benchmarks/subset_torch.py``);
+5. *grpolens subset*: ``grpolens recompute RUN --only <the subset>``.
+
+and the ratios full/floor, DuckDB/grpolens-subset, torch/grpolens-subset. Commands run
+alternately (``--reps``), so that a load change on a shared machine hits all of them alike; the
+table gives medians and the ratios' range over the repetitions, with the load average. Then rows/s
+of the full recompute at each ``--threads`` count, peak RSS and the floor ratio at each of
+``--sizes``, and (``--rerun-steps N``) on an N+1-step run: a re-run with nothing new, and the
+cost of one new step after N. ``--write-readme`` puts the tables into README.md's Performance
+section, with the machine, the date and this command.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-FLOOR = """
-import glob, sys, pyarrow.parquet as pq
-from concurrent.futures import ThreadPoolExecutor
-files = sorted(glob.glob(sys.argv[1] + '/tokens/**/*.parquet', recursive=True))
-with ThreadPoolExecutor(2) as ex:
-    n = sum(ex.map(lambda f: pq.read_table(f).num_rows, files))
-print(n)
-"""
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+#: the core subset (documented in subset_sql.py), as ``recompute --only`` takes it
+SUBSET = ("clip/low,clip/high,kl/k3,entropy,rollout_is/applied/mean,rollout_is/applied/seq_mean,"
+          "rollout_is/veto/seq_fraction,mismatch/kl_k3")
+#: synth's shape: 2 ranks x 4 micro-batches x 16 groups x 8 completions, ~127 stored tokens each
+SHAPE = ("--ranks", "2", "--micro-batches", "4", "--groups", "16", "--generations", "8", "--max-len", "1024")
+PER_STEP = 2 * 4 * 16 * 8 * 127
+README_BEGIN = "<!-- bench_recompute: begin (written by benchmarks/bench_recompute.py --write-readme) -->"
+README_END = "<!-- bench_recompute: end -->"
 
 
-def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall time, the child's own peak RSS in MiB (from wait4), and its stdout."""
-    import os
+def env(threads: int | None = None) -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [e.get("PYTHONPATH")])])
+    if threads:
+        e["GRPOLENS_THREADS"] = str(threads)
+    return e
 
+
+def timed(cmd: list[str], threads: int | None = None) -> dict:
+    """Wall s, CPU s (user + system, all threads), peak RSS MiB and stdout of one fresh process."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env(threads), cwd=ROOT)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            sys.exit(f"{' '.join(cmd)} failed:\n{err.read()[-3000:]}")
         out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed:\n{err.read()[-2000:]}")
-        return wall, usage.ru_maxrss / 1024, out.read()
+        return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss / 1024, "out": out.read()}
+
+
+def grpolens(*args: str) -> list[str]:
+    return [sys.executable, "-m", "grpolens.cli", *args]
+
+
+def synth(run: Path, steps: int, shape=SHAPE) -> None:
+    if (run / "grpolens.json").exists():
+        return
+    t = time.perf_counter()
+    timed(grpolens("synth", str(run), "--steps", str(steps), *shape, "--seed", "1"))
+    print(f"synth {run.name}: {steps} steps in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def rows_of(run: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in (run / "tokens").glob("step=*/*.parquet"))
+
+
+def commands(run: Path, scratch: Path, threads: int) -> dict[str, list[str]]:
+    py = sys.executable
+    return {
+        "read floor": [py, str(HERE / "read_floor.py"), str(run), "--threads", str(threads)],
+        "full recompute": grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch / "full")),
+        "DuckDB subset": [py, str(HERE / "subset_sql.py"), str(run), "--threads", str(threads),
+                          "--json", str(scratch / "sql.json")],
+        "torch subset": [py, str(HERE / "subset_torch.py"), str(run), "--threads", str(threads),
+                         "--json", str(scratch / "torch.json")],
+        "grpolens subset": grpolens("recompute", str(run), "--only", SUBSET, "--quiet", "--out", str(scratch / "only")),
+    }
+
+
+def agreement(scratch: Path) -> dict[str, float]:
+    """Largest relative difference of each baseline's values from grpolens' subset values."""
+    import polars as pl
+
+    ours = {r["step"]: r for r in pl.read_parquet(scratch / "only" / "metrics.parquet").iter_rows(named=True)}
+    out = {}
+    for name in ("sql", "torch"):
+        worst = 0.0
+        for r in json.loads((scratch / f"{name}.json").read_text()):
+            mine = ours[r["step"]]
+            for k, v in r.items():
+                a, b = mine.get(k), v
+                if a is None or b is None:
+                    worst = max(worst, 0.0 if a is None and b is None else math.inf)
+                else:
+                    worst = max(worst, abs(a - b) / max(abs(a), 1e-300) if a != b else 0.0)
+        out[name] = worst
+    return out
+
+
+def main_table(run: Path, rows: int, reps: int, threads: int) -> tuple[list[str], dict]:
+    scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
+    cmds = commands(run, scratch, threads)
+    got: dict[str, list[dict]] = {k: [] for k in cmds}
+    load = [os.getloadavg()[0]]
+    for _ in range(reps):
+        for name, cmd in cmds.items():  # alternate: each repetition runs every command once
+            got[name].append(timed(cmd, threads))
+            load.append(os.getloadavg()[0])
+    agree = agreement(scratch)
+    shutil.rmtree(scratch)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall", "cpu", "rss")} for k, v in got.items()}
+
+    def ratio(a: str, b: str, m: str = "wall") -> str:
+        rs = [x[m] / y[m] for x, y in zip(got[a], got[b])]
+        return f"{statistics.median(rs):.2f}" + (f" ({min(rs):.2f}–{max(rs):.2f})" if len(rs) > 1 else "")
+
+    lines = [f"| what | wall s | M rows/s | CPU s | peak RSS MiB |", "|---|---:|---:|---:|---:|"]
+    for k, v in med.items():
+        lines.append(f"| {k} | {v['wall']:.2f} | {rows / v['wall'] / 1e6:.2f} | {v['cpu']:.2f} | {v['rss']:.0f} |")
+    lines += ["", "| ratio | wall | CPU |", "|---|---:|---:|",
+              f"| full recompute / read floor | {ratio('full recompute', 'read floor')} | {ratio('full recompute', 'read floor', 'cpu')} |",
+              f"| DuckDB / grpolens subset | {ratio('DuckDB subset', 'grpolens subset')} | {ratio('DuckDB subset', 'grpolens subset', 'cpu')} |",
+              f"| torch / grpolens subset | {ratio('torch subset', 'grpolens subset')} | {ratio('torch subset', 'grpolens subset', 'cpu')} |",
+              "",
+              f"Baselines agree with grpolens' subset values to {agree['sql']:.1e} (DuckDB, float64) and "
+              f"{agree['torch']:.1e} (torch, float32) relative; load average during the runs "
+              f"{min(load):.1f}–{max(load):.1f} ({os.cpu_count()} cores); medians of {reps} alternating repetition(s)."]
+    return lines, med
+
+
+def thread_table(run: Path, rows: int, counts: list[int]) -> list[str]:
+    scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
+    lines = ["| threads | full recompute wall s | M rows/s | CPU s | read floor wall s | ratio |", "|---:|---:|---:|---:|---:|---:|"]
+    for n in counts:
+        full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch)), n)
+        floor = timed(commands(run, scratch, n)["read floor"], n)
+        lines.append(f"| {n} | {full['wall']:.2f} | {rows / full['wall'] / 1e6:.2f} | {full['cpu']:.2f} | "
+                     f"{floor['wall']:.2f} | {full['wall'] / floor['wall']:.2f} |")
+    shutil.rmtree(scratch)
+    return lines
+
+
+def size_table(base: Path, sizes: list[float], keep: bool, threads: int) -> list[str]:
+    lines = ["| token rows | steps | read floor s | full recompute s | ratio | full recompute peak RSS MiB |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for size in sizes:
+        run = base / f"run-{size:.0e}"
+        steps = max(2, int(size / PER_STEP))
+        synth(run, steps)
+        rows = rows_of(run)
+        scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
+        floor = timed(commands(run, scratch, threads)["read floor"], threads)
+        full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch)), threads)
+        shutil.rmtree(scratch)
+        lines.append(f"| {rows / 1e6:.1f} M | {steps} | {floor['wall']:.1f} | {full['wall']:.1f} | "
+                     f"{full['wall'] / floor['wall']:.2f} | {full['rss']:.0f} |")
+        print(lines[-1], flush=True)
+        if not keep:
+            shutil.rmtree(run)
+    return lines
+
+
+def rerun_table(base: Path, n: int, keep: bool) -> list[str]:
+    """An (n+1)-step run of small steps: the first n steps recomputed, then nothing new, then step n added."""
+    run = base / f"run-{n + 1}-steps"
+    synth(run, n + 1, ("--ranks", "1", "--groups", "2", "--generations", "2", "--max-len", "64"))
+    last = [d / f"step={n:08d}" for d in (run / "tokens", run / "samples")]
+    aside = [base / f"aside-{d.parent.name}" for d in last]
+    shutil.rmtree(run / "grpolens", ignore_errors=True)
+    for a, b in zip(last, aside):
+        a.rename(b)
+    first = timed(grpolens("recompute", str(run), "--quiet"))
+    again = timed(grpolens("recompute", str(run), "--quiet"))
+    for a, b in zip(last, aside):
+        b.rename(a)
+    one_more = timed(grpolens("recompute", str(run), "--quiet"))
+    scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
+    alone = timed(grpolens("recompute", str(run), "--only", "*", "--steps", str(n), "--quiet", "--out", str(scratch)))
+    shutil.rmtree(scratch)
+    if not keep:
+        shutil.rmtree(run)
+    return ["| on a run of small steps | wall s | peak RSS MiB |", "|---|---:|---:|",
+            f"| first recompute, {n} steps | {first['wall']:.2f} | {first['rss']:.0f} |",
+            f"| re-run, nothing new ({n} steps) | {again['wall']:.2f} | {again['rss']:.0f} |",
+            f"| re-run after step {n} was added | {one_more['wall']:.2f} | {one_more['rss']:.0f} |",
+            f"| that one step alone (`--only '*' --steps {n}`, for scale) | {alone['wall']:.2f} | {alone['rss']:.0f} |"]
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kb / 2**20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def write_readme(text: str) -> None:
+    path = ROOT / "README.md"
+    doc = path.read_text()
+    block = f"{README_BEGIN}\n{text}\n{README_END}"
+    if README_BEGIN in doc:
+        head, rest = doc.split(README_BEGIN, 1)
+        doc = head + block + rest.split(README_END, 1)[1]
+    else:
+        marker = "## Performance\n"
+        if marker not in doc:
+            sys.exit("README.md has no '## Performance' section")
+        head, rest = doc.split(marker, 1)
+        doc = head + marker + "\n" + block + "\n" + rest
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(doc)
+    tmp.replace(path)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=float, default=10e6, help="approximate token rows in the run")
-    ap.add_argument("--dir", type=Path, default=None, help="where to put the run (default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the run afterwards")
+    ap.add_argument("--tokens", type=float, default=10e6, help="approximate token rows of the main run")
+    ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
+    ap.add_argument("--threads", default="1,2", help="thread counts for the rows/s table (comma-separated)")
+    ap.add_argument("--sizes", default="", help="token row counts for the RSS table, e.g. 25e6,50e6,100e6,200e6")
+    ap.add_argument("--rerun-steps", type=int, default=0, help="N: time a re-run and one added step on an N+1-step run")
+    ap.add_argument("--dir", type=Path, default=None, help="where to put the runs (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the runs afterwards")
+    ap.add_argument("--write-readme", action="store_true", help="write the tables into README.md's Performance section")
     args = ap.parse_args()
+    counts = [int(x) for x in args.threads.split(",") if x.strip()]
+    threads = int(os.environ.get("GRPOLENS_THREADS") or min(4, os.cpu_count() or 1))
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="grpolens-bench-"))
-    run = base / "run"
-    # ~127 stored tokens per completion on average at max-len 1024 in synth's length model (measured)
-    per_step = 2 * 4 * 16 * 8 * 127
-    steps = max(2, int(args.tokens / per_step))
-    if not run.exists():
-        wall, rss, _ = timed([sys.executable, "-m", "grpolens.cli", "synth", str(run), "--steps", str(steps),
-                              "--ranks", "2", "--micro-batches", "4", "--groups", "16", "--generations", "8",
-                              "--max-len", "1024", "--seed", "1"])
-        print(f"synth: {steps} steps in {wall:.1f} s")
-    wall, rss, out = timed([sys.executable, "-c", FLOOR, str(run)])
-    rows = int(out.strip())
+    base.mkdir(parents=True, exist_ok=True)
+    run = base / f"run-{args.tokens:.0e}"
+    synth(run, max(2, int(args.tokens / PER_STEP)))
+    rows = rows_of(run)
+    size = sum(f.stat().st_size for f in run.rglob("*.parquet")) / 2**20
     steps = len(list((run / "tokens").iterdir()))
-    print(f"run: {rows:,} token rows, {steps} steps, {sum(f.stat().st_size for f in run.rglob('*.parquet')) / 2**20:.0f} MiB")
-    print(f"{'what':<34}{'wall s':>9}{'M tok/s':>9}{'peak RSS MiB':>14}")
-    print(f"{'read floor (all columns)':<34}{wall:>9.2f}{rows / wall / 1e6:>9.2f}{rss:>14.0f}")
-    wall, rss, _ = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "--quiet"])
-    print(f"{'recompute --full (all metrics)':<34}{wall:>9.2f}{rows / wall / 1e6:>9.2f}{rss:>14.0f}")
-    wall, rss, _ = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--quiet"])
-    print(f"{'recompute, nothing new (cache)':<34}{wall:>9.2f}{'':>9}{rss:>14.0f}")
+    started = dt.datetime.now(dt.timezone.utc)
+    out = [f"Run: {rows:,} token rows, {steps} steps, {size:.0f} MiB (`grpolens synth --steps {steps} "
+           f"{' '.join(SHAPE)} --seed 1`); {threads} worker threads unless stated.", ""]
+    lines, _ = main_table(run, rows, args.reps, threads)
+    out += lines
+    print("\n".join(out), flush=True)
+    if counts:
+        t = thread_table(run, rows, counts)
+        print("\n".join(t), flush=True)
+        out += ["", *t]
     if not args.keep and args.dir is None:
-        shutil.rmtree(base)
+        shutil.rmtree(run)
+    if args.sizes:
+        out += ["", *size_table(base, [float(s) for s in args.sizes.split(",")], args.keep, threads)]
+    if args.rerun_steps:
+        t = rerun_table(base, args.rerun_steps, args.keep)
+        print("\n".join(t), flush=True)
+        out += ["", *t]
+    if args.dir is None and not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    cmd = "python benchmarks/bench_recompute.py " + " ".join(a for a in sys.argv[1:] if a != "--write-readme")
+    header = (f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, with `{cmd.strip()}` "
+              f"(load average at the end {os.getloadavg()[0]:.1f}):")
+    if args.write_readme:
+        write_readme(header + "\n\n" + "\n".join(out))
+        print("README.md updated")
 
 
 if __name__ == "__main__":
