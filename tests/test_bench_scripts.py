@@ -21,11 +21,11 @@ def test_read_floor_reads_the_columns_recompute_reads():
 
 
 def test_subset_is_a_valid_only_selection():
-    from grpolens.compute import metrics_for, select_metrics
-    from grpolens.metrics.config import check_config
+    from grpolens.analysis.recompute import metrics_for, select_metrics
+    from grpolens.run.config import check_config
 
     subset = _load("bench_recompute").SUBSET
-    from grpolens import format as fmt
+    from grpolens.run import format as fmt
 
     cfg = check_config(fmt.read_manifest(BENCH.parent / "sample_runs" / "tiny").resolved_config())
     picked = select_metrics(metrics_for("grpolens", cfg), [subset])
