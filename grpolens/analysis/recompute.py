@@ -226,7 +226,10 @@ def recompute(
         computed.add(res.step)
         for v in visitors:
             if getattr(v, "collect", False):
-                collected.setdefault(v.name, {})[res.step] = res.pieces[v.name]
+                piece = res.pieces[v.name]
+                if hasattr(v, "at_step"):  # its step output, made while the step's samples are here
+                    piece = v.at_step(res.step, piece, samples)
+                collected.setdefault(v.name, {})[res.step] = piece
         if on_step:
             on_step(res.step, res.pieces)
     for s in todo:

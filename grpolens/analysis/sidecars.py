@@ -265,8 +265,9 @@ def concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
 
 @dataclass
 class Completions:
-    """Visitor: each step's per-sequence token columns; ``finish`` joins the samples and writes
-    ``completions.parquet`` (fresh rows for recomputed steps, earlier rows for the rest)."""
+    """Visitor: each step's per-sequence token columns, joined to the step's samples while the
+    recompute holds them (``at_step``); ``finish`` writes ``completions.parquet`` (fresh rows for
+    recomputed steps, earlier rows for the rest)."""
 
     cfg: dict = field(default_factory=dict)
     name: str = "completions"
@@ -281,7 +282,12 @@ class Completions:
 
         return sequence_columns(merge_partials(pieces), self.cfg)
 
+    def at_step(self, step: int, seqcols: pl.DataFrame, samples: pl.DataFrame | None) -> pl.DataFrame:
+        """The step's completions table, from the samples the recompute already read for the step."""
+        return completions_table(step, samples, seqcols)
+
     def finish(self, run: Path, out_dir: Path, by_step: dict[int, pl.DataFrame], kept_steps: set[int]) -> None:
+        """``by_step``: each recomputed step's :meth:`at_step` table."""
         path = out_dir / COMPLETIONS_FILE
         frames = []
         if path.is_file() and kept_steps:
@@ -291,7 +297,7 @@ class Completions:
                 pass
         # steps with samples but no token shards: sample columns only
         sample_only = set(fmt.list_steps(run, fmt.SAMPLES)) - set(fmt.list_steps(run, fmt.TOKENS)) - kept_steps
-        frames += [step_table(run, s, by_step.get(s)) for s in sorted(set(by_step) | sample_only)]
+        frames += [by_step[s] if s in by_step else step_table(run, s, None) for s in sorted(set(by_step) | sample_only)]
         fmt.atomic_write_table(path, concat(frames).to_arrow())
 
 
