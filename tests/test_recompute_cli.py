@@ -54,6 +54,50 @@ def test_incremental_reads_only_new_steps(run, tmp_path):
     assert changed.reused_steps == []
 
 
+def _outputs(run):
+    d = run / "grpolens"
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def test_rerun_with_nothing_new_writes_nothing_and_anything_touched_is_rewritten(run):
+    first = recompute(run, result=True)
+    before = _outputs(run)
+    assert {"metrics.parquet", "metrics.jsonl", "completions.parquet", "top_tokens.parquet"} <= set(before)
+    again = recompute(run, result=True)
+    assert again.computed_steps == [] and again.metrics.equals(first.metrics)
+    assert _outputs(run) == before  # not even rewritten with the same bytes
+    # an output removed or replaced by someone else: every output is written again, same content
+    (run / "grpolens" / "metrics.parquet").unlink()
+    (run / "grpolens" / "metrics.jsonl").write_text("{}\n")
+    recompute(run)
+    after = _outputs(run)
+    assert {k: v[1] for k, v in after.items()} == {k: v[1] for k, v in before.items()}
+    # another selection or destination is another output: written
+    assert recompute(run, steps="1:2", result=True).metrics.height == 2
+    assert pl.read_parquet(run / "grpolens" / "metrics.parquet")["step"].to_list() == [1, 2]
+    recompute(run)
+    assert pl.read_parquet(run / "grpolens" / "metrics.parquet")["step"].to_list() == [0, 1, 2]
+
+
+def test_sample_columns_come_from_the_state_only_while_the_samples_are_unchanged(tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpolens.adapters.synth import synth_run
+
+    run = synth_run(tmp_path / "run", steps=2, groups=2, generations=2, max_len=16)
+    recompute(run)
+    shard = sorted((run / "samples").rglob("*.parquet"))[0]
+    t = pq.read_table(shard)
+    pq.write_table(t.append_column("reward/extra", pa.array([1.0] * t.num_rows)), shard)
+    df = recompute(run)
+    assert "rewards/extra/mean" in df.columns
+    shutil.rmtree(run / "grpolens")
+    assert recompute(run).columns == df.columns
+
+
 def test_steps_selection(run):
     df = recompute(run, steps="1:2", write=False)
     assert df["step"].to_list() == [1, 2]

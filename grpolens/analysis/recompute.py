@@ -112,6 +112,25 @@ def _fingerprint(shards: list[fmt.Shard]) -> list:
     return out
 
 
+def _key(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _output_files(out_dir: Path) -> dict[str, list[int]]:
+    """Size and mtime of each file directly in ``out_dir`` (the recompute's outputs): any change
+    there, a file removed or rewritten by someone else, makes the next re-run write them again."""
+    try:
+        entries = list(os.scandir(out_dir))
+    except OSError:
+        return {}
+    out = {}
+    for e in entries:
+        if e.is_file(follow_symlinks=False):
+            st = e.stat(follow_symlinks=False)
+            out[e.name] = [st.st_size, st.st_mtime_ns]
+    return dict(sorted(out.items()))
+
+
 def _config_hash(cfg: dict, profile: str) -> str:
     blob = json.dumps({"cfg": cfg, "profile": profile, "cache": CACHE_VERSION, "metrics": sorted(REGISTRY)},
                       sort_keys=True, default=str)
@@ -165,7 +184,29 @@ def recompute(
     sample_steps = reader.steps(fmt.SAMPLES)
     all_steps = reader.steps()
 
-    metrics = metrics_for(profile, cfg, reader.sample_columns())
+    # -- what is on disk: one listing of each table, one stat per shard ---------------------------
+    cache_path = fmt.derived_dir(run) / "cache" / f"steps-{profile}.parquet"
+    state_path = fmt.derived_dir(run) / "cache" / f"state-{profile}.json"
+    shards_of: dict[int, list[fmt.Shard]] = {s: [] for s in all_steps}
+    for table in (fmt.TOKENS, fmt.SAMPLES):
+        for sh in fmt.list_shards(run, table):
+            shards_of.setdefault(sh.step, []).append(sh)
+    fingerprints = {s: _fingerprint(shards_of[s]) for s in all_steps}
+    state: dict = {}
+    if state_path.is_file():
+        try:
+            state = json.loads(state_path.read_text())
+        except Exception:  # noqa: BLE001 - a damaged state is simply rebuilt
+            state = {}
+    # the samples' column names (every footer of the run) are kept in the state while no samples
+    # shard changed: a re-run then opens no Parquet file at all
+    samples_key = _key([fp for s in all_steps for fp in fingerprints[s] if fp[0].startswith(fmt.SAMPLES + "/")])
+    if state.get("sample_columns", {}).get("key") == samples_key:
+        sample_cols = set(state["sample_columns"]["columns"])
+    else:
+        sample_cols = reader.sample_columns()
+
+    metrics = metrics_for(profile, cfg, sample_cols)
     families: frozenset[str] | None = None
     if only is not None:
         metrics = select_metrics(metrics, only, profile)
@@ -178,17 +219,11 @@ def recompute(
     chash = _config_hash(cfg, profile)
 
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
-    cache_path = fmt.derived_dir(run) / "cache" / f"steps-{profile}.parquet"
-    state_path = fmt.derived_dir(run) / "cache" / f"state-{profile}.json"
-    fingerprints = {
-        s: _fingerprint(fmt.list_shards(run, fmt.TOKENS, [s]) + fmt.list_shards(run, fmt.SAMPLES, [s])) for s in all_steps
-    }
     # every step of the run whose cached row is still valid (not only the selected ones: the
     # cache is rewritten whole, and cumulative metrics need the steps before --steps)
     valid_cache: dict[int, dict] = {}
-    if incremental and not extra_visitors and cache_path.is_file() and state_path.is_file():
+    if incremental and not extra_visitors and cache_path.is_file() and state:
         try:
-            state = json.loads(state_path.read_text())
             if state.get("config_hash") == chash:
                 old = pl.read_parquet(cache_path)
                 for row in old.iter_rows(named=True):
@@ -250,11 +285,18 @@ def recompute(
     from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
 
     notes += offset_notes(raw)
-    if write:
+    # the outputs of exactly this recompute (config, selection, shards, destination) are already
+    # there, untouched since they were written: a re-run with nothing new writes nothing
+    manifest = run / fmt.MANIFEST_NAME
+    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints,
+                        _output_files(manifest.parent).get(manifest.name)])
+    unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
+                 and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
+    if write and not unchanged:
         out_dir.mkdir(parents=True, exist_ok=True)
         fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
         fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
-    if write and only is None:
+    if write and only is None and not unchanged:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         kept = set(cached_rows)
         for v in visitors:
@@ -265,7 +307,9 @@ def recompute(
         cache = pl.DataFrame([{k: r.get(k) for k in names} for _, r in sorted({**keep, **rows}.items())],
                              schema=schema, orient="row")
         fmt.atomic_write_table(cache_path, cache.to_arrow())
-        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})}}
+        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
+                 "sample_columns": {"key": samples_key, "columns": sorted(sample_cols)},
+                 "outputs": {"key": outputs_key, "files": _output_files(out_dir)}}
         fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
