@@ -83,11 +83,42 @@ def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
 
 
 def _fingerprint(shards: list[fmt.Shard]) -> list:
-    out = []
-    for sh in shards:
-        st = sh.path.stat()
-        out.append([f"{sh.table}/{sh.path.parent.name}/{sh.path.name}", st.st_size, st.st_mtime_ns])
-    return out
+    return [sh.fingerprint() for sh in shards]
+
+
+def _output_dirs(reader: RunReader, out, profile: str) -> tuple[Path, Path, Any]:
+    """``(out_dir, cache_root, remote_out)``: where outputs and the per-step cache go. A local run
+    keeps both under ``RUN/grpolens/`` unless ``--out``; a run on object storage writes locally by
+    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end."""
+    from grpolens.run.storage import is_remote, location
+
+    if out is not None and (is_remote(str(out)) if isinstance(out, str) else fmt.is_remote_run(out)):
+        import tempfile
+
+        remote_out = location(out, reader.path.settings.storage_options() if fmt.is_remote_run(reader.path) else None) \
+            if isinstance(out, str) else out
+        staging = Path(tempfile.mkdtemp(prefix="grpolens-out-"))
+        for rel, _ in remote_out.walk():  # earlier outputs and the cache: kept steps are reused
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes((remote_out / rel).read_bytes())
+        return staging, staging, remote_out
+    if fmt.is_remote_run(reader.path):
+        root = Path(out) if out is not None else Path(f"{reader.manifest.run_name}.grpolens")
+        return (root if out is not None or profile == "grpolens" else root / profile), root, None
+    return (Path(out) if out is not None else reader.out_dir(profile)), fmt.derived_dir(reader.path), None
+
+
+def _upload(staging: Path, remote_out) -> None:
+    """Every staged file to its key under ``remote_out``, each atomically (temporary key, copy)."""
+    import shutil
+
+    try:
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        # the cache state last: an upload cut short leaves a state that does not vouch for new rows
+        for f in sorted(files, key=lambda p: (p.parent.name == "cache" and p.name.startswith("state-"), str(p))):
+            (remote_out / f.relative_to(staging).as_posix()).write_bytes(f.read_bytes())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _config_hash(cfg: dict, profile: str) -> str:
@@ -115,18 +146,20 @@ def recompute(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     result: bool = False,
     engine: Any = None,
+    storage_options: dict[str, str] | None = None,
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
     ``profile`` picks names and reductions (a registered profile: see ``docs/profiles.md``);
     ``overrides`` replace manifest config keys (what-if analysis);
-    ``steps`` is ``"A:B"``. ``extra_visitors`` join the same pass over the tokens (see
+    ``steps`` is ``"A:B"``. ``run`` may be ``s3://bucket/prefix`` (``storage_options``: see
+    :mod:`grpolens.run.storage`), and so may ``out``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
 
     >>> import grpolens                                                   # doctest: +SKIP
     >>> grpolens.recompute("sample_runs/tiny").select("step", "entropy")   # doctest: +SKIP
     """
-    reader = RunReader(run)
+    reader = RunReader(run, storage_options)
     run = reader.path
     prof = plugins.get(profile)
     cfg = reader.config(overrides, config_file)
@@ -135,22 +168,35 @@ def recompute(
     sample_steps = reader.steps(fmt.SAMPLES)
     all_steps = reader.steps()
 
-    metrics = metrics_for(profile, cfg, reader.sample_columns())
-    out_dir = Path(out) if out is not None else reader.out_dir(profile)
+    out_dir, cache_root, remote_out = _output_dirs(reader, out, profile) if write or fmt.is_remote_run(run) \
+        else (Path(out) if out is not None else reader.out_dir(profile), fmt.derived_dir(run), None)
     chash = _config_hash(cfg, profile)
 
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
-    cache_path = fmt.derived_dir(run) / "cache" / f"steps-{profile}.parquet"
-    state_path = fmt.derived_dir(run) / "cache" / f"state-{profile}.json"
+    cache_path = cache_root / "cache" / f"steps-{profile}.parquet"
+    state_path = cache_root / "cache" / f"state-{profile}.json"
     fingerprints = {
         s: _fingerprint(fmt.list_shards(run, fmt.TOKENS, [s]) + fmt.list_shards(run, fmt.SAMPLES, [s])) for s in all_steps
     }
+    samples_fp = _fingerprint(fmt.list_shards(run, fmt.SAMPLES))
+    state: dict = {}
+    if incremental and state_path.is_file():
+        try:
+            state = json.loads(state_path.read_text())
+        except Exception:  # noqa: BLE001 - a damaged cache is simply rebuilt
+            state = {}
+    # the sample columns come from every samples shard's footer: reused while no shard changed
+    # (on object storage that is one GET per shard saved on every run)
+    if state.get("samples") == samples_fp and isinstance(state.get("sample_columns"), list):
+        sample_cols = set(state["sample_columns"])
+    else:
+        sample_cols = reader.sample_columns()
+    metrics = metrics_for(profile, cfg, sample_cols)
     # every step of the run whose cached row is still valid (not only the selected ones: the
     # cache is rewritten whole, and cumulative metrics need the steps before --steps)
     valid_cache: dict[int, dict] = {}
     if incremental and not extra_visitors and cache_path.is_file() and state_path.is_file():
         try:
-            state = json.loads(state_path.read_text())
             if state.get("config_hash") == chash:
                 old = pl.read_parquet(cache_path)
                 for row in old.iter_rows(named=True):
@@ -222,8 +268,12 @@ def recompute(
         cache = pl.DataFrame([{k: r.get(k) for k in names} for _, r in sorted({**keep, **rows}.items())],
                              schema=schema, orient="row")
         fmt.atomic_write_table(cache_path, cache.to_arrow())
-        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})}}
+        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
+                 "samples": samples_fp, "sample_columns": sorted(sample_cols)}
         fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
+        if remote_out is not None:
+            _upload(out_dir, remote_out)
+            out_dir = remote_out
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
                                sorted(cached_rows), notes)
