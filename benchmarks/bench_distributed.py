@@ -158,10 +158,17 @@ def cmd_pieces(args) -> None:
     visitors = (SequencePartials(cfg), *(f(cfg) for f in VISITORS.values()))
     steps = fmt.list_steps(run, fmt.TOKENS)[: args.steps]
     per_visitor: dict[str, int] = {}
-    shard_bytes, step_bytes, merge_s, rows = [], [], [], 0
+    from grpolens.analysis.recompute import metrics_for, step_values
+    from grpolens.metrics import reduce
+    from grpolens.run.reader import read_samples
+
+    metrics = metrics_for("grpolens", cfg, RunReader(run).sample_columns())
+    shard_bytes, step_bytes, merge_s, reduce_s, work_s, rows = [], [], [], [], 0.0, 0
     for s in steps:
         shards = fmt.list_shards(run, fmt.TOKENS, [s])
+        t = time.perf_counter()
         results = [shard_pieces(sh, visitors, tuple(c.name for c in fmt.TOKEN_COLUMNS)) for sh in shards]
+        work_s += time.perf_counter() - t
         rows += sum(int(r["sequences"][0]["seq_tokens"].sum()) for r in results)
         for r in results:
             b = len(pickle.dumps(r, protocol=5))
@@ -170,16 +177,24 @@ def cmd_pieces(args) -> None:
                 per_visitor[k] = per_visitor.get(k, 0) + len(pickle.dumps(v, protocol=5))
         step_bytes.append(sum(shard_bytes[-len(results):]))
         t = time.perf_counter()
-        for v in visitors:
-            v.combine(s, [r[v.name] for r in results])
+        pieces = {v.name: v.combine(s, [r[v.name] for r in results]) for v in visitors}
         merge_s.append(time.perf_counter() - t)
+        # what the driver does next with the merged pieces: every metric's reduction of the step
+        t = time.perf_counter()
+        seqs, present = pieces["sequences"]
+        sd = reduce.StepData(s, seqs, cfg, "grpolens", read_samples(run, s), present, {"pieces": pieces,
+                                                                                       "run_has_samples": True})
+        step_values(sd, metrics)
+        reduce_s.append(time.perf_counter() - t)
     n = len(shard_bytes)
     print(f"{len(steps)} steps, {n} shards, {rows:,} token rows ({rows / n:,.0f} per shard)")
     print(f"pieces per shard: mean {sum(shard_bytes) / n / 1024:.0f} KiB ({sum(shard_bytes) / rows:.1f} bytes per token row)")
     print(f"pieces per step:  mean {sum(step_bytes) / len(step_bytes) / 1024:.0f} KiB")
     for k, v in sorted(per_visitor.items(), key=lambda kv: -kv[1]):
         print(f"  {k:<22}{v / n / 1024:>8.1f} KiB per shard")
+    print(f"per-shard work (read + every visitor), one thread: {rows / work_s / 1e6:.2f} M token rows/s")
     print(f"driver merge (every visitor's combine) per step: mean {1e3 * sum(merge_s) / len(merge_s):.1f} ms")
+    print(f"driver reduction (every metric from the merged step) per step: mean {1e3 * sum(reduce_s) / len(reduce_s):.1f} ms")
 
 
 def main() -> None:

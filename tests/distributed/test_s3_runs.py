@@ -124,3 +124,21 @@ def test_ray_engine_reads_from_the_bucket(s3_env, ray_local, synth_small, remote
 
     got = recompute(remote, write=False, engine=RayEngine())
     assert_frame_equal(got, recompute(synth_small, write=False, incremental=False), check_exact=True)
+
+
+def _exit_code(*args) -> int:
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def test_check_and_sweep_read_the_bucket(s3_env, synth_small, remote, tmp_path, capsys):
+    from grpolens.analysis.sweep import sweep
+
+    assert _exit_code("check", remote, "-q") == _exit_code("check", str(synth_small), "-q")  # the same verdict
+    capsys.readouterr()
+    main(["sweep", remote, "--param", "rollout_is.upper=1.5,3", "-q"])
+    got = pl.read_parquet(tmp_path / "run.grpolens" / "sweep.parquet")
+    assert_frame_equal(got, sweep(synth_small, {"upper": [1.5, 3.0]}), check_exact=True)
