@@ -105,11 +105,42 @@ def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
 
 
 def _fingerprint(shards: list[fmt.Shard]) -> list:
-    out = []
-    for sh in shards:
-        st = sh.path.stat()
-        out.append([f"{sh.table}/{sh.path.parent.name}/{sh.path.name}", st.st_size, st.st_mtime_ns])
-    return out
+    return [sh.fingerprint() for sh in shards]
+
+
+def _output_dirs(reader: RunReader, out, profile: str) -> tuple[Path, Path, Any]:
+    """``(out_dir, cache_root, remote_out)``: where outputs and the per-step cache go. A local run
+    keeps both under ``RUN/grpolens/`` unless ``--out``; a run on object storage writes locally by
+    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end."""
+    from grpolens.run.storage import is_remote, location
+
+    if out is not None and (is_remote(str(out)) if isinstance(out, str) else fmt.is_remote_run(out)):
+        import tempfile
+
+        remote_out = location(out, reader.path.settings.storage_options() if fmt.is_remote_run(reader.path) else None) \
+            if isinstance(out, str) else out
+        staging = Path(tempfile.mkdtemp(prefix="grpolens-out-"))
+        for rel, _ in remote_out.walk():  # earlier outputs and the cache: kept steps are reused
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes((remote_out / rel).read_bytes())
+        return staging, staging, remote_out
+    if fmt.is_remote_run(reader.path):
+        root = Path(out) if out is not None else Path(f"{reader.manifest.run_name}.grpolens")
+        return (root if out is not None or profile == "grpolens" else root / profile), root, None
+    return (Path(out) if out is not None else reader.out_dir(profile)), fmt.derived_dir(reader.path), None
+
+
+def _upload(staging: Path, remote_out) -> None:
+    """Every staged file to its key under ``remote_out``, each atomically (temporary key, copy)."""
+    import shutil
+
+    try:
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        # the cache state last: an upload cut short leaves a state that does not vouch for new rows
+        for f in sorted(files, key=lambda p: (p.parent.name == "cache" and p.name.startswith("state-"), str(p))):
+            (remote_out / f.relative_to(staging).as_posix()).write_bytes(f.read_bytes())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _key(obj) -> str:
@@ -156,13 +187,15 @@ def recompute(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     result: bool = False,
     engine: Any = None,
+    storage_options: dict[str, str] | None = None,
     only: Iterable[str] | None = None,
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
     ``profile`` picks names and reductions (a registered profile: see ``docs/profiles.md``);
     ``overrides`` replace manifest config keys (what-if analysis);
-    ``steps`` is ``"A:B"``. ``extra_visitors`` join the same pass over the tokens (see
+    ``steps`` is ``"A:B"``. ``run`` may be ``s3://bucket/prefix`` (``storage_options``: see
+    :mod:`grpolens.run.storage`), and so may ``out``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
 
     ``only`` restricts the work to some metrics (families, names or globs, see
@@ -175,7 +208,7 @@ def recompute(
     >>> import grpolens                                                   # doctest: +SKIP
     >>> grpolens.recompute("sample_runs/tiny").select("step", "entropy")   # doctest: +SKIP
     """
-    reader = RunReader(run)
+    reader = RunReader(run, storage_options)
     run = reader.path
     prof = plugins.get(profile)
     cfg = reader.config(overrides, config_file)
@@ -184,41 +217,40 @@ def recompute(
     sample_steps = reader.steps(fmt.SAMPLES)
     all_steps = reader.steps()
 
-    # -- what is on disk: one listing of each table, one stat per shard ---------------------------
-    cache_path = fmt.derived_dir(run) / "cache" / f"steps-{profile}.parquet"
-    state_path = fmt.derived_dir(run) / "cache" / f"state-{profile}.json"
-    shards_of: dict[int, list[fmt.Shard]] = {s: [] for s in all_steps}
-    for table in (fmt.TOKENS, fmt.SAMPLES):
-        for sh in fmt.list_shards(run, table):
-            shards_of.setdefault(sh.step, []).append(sh)
-    fingerprints = {s: _fingerprint(shards_of[s]) for s in all_steps}
+    out_dir, cache_root, remote_out = _output_dirs(reader, out, profile) if write or fmt.is_remote_run(run) \
+        else (Path(out) if out is not None else reader.out_dir(profile), fmt.derived_dir(run), None)
+    chash = _config_hash(cfg, profile)
+
+    # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
+    cache_path = cache_root / "cache" / f"steps-{profile}.parquet"
+    state_path = cache_root / "cache" / f"state-{profile}.json"
+    fingerprints = {
+        s: _fingerprint(fmt.list_shards(run, fmt.TOKENS, [s]) + fmt.list_shards(run, fmt.SAMPLES, [s])) for s in all_steps
+    }
+    samples_fp = _fingerprint(fmt.list_shards(run, fmt.SAMPLES))
     state: dict = {}
-    if state_path.is_file():
+    if incremental and state_path.is_file():
         try:
             state = json.loads(state_path.read_text())
-        except Exception:  # noqa: BLE001 - a damaged state is simply rebuilt
+        except Exception:  # noqa: BLE001 - a damaged cache is simply rebuilt
             state = {}
-    # the samples' column names (every footer of the run) are kept in the state while no samples
-    # shard changed: a re-run then opens no Parquet file at all
-    samples_key = _key([fp for s in all_steps for fp in fingerprints[s] if fp[0].startswith(fmt.SAMPLES + "/")])
-    if state.get("sample_columns", {}).get("key") == samples_key:
-        sample_cols = set(state["sample_columns"]["columns"])
+    # the sample columns come from every samples shard's footer: reused while no shard changed
+    # (on object storage that is one GET per shard saved on every run)
+    if state.get("samples") == samples_fp and isinstance(state.get("sample_columns"), list):
+        sample_cols = set(state["sample_columns"])
     else:
         sample_cols = reader.sample_columns()
-
     metrics = metrics_for(profile, cfg, sample_cols)
     families: frozenset[str] | None = None
     if only is not None:
         metrics = select_metrics(metrics, only, profile)
         families = frozenset(m.family for m in metrics)
         incremental = False
-    out_dir = Path(out) if out is not None else reader.out_dir(profile) / ("only" if only is not None else "")
+        if out is None:  # beside the full outputs, never over them
+            out_dir = out_dir / "only"
     need_samples = families is None or any(m.needs_samples(prof) for m in metrics)
     # token_id feeds only diversity (and the top-tokens output): a restricted run may skip it
     columns = READ_COLUMNS if families is None or "diversity" in families else tuple(c for c in READ_COLUMNS if c != "token_id")
-    chash = _config_hash(cfg, profile)
-
-    # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
     # every step of the run whose cached row is still valid (not only the selected ones: the
     # cache is rewritten whole, and cumulative metrics need the steps before --steps)
     valid_cache: dict[int, dict] = {}
@@ -287,9 +319,8 @@ def recompute(
     notes += offset_notes(raw)
     # the outputs of exactly this recompute (config, selection, shards, destination) are already
     # there, untouched since they were written: a re-run with nothing new writes nothing
-    manifest = run / fmt.MANIFEST_NAME
-    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints,
-                        _output_files(manifest.parent).get(manifest.name)])
+    manifest = None if fmt.is_remote_run(run) else _output_files(Path(run)).get(fmt.MANIFEST_NAME)
+    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest])
     unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
                  and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
     if write and not unchanged:
@@ -308,9 +339,12 @@ def recompute(
                              schema=schema, orient="row")
         fmt.atomic_write_table(cache_path, cache.to_arrow())
         state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
-                 "sample_columns": {"key": samples_key, "columns": sorted(sample_cols)},
+                 "samples": samples_fp, "sample_columns": sorted(sample_cols),
                  "outputs": {"key": outputs_key, "files": _output_files(out_dir)}}
         fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
+        if remote_out is not None:
+            _upload(out_dir, remote_out)
+            out_dir = remote_out
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
                                sorted(cached_rows), notes)

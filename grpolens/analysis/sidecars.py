@@ -309,7 +309,7 @@ def _completions(cfg: dict) -> Completions:
 def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
     from grpolens.run.reader import read_samples
 
-    return completions_table(step, read_samples(Path(run), step), seqcols)
+    return completions_table(step, read_samples(fmt.as_run(run), step), seqcols)
 
 
 def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None = None,
@@ -319,7 +319,7 @@ def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None =
     from grpolens.metrics.registry import load_builtins
     from grpolens.run.reader import resolve_config
 
-    run = Path(run)
+    run = fmt.as_run(run)
     load_builtins()
     cfg = cfg if cfg is not None else resolve_config(run)
     steps = sorted(set(steps))
@@ -347,7 +347,7 @@ def completions_path(run: os.PathLike | str) -> Path:
 def fresh_rows(run: os.PathLike | str, step: int) -> pl.DataFrame | None:
     """The step's rows of ``completions.parquet`` if it is newer than the step's shards and the
     manifest and holds that step; else None (compute the step instead)."""
-    run = Path(run)
+    run = fmt.as_run(run)
     path = completions_path(run)
     if not path.is_file():
         return None

@@ -154,7 +154,7 @@ def sweep(
     from grpolens.metrics.engine import iter_steps
     from grpolens.run.reader import parse_steps, resolve_config
 
-    run = Path(run)
+    run = fmt.as_run(run)
     cfg = resolve_config(run, overrides, Path(config_file) if config_file is not None else None)
     points = grid(cfg.get("rollout_is"), params, {"level": level, "mode": mode})
     lo, hi = parse_steps(steps)
@@ -167,7 +167,7 @@ def sweep(
     import pyarrow.parquet as pq
 
     first = fmt.list_shards(run, fmt.TOKENS, steps=[sel[0]])[0].path
-    if "rollout_logp" not in pq.ParquetFile(first).schema_arrow.names:
+    if "rollout_logp" not in pq.ParquetFile(fmt.parquet_source(first)).schema_arrow.names:
         raise UserError(f"sweep: {first} has no rollout_logp column; rollout IS needs the inference engine's log-probs")
 
     v = SweepVisitor([c for _, c in points])

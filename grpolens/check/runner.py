@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpolens.run import format as fmt
 from grpolens.check.baseline import (Baseline, golden_json, load_baseline, metrics_of, no_data_steps, run_series,
                                      write_golden)
 from grpolens.check.evaluate import ERROR, FAIL, NO_DATA, PASS, STATUSES, Outcome, evaluate, matched_metrics
@@ -80,7 +81,7 @@ def check(
     """Check ``run`` against ``rules`` (built-in defaults when None), optionally against a baseline
     run or golden file; with ``write_golden_to``, also write this run's values as a golden file."""
     t0 = time.perf_counter()
-    run = Path(run)
+    run = fmt.as_run(run)  # a local Path, or an s3:// run
     ruleset = resolve_rules(rules)
     df = metrics_of(run, overrides, engine)
     candidate = run_series(df)

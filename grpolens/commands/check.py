@@ -9,7 +9,7 @@ import typer
 
 
 def check_cmd(
-    run: Path = typer.Argument(..., help="Run directory to check (contains grpolens.json)."),
+    run: str = typer.Argument(..., help="Run directory to check (contains grpolens.json), or s3://bucket/prefix."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="Baseline: a run directory (recomputed "
                                             "with the same --set) or a golden JSON from --write-golden."),
     rules: Optional[Path] = typer.Option(None, "--rules", "-r", help="Rules file (TOML; YAML with PyYAML). "

@@ -9,7 +9,7 @@ import typer
 
 
 def sweep_cmd(
-    run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
+    run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix."),
     param: List[str] = typer.Option([], "--param", help="rollout_is.KEY=V1,V2,... (KEY: level, mode, lower, upper, mask_lower, mask_upper, veto_lower, veto_upper; 'none' unsets a bound). Repeatable: the grid is every combination."),
     level: Optional[str] = typer.Option(None, "--level", help="IS level for every grid point: token, sequence or geometric."),
     mode: Optional[str] = typer.Option(None, "--mode", help="Mode for every grid point: none, truncate, truncate_upper, mask, both, icepop."),
@@ -41,10 +41,17 @@ def sweep_cmd(
     with progress_bar(console, "sweep", enabled=not quiet) as tick:
         df = sweep(run, params, overrides=parse_overrides(set_), config_file=config, steps=steps, level=level,
                    mode=mode, progress=tick, engine=runner)
-    path = out if out is not None else fmt.derived_dir(run) / "sweep.parquet"
+    if out is not None:
+        path = out
+    elif fmt.is_remote_run(run):  # outputs of a run on object storage go to a local directory
+        from grpolens.run.reader import RunReader
+
+        path = Path(f"{RunReader(run).manifest.run_name}.grpolens") / "sweep.parquet"
+    else:
+        path = fmt.derived_dir(run) / "sweep.parquet"
     fmt.atomic_write_table(path, df.to_arrow())
     if html is not None:
-        write_html(df, params, html, f"grpolens sweep: {run.name}")
+        write_html(df, params, html, f"grpolens sweep: {fmt.as_run(run).name}")
     if quiet:
         return
     s = summary(df, params)

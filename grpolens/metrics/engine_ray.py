@@ -40,6 +40,7 @@ class ShardFailure:
     path: str
     message: str
     column: str | None = None
+    storage: bool = False  # a storage error: its message already names the object
 
 
 def _run_group(work: Callable, shards: list) -> list[dict[str, Any]] | ShardFailure:
@@ -54,7 +55,7 @@ def _run_group(work: Callable, shards: list) -> list[dict[str, Any]] | ShardFail
         except RunFormatError as e:
             return ShardFailure(e.path, e.message, e.column)
         except (StorageError, UserError) as e:
-            return ShardFailure(str(sh.path), e.message)
+            return ShardFailure(str(sh.path), e.message, storage=True)
         except (OSError, ValueError) as e:
             return ShardFailure(str(sh.path), f"unreadable shard: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return out
@@ -143,6 +144,10 @@ class RayEngine:
                         f = done[ref]
                         for r in inflight:
                             ray.cancel(r)
+                        if f.storage:
+                            from grpolens.run.storage import StorageError
+
+                            raise StorageError(f.message)
                         raise RunFormatError(f.path, f.message, f.column)
             results = []
             for ref in pending.pop(step):

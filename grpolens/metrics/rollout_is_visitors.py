@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from grpolens.functional import is_weights as ris
+from grpolens.functional.histogram import LogHistogram
 from grpolens.functional.is_weights import ISConfig, SAFETY_BOUND
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
@@ -30,28 +31,33 @@ from grpolens.run.reader import resolve_config
 # ---------------------------------------------------------------------------------------------
 
 class DeltaQuantiles:
-    """Exact per-step quantiles of δ over masked finite tokens (one step's values in memory)."""
+    """Per-step quantiles of δ over masked finite tokens from a mergeable log-binned histogram
+    (:mod:`grpolens.functional.histogram`: within 0.5 % of the exact order statistic), and exact
+    counts of each sign: shards and engines merge it exactly."""
 
     name = DELTA_VISITOR
 
-    def shard(self, b: TokenBatch, shard) -> np.ndarray | None:
+    def shard(self, b: TokenBatch, shard) -> tuple[LogHistogram, int, int] | None:
         if not b.has("rollout_logp"):
             return None
         old, roll = b.old, b.cols["rollout_logp"]
         f = b.mask & np.isfinite(old) & np.isfinite(roll)
-        return old[f] - roll[f]
+        d = old[f] - roll[f]
+        return LogHistogram.of(d), int((d < 0).sum()), int((d > 0).sum())
 
     def combine(self, step: int, pieces: list) -> dict[str, float] | None:
         parts = [p for p in pieces if p is not None]
         if not parts:
             return None
-        d = np.concatenate(parts)
-        if len(d) == 0:
+        h = LogHistogram.merge_all([p[0] for p in parts])
+        n = h.n
+        if n == 0:
             return {"n": 0.0}
-        q25, med, q75 = np.percentile(d, [25, 50, 75])
-        agree = np.mean(d < 0) if med < 0 else np.mean(d > 0) if med > 0 else 0.0
+        neg, pos = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        q25, med, q75 = h.quantile(0.25), h.quantile(0.5), h.quantile(0.75)
+        agree = neg / n if med < 0 else pos / n if med > 0 else 0.0
         flag = abs(med) >= OFFSET_MIN_NATS and agree >= OFFSET_MIN_AGREEMENT
-        return {"n": float(len(d)), "median": float(med), "iqr": float(q75 - q25),
+        return {"n": float(n), "median": float(med), "iqr": float(q75 - q25),
                 "agreement": float(agree), "flag": 1.0 if flag else 0.0}
 
 

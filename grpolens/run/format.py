@@ -158,8 +158,75 @@ class Shard:
     step: int
     rank: int
     part: int
-    path: Path = field(compare=False)
+    path: Path = field(compare=False)  # a storage Location for a run on object storage
     table: str = field(compare=False, default=TOKENS)
+    #: (size, mtime_ns) from the listing of a run on object storage (a local file is stat'ed)
+    stat: tuple[int, int | None] | None = field(compare=False, default=None)
+
+    def relpath(self) -> str:
+        return shard_relpath(self.table, self.step, self.rank, None if self.part < 0 else self.part)
+
+    def fingerprint(self) -> list:
+        """What the per-step cache compares: path, size, modification time (no read of the file)."""
+        if self.stat is not None:
+            return [self.relpath(), *self.stat]
+        st = Path(self.path).stat()
+        return [self.relpath(), st.st_size, st.st_mtime_ns]
+
+
+def as_run(run):
+    """A run argument as a local :class:`~pathlib.Path`, or a storage Location for ``s3://``."""
+    from grpolens.run.storage import Location, is_remote, location
+
+    if isinstance(run, Location):
+        return run if run.remote else Path(run.path)
+    if is_remote(run):
+        return location(run)
+    return Path(run)
+
+
+def is_remote_run(run) -> bool:
+    from grpolens.run.storage import Location, is_remote
+
+    return is_remote(run) or (isinstance(run, Location) and run.remote)
+
+
+#: A remote table's listing is reused for this many seconds within a process, so that one command
+#: lists each table once (one LIST request per 1,000 shards) however many times it asks.
+REMOTE_LISTING_TTL = 10.0
+_REMOTE_LISTINGS: dict[tuple[str, str], tuple[float, list]] = {}
+
+
+def _remote_shards(root, table: str) -> list[Shard]:
+    import time
+
+    key = (root.url, table)
+    hit = _REMOTE_LISTINGS.get(key)
+    if hit is not None and time.monotonic() - hit[0] < REMOTE_LISTING_TTL:
+        return hit[1]
+    base = root / table
+    out = []
+    for rel, entry in base.walk():
+        step_dir, _, name = rel.rpartition("/")
+        m, st = _SHARD_RE.match(name), _STEP_RE.match(step_dir)
+        if m and st:
+            part = int(m.group(2)) if m.group(2) is not None else -1
+            out.append(Shard(int(st.group(1)), int(m.group(1)), part, base / rel, table, (entry.size, entry.mtime_ns)))
+    out.sort()
+    _REMOTE_LISTINGS[key] = (time.monotonic(), out)
+    return out
+
+
+def forget_listings() -> None:
+    """Drop cached remote listings (after this process wrote shards, or in tests)."""
+    _REMOTE_LISTINGS.clear()
+
+
+def parquet_source(path):
+    """What :mod:`pyarrow.parquet` opens: a local path as is, a remote object as a random-access file."""
+    from grpolens.run.storage import Location
+
+    return path.open_input() if isinstance(path, Location) else path
 
 
 def parse_shard_path(path: Path, table: str) -> Shard | None:
@@ -174,7 +241,11 @@ def parse_shard_path(path: Path, table: str) -> Shard | None:
 def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int] | None = None) -> list[Shard]:
     """All shards of ``table`` in ``run``, sorted by (step, rank, part). Stray files are ignored
     here (``grpolens validate`` reports them). With ``steps``, only those steps' directories are
-    listed (cheap on a run with thousands of steps)."""
+    listed (cheap on a run with thousands of steps). On object storage the table is listed once,
+    recursively (one request per 1,000 keys), and the listing reused for :data:`REMOTE_LISTING_TTL`."""
+    if is_remote_run(run):
+        every = _remote_shards(as_run(run), table)
+        return every if steps is None else [sh for sh in every if sh.step in set(int(s) for s in steps)]
     root = Path(run) / table
     if steps is None:
         dirs = [d for d in (root.iterdir() if root.is_dir() else ()) if _STEP_RE.match(d.name)]
@@ -194,6 +265,8 @@ def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int
 
 
 def list_steps(run: os.PathLike | str, table: str = TOKENS) -> list[int]:
+    if is_remote_run(run):
+        return sorted({sh.step for sh in _remote_shards(as_run(run), table)})
     root = Path(run) / table
     if not root.is_dir():
         return []
@@ -201,7 +274,7 @@ def list_steps(run: os.PathLike | str, table: str = TOKENS) -> list[int]:
 
 
 def derived_dir(run: os.PathLike | str) -> Path:
-    return Path(run) / DERIVED_DIR
+    return as_run(run) / DERIVED_DIR
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +398,15 @@ def write_manifest(run: os.PathLike | str, manifest: Manifest) -> Path:
 
 def read_manifest(run: os.PathLike | str) -> Manifest:
     """Read and check ``RUN/grpolens.json``; raises :class:`RunFormatError` naming the problem."""
+    if is_remote_run(run):
+        loc = as_run(run) / MANIFEST_NAME
+        if not loc.is_file():
+            from grpolens.run.storage import storage_errors
+
+            with storage_errors(loc):
+                as_run(run)._check_bucket()  # a missing bucket says so, not "manifest missing"
+            raise RunFormatError(loc, "manifest missing: a run must contain grpolens.json")
+        return _parse_manifest(loc, loc.read_bytes().decode("utf-8", "replace"), as_run(run).name)
     path = Path(run) / MANIFEST_NAME
     if not Path(run).exists():
         raise RunFormatError(run, "run directory does not exist")
@@ -333,9 +415,15 @@ def read_manifest(run: os.PathLike | str) -> Manifest:
     if not path.exists():
         raise RunFormatError(path, "manifest missing: a run directory must contain grpolens.json")
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise RunFormatError(path, f"manifest unreadable: {e}") from None
+    return _parse_manifest(path, text, Path(run).resolve().name)
+
+
+def _parse_manifest(path, text: str, default_name: str) -> Manifest:
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RunFormatError(path, f"manifest is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -362,7 +450,7 @@ def read_manifest(run: os.PathLike | str) -> Manifest:
         raise RunFormatError(path, f"'world_size' must be a positive integer, got {world_size!r}")
     known = {"format", "version", "run_name", "created", "world_size", "trainer", "config"}
     return Manifest(
-        run_name=str(data.get("run_name") or Path(run).resolve().name),
+        run_name=str(data.get("run_name") or default_name),
         world_size=world_size,
         trainer=trainer,
         config=config,

@@ -129,7 +129,7 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(fmt.parquet_source(path))
         have = set(pf.schema_arrow.names)
         missing = [c for c in fmt.REQUIRED[fmt.TOKENS] if c not in have]
         if missing:
@@ -138,6 +138,10 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
     except RunFormatError:
         raise
     except (OSError, pa.ArrowException) as e:
+        if fmt.is_remote_run(path):
+            from grpolens.run.storage import describe
+
+            raise RunFormatError(path, f"unreadable: {describe(e)}") from None
         raise RunFormatError(path, f"unreadable Parquet file: {e}") from None
 
 
@@ -153,7 +157,9 @@ def read_samples(run: os.PathLike | str, step: int):
     frames = []
     for sh in shards:
         try:
-            frames.append(pl.from_arrow(pq.read_table(sh.path)))
+            frames.append(pl.from_arrow(pq.read_table(fmt.parquet_source(sh.path))))
+        except UserError:  # a storage error (bucket, credentials, object gone): its own line
+            raise
         except Exception as e:  # noqa: BLE001
             raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
     return pl.concat(frames, how="diagonal_relaxed")
@@ -166,7 +172,9 @@ def sample_columns(run: os.PathLike | str) -> set[str]:
     cols: set[str] = set()
     for sh in fmt.list_shards(run, fmt.SAMPLES):
         try:
-            cols.update(pq.read_schema(sh.path).names)
+            cols.update(pq.read_schema(fmt.parquet_source(sh.path)).names)
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
     return cols
@@ -192,8 +200,13 @@ def out_dir(run: os.PathLike | str, profile: str = "grpolens") -> Path:
 class RunReader:
     """A run directory, read the one way every command reads it."""
 
-    def __init__(self, run: os.PathLike | str):
-        self.path = Path(run)
+    def __init__(self, run: os.PathLike | str, storage_options: dict[str, str] | None = None):
+        if storage_options:
+            from grpolens.run.storage import location
+
+            run = location(run, storage_options)
+        #: a local Path, or a storage Location for a run on object storage (``s3://``)
+        self.path = fmt.as_run(run)
 
     def __repr__(self) -> str:
         return f"RunReader({str(self.path)!r})"

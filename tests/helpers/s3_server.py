@@ -53,8 +53,13 @@ def main() -> None:
                 body = json.dumps(dict(counts)).encode()
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
+        kind = _kind(environ)
+        path = environ.get("PATH_INFO", "")
         with lock:
-            counts[_kind(environ)] += 1
+            counts[kind] += 1
+            for table in ("tokens", "samples"):  # reads of a run's shards, counted apart
+                if f"/{table}/" in path:
+                    counts[f"{kind} {table}"] += 1
         return app(environ, start_response)
 
     server = make_server("127.0.0.1", 0, counted, threaded=True)

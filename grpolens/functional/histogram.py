@@ -1,0 +1,172 @@
+"""Fixed-edge histograms that merge exactly, and the quantiles they give with a stated error bound.
+
+Token-level quantities (the train–rollout log-ratio δ, IS weights and ratios, entropies,
+advantages) are too many to hold per step on a large run, and exact quantiles do not merge
+across shards. A :class:`LogHistogram` does: its bin edges are fixed once for all, so the
+histogram of any split of the data (shards, ranks, Ray tasks) is the elementwise sum of the parts'
+histograms, integer counts, bit-identical whatever the split or the engine.
+
+Bins are *relative-error* (log-spaced) on |x|, one set for each sign, like DDSketch: bin k holds
+``gamma**(k-1) < |x| <= gamma**k`` with ``gamma = (1 + alpha) / (1 - alpha)``. A quantile is
+reported as the midpoint ``2 * gamma**k / (gamma + 1)`` of its bin (signed), so:
+
+**Bound.** For q in [0, 1] let ``x = sorted(values)[floor(q * (n - 1))]`` (numpy's
+``method="lower"``). The reported quantile ``v`` satisfies ``|v - x| <= alpha * |x|`` when
+``min_abs <= |x| <= max_abs``; ``|v| < min_abs`` (reported as 0) when ``|x| < min_abs``; and
+``v`` is the exact minimum or maximum for q = 0 or 1, and beyond ``max_abs`` (tracked exactly).
+With the defaults (alpha = 0.5 %, |x| from 1e-6 to 1e6) a histogram has 5,531 bins: 44 KB dense,
+far less pickled (to another process or a Ray task: only the non-empty bins travel).
+
+Non-finite values are counted apart (``nonfinite``) and never enter a bin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_ALPHA = 0.005
+DEFAULT_MIN_ABS = 1e-6
+DEFAULT_MAX_ABS = 1e6
+
+
+@dataclass(frozen=True)
+class LogBins:
+    """The fixed edges: relative accuracy ``alpha`` on ``min_abs <= |x| <= max_abs``."""
+
+    alpha: float = DEFAULT_ALPHA
+    min_abs: float = DEFAULT_MIN_ABS
+    max_abs: float = DEFAULT_MAX_ABS
+
+    @property
+    def gamma(self) -> float:
+        return (1.0 + self.alpha) / (1.0 - self.alpha)
+
+    @property
+    def k_min(self) -> int:
+        return math.ceil(math.log(self.min_abs) / math.log(self.gamma))
+
+    @property
+    def k_max(self) -> int:
+        return math.ceil(math.log(self.max_abs) / math.log(self.gamma))
+
+    @property
+    def per_sign(self) -> int:
+        """Bins for one sign: [k_min, k_max] plus one overflow bin above max_abs."""
+        return self.k_max - self.k_min + 2
+
+    @property
+    def size(self) -> int:
+        """Total bins: negative side (reversed), the zero bin (|x| < min_abs), positive side."""
+        return 2 * self.per_sign + 1
+
+    def index(self, x: np.ndarray) -> np.ndarray:
+        """Bin of each finite value: 0..per_sign-1 negative (most negative first), per_sign the
+        zero bin, then positive (smallest first)."""
+        x = np.asarray(x, dtype=np.float64)
+        a = np.abs(x)
+        with np.errstate(divide="ignore"):
+            k = np.ceil(np.log(np.maximum(a, self.min_abs)) / math.log(self.gamma)).astype(np.int64)
+        off = np.clip(k, self.k_min, self.k_max + 1) - self.k_min  # 0 .. per_sign-1 (last: overflow)
+        zero = a < self.min_abs
+        pos = self.per_sign + 1 + off
+        neg = self.per_sign - 1 - off
+        return np.where(zero, self.per_sign, np.where(x > 0, pos, neg))
+
+    def value(self, idx: int) -> float:
+        """The representative value of bin ``idx`` (midpoint in relative terms; 0 for the zero bin)."""
+        if idx == self.per_sign:
+            return 0.0
+        off = idx - self.per_sign - 1 if idx > self.per_sign else self.per_sign - 1 - idx
+        k = off + self.k_min
+        mid = 2.0 * self.gamma ** k / (self.gamma + 1.0)
+        return mid if idx > self.per_sign else -mid
+
+    def is_overflow(self, idx: int) -> bool:
+        return idx in (0, self.size - 1)
+
+
+@dataclass
+class LogHistogram:
+    """Counts over :class:`LogBins`, plus the exact count, minimum, maximum and non-finite count."""
+
+    bins: LogBins = field(default_factory=LogBins)
+    counts: np.ndarray | None = None
+    n: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+    nonfinite: int = 0
+
+    def __post_init__(self):
+        if self.counts is None:
+            self.counts = np.zeros(self.bins.size, dtype=np.int64)
+
+    @classmethod
+    def of(cls, values: np.ndarray, bins: LogBins | None = None) -> "LogHistogram":
+        bins = bins or LogBins()
+        v = np.asarray(values, dtype=np.float64).ravel()
+        fin = np.isfinite(v)
+        x = v[fin]
+        h = cls(bins, np.bincount(bins.index(x), minlength=bins.size).astype(np.int64), int(x.size),
+                float(x.min()) if x.size else math.inf, float(x.max()) if x.size else -math.inf,
+                int(v.size - x.size))
+        return h
+
+    def merge(self, other: "LogHistogram") -> "LogHistogram":
+        """The histogram of both parts' values (exact: counts add, extrema combine)."""
+        if other.bins != self.bins:
+            raise ValueError("cannot merge histograms with different bins")
+        return LogHistogram(self.bins, self.counts + other.counts, self.n + other.n, min(self.min, other.min),
+                            max(self.max, other.max), self.nonfinite + other.nonfinite)
+
+    @staticmethod
+    def merge_all(parts: list["LogHistogram"]) -> "LogHistogram | None":
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        out = parts[0]
+        for p in parts[1:]:
+            out = out.merge(p)
+        return out
+
+    def count_below(self, threshold: float = 0.0) -> int:
+        """Exact count of values < 0 (threshold 0 only: the sign of every bin is known)."""
+        if threshold != 0.0:
+            raise ValueError("only the sign split is exact")
+        return int(self.counts[: self.bins.per_sign].sum())
+
+    def count_above(self, threshold: float = 0.0) -> int:
+        if threshold != 0.0:
+            raise ValueError("only the sign split is exact")
+        return int(self.counts[self.bins.per_sign + 1:].sum())
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile within the bound of the module docstring (None without values)."""
+        if self.n == 0:
+            return None
+        rank = math.floor(q * (self.n - 1))
+        if rank <= 0:
+            return self.min
+        if rank >= self.n - 1:
+            return self.max
+        idx = int(np.searchsorted(np.cumsum(self.counts), rank, side="right"))
+        if self.bins.is_overflow(idx):
+            return self.min if idx == 0 else self.max
+        return float(min(max(self.bins.value(idx), self.min), self.max))
+
+    def to_sparse(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bin indices, counts) of the non-empty bins: what a shard ships (a few KB)."""
+        nz = np.flatnonzero(self.counts)
+        return nz.astype(np.int32), self.counts[nz]
+
+    def __reduce__(self):
+        idx, cnt = self.to_sparse()
+        return (_from_sparse, (self.bins, idx, cnt, self.n, self.min, self.max, self.nonfinite))
+
+
+def _from_sparse(bins, idx, cnt, n, lo, hi, nonfinite) -> LogHistogram:
+    counts = np.zeros(bins.size, dtype=np.int64)
+    counts[idx] = cnt
+    return LogHistogram(bins, counts, n, lo, hi, nonfinite)

@@ -1,0 +1,82 @@
+"""grpolens.functional.histogram: exact merges, and the stated quantile bound against exact quantiles."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from grpolens.functional.histogram import LogBins, LogHistogram
+
+BINS = LogBins()
+
+
+def datasets(rng):
+    yield "normal", rng.normal(size=20_001)
+    yield "lognormal ratios", np.exp(rng.normal(scale=0.3, size=9_999))
+    yield "tiny deltas", rng.normal(scale=1e-3, size=5_000)
+    yield "heavy tails", rng.standard_cauchy(4_000) * 1e3
+    yield "mixed zeros and sub-min", np.r_[np.zeros(50), rng.normal(scale=1e-8, size=300), rng.normal(size=300)]
+    yield "one value", np.array([0.37])
+    yield "constant", np.full(100, -2.5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_quantiles_within_stated_bound(seed):
+    rng = np.random.default_rng(seed)
+    for name, data in datasets(rng):
+        h = LogHistogram.of(data)
+        s = np.sort(data)
+        for q in np.linspace(0, 1, 401):
+            x = np.quantile(data, q, method="lower")
+            assert x == s[math.floor(q * (len(s) - 1))]
+            v = h.quantile(q)
+            if q in (0.0, 1.0):
+                assert v == x, name
+            elif abs(x) < BINS.min_abs:
+                assert abs(v) < BINS.min_abs, (name, q, x, v)
+            elif abs(x) <= BINS.max_abs:
+                assert abs(v - x) <= BINS.alpha * abs(x), (name, q, x, v)
+
+
+def test_hand_worked_bin():
+    # gamma = 1.005/0.995; 1.0 lies in bin k=0 (gamma**-1 < 1 <= gamma**0), reported as 2/(gamma+1)
+    g = 1.005 / 0.995
+    h = LogHistogram.of(np.array([-5.0, 1.0, 1.0, 7.0]))
+    assert h.quantile(0.5) == pytest.approx(2 / (g + 1), rel=1e-12)
+    assert abs(h.quantile(0.5) - 1.0) <= 0.005
+    assert h.quantile(0) == -5.0 and h.quantile(1) == 7.0
+    assert (h.count_below(), h.count_above()) == (1, 3)
+
+
+def test_merge_is_exact_for_any_split():
+    rng = np.random.default_rng(3)
+    data = np.r_[rng.normal(size=10_000), [np.nan, np.inf, -np.inf]]
+    whole = LogHistogram.of(data)
+    for pieces in (2, 7, 64):
+        merged = LogHistogram.merge_all([LogHistogram.of(p) for p in np.array_split(rng.permutation(data), pieces)])
+        assert np.array_equal(merged.counts, whole.counts)
+        assert (merged.n, merged.min, merged.max, merged.nonfinite) == (whole.n, whole.min, whole.max, 3)
+        assert [merged.quantile(q) for q in (0.01, 0.5, 0.99)] == [whole.quantile(q) for q in (0.01, 0.5, 0.99)]
+
+
+def test_empty_and_nonfinite_only():
+    assert LogHistogram.of(np.array([])).quantile(0.5) is None
+    h = LogHistogram.of(np.array([np.nan, np.inf]))
+    assert h.quantile(0.5) is None and h.nonfinite == 2
+    assert LogHistogram.merge_all([None]) is None
+
+
+def test_pickles_sparse_and_round_trips():
+    h = LogHistogram.of(np.random.default_rng(0).normal(size=1000))
+    blob = pickle.dumps(h)
+    assert len(blob) < h.counts.nbytes / 4
+    back = pickle.loads(blob)
+    assert np.array_equal(back.counts, h.counts) and (back.n, back.min, back.max) == (h.n, h.min, h.max)
+
+
+def test_different_bins_refuse_to_merge():
+    with pytest.raises(ValueError, match="different bins"):
+        LogHistogram.of(np.ones(3)).merge(LogHistogram.of(np.ones(3), LogBins(alpha=0.01)))
