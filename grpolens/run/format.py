@@ -20,17 +20,18 @@ Two promises the writer makes and readers rely on (they make streaming reduction
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, Iterable
 
 import pyarrow as pa
+
+# atomic writes live one level down so that the storage layer can use them without importing this module
+from grpolens.run.atomic import atomic_file, fsync_dir  # noqa: F401  (fsync_dir: re-exported for the writer)
 
 from grpolens.errors import RunFormatError  # noqa: F401  (re-exported: readers raise it)
 
@@ -277,65 +278,9 @@ def derived_dir(run: os.PathLike | str) -> Path:
     return as_run(run) / DERIVED_DIR
 
 
-# ---------------------------------------------------------------------------------------------
-# Atomic writes
-# ---------------------------------------------------------------------------------------------
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (best effort: some filesystems refuse directory fsync)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _read_umask() -> int:
-    # os.umask can only be read by setting it; do it once, at import, before any writer thread
-    # exists (doing it per write raced between writer threads and could leave files 0666)
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_read_umask()  # what an ordinary open() would give; mkstemp gives 0600
-
-
-def _umask_mode() -> int:
-    return _FILE_MODE
-
-
 #: Columns worth dictionary-encoding: few distinct values per file. Dictionary-encoding random
 #: floats costs CPU for nothing (it made the writer ~2x slower and files ~45% larger).
 DICTIONARY_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "group_id", "mask", "truncated", "by")
-
-
-@contextlib.contextmanager
-def atomic_file(path: os.PathLike | str) -> Iterator[BinaryIO]:
-    """Open a temp file beside ``path`` for writing; on success it is fsynced and renamed onto
-    ``path`` (a reader sees the old file or the whole new one), on error it is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _umask_mode())
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:

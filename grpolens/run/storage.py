@@ -268,13 +268,13 @@ class Location:
     def atomic_writer(self) -> Iterator[io.RawIOBase]:
         """Write this file so that readers see the old object or the whole new one, never a part.
 
-        Local: :func:`grpolens.run.format.atomic_file` (temp file, fsync, rename). S3: the bytes go to
+        Local: :func:`grpolens.run.atomic.atomic_file` (temp file, fsync, rename). S3: the bytes go to
         a temporary key beside the final one, which is then copied onto the final key and deleted;
         an error on the way deletes the temporary key and leaves the final key untouched."""
         if not self.remote:
-            from grpolens.run import format as fmt
+            from grpolens.run.atomic import atomic_file
 
-            with fmt.atomic_file(self.path) as f:
+            with atomic_file(self.path) as f:
                 yield f
             return
         parent, _, name = self.path.rpartition("/")
