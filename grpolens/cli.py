@@ -8,7 +8,9 @@ import time (typer, pathlib): ``grpolens --help`` must not pay for polars, torch
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from typing import Optional
 
 import typer
 
@@ -39,6 +41,23 @@ app = typer.Typer(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"grpolens.commands.{_name}").register(app)
+
+
+@app.callback()
+def _options(
+    invalid_utf8: Optional[str] = typer.Option(
+        None, "--invalid-utf8", metavar="refuse|replace",
+        help="Text (prompt, completion) that is not valid UTF-8: 'refuse' the file (the default; "
+             "the error names file, column and row) or 'replace' the bad bytes with U+FFFD. "
+             "Environment: GRPOLENS_INVALID_UTF8."),
+) -> None:
+    """Token-level offline analysis of GRPO-family RL training runs."""
+    if invalid_utf8 is not None:
+        if invalid_utf8 not in ("refuse", "replace"):
+            from grpolens.errors import UserError
+
+            raise UserError(f"--invalid-utf8: {invalid_utf8!r} is not one of refuse, replace")
+        os.environ["GRPOLENS_INVALID_UTF8"] = invalid_utf8  # read by grpolens.text_columns, here and in workers
 
 
 def _print_error(message: str) -> None:

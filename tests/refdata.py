@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from grpolens.run import format as fmt
@@ -87,12 +88,13 @@ def random_calls(
                     adv[2] = 0.0
                 c = LossCall(step, rank, mb, np.arange(sid, sid + B), lengths, logp, mask, adv)
                 sid += B
+                # log-probabilities are <= 0 (the run format refuses positive ones): near logp, folded
                 if old:
-                    c.old = f32(logp + rng.normal(scale=spread, size=(B, T)))
+                    c.old = f32(-np.abs(logp + rng.normal(scale=spread, size=(B, T))))
                 if ref:
-                    c.ref = f32(logp + rng.normal(scale=spread, size=(B, T)))
+                    c.ref = f32(-np.abs(logp + rng.normal(scale=spread, size=(B, T))))
                 if rollout:
-                    c.rollout = f32((c.old if old else logp) + rng.normal(scale=spread / 3, size=(B, T)))
+                    c.rollout = f32(-np.abs((c.old if old else logp) + rng.normal(scale=spread / 3, size=(B, T))))
                 if entropy:
                     c.entropy = f32(rng.uniform(0.0, 3.0, size=(B, T)))
                 c.token_ids = rng.integers(0, 50, size=(B, T))
@@ -103,6 +105,17 @@ def random_calls(
                             arr[bad] = rng.choice([np.nan, np.inf, -np.inf], size=bad.sum())
                 calls.append(c)
     return calls
+
+
+def shift_logprobs(c: LossCall, by: float) -> LossCall:
+    """Every log-prob of the call (logp, old, ref, rollout) lowered by ``by``: ratios, KL and IS
+    weights see differences only, so a fixture can make room below 0 (a run never holds a positive
+    log-prob) for values it then sets relative to the others."""
+    for name in ("logp", "old", "ref", "rollout"):
+        arr = getattr(c, name)
+        if arr is not None:
+            setattr(c, name, f32(arr - by))
+    return c
 
 
 def call_table(c: LossCall) -> pa.Table:
@@ -158,9 +171,14 @@ def write_run(path: Path, calls: list[LossCall], config: dict | None = None, sam
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(t, path / rel)
     for step, t in (samples or {}).items():
-        rel = fmt.shard_relpath(fmt.SAMPLES, step, 0)
-        (path / rel).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(t, path / rel)
+        # one shard per rank, as the writer does (a rank's rows in another rank's file are invalid)
+        ranks = sorted(set(t.column("rank").to_pylist())) or [0]
+        for rank in ranks:
+            rows = t.filter(pa.compute.equal(t.column("rank"), rank)) if t.num_rows else t
+            rel = fmt.shard_relpath(fmt.SAMPLES, step, rank)
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, path / rel)
+            widen_world(path, rank)
     return path
 
 
@@ -298,6 +316,14 @@ def random_samples(
                    plen, total, null, adv, rewards, fn_null)
 
 
+def widen_world(path: Path, rank: int) -> None:
+    """The manifest's world_size covers ``rank`` (a shard of a rank outside it is invalid)."""
+    m = json.loads((path / fmt.MANIFEST_NAME).read_text())
+    if m.get("world_size", 1) <= rank:
+        m["world_size"] = rank + 1
+        (path / fmt.MANIFEST_NAME).write_text(json.dumps(m))
+
+
 def write_samples(path: Path, samples: list[Samples], ranks: bool = True) -> None:
     """Write each step's samples, one shard per rank that generated some (``ranks=False``: one)."""
     for s in samples:
@@ -306,6 +332,8 @@ def write_samples(path: Path, samples: list[Samples], ranks: bool = True) -> Non
             rel = fmt.shard_relpath(fmt.SAMPLES, s.step, 0 if rank is None else int(rank))
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(s.table(rows), path / rel)
+            if rank is not None and (path / fmt.MANIFEST_NAME).is_file():
+                widen_world(path, int(rank))
 
 
 def samples_run(path: Path, samples: list[Samples], config: dict | None = None, calls: list[LossCall] | None = None) -> Path:
@@ -330,6 +358,7 @@ def write_rounds(path: Path, rounds: list[Samples], config: dict | None = None,
         rel = fmt.shard_relpath(fmt.SAMPLES, step, rank)
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.concat_tables(tables, promote_options="default"), path / rel)
+        widen_world(path, rank)
     return path
 
 

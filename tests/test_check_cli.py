@@ -230,6 +230,7 @@ def test_sample_github_workflow_runs(runs, tmp_path, monkeypatch, capsys):
     assert "### grpolens check: ✅ passed" in summary.read_text()
 
 
+@pytest.mark.slow  # a dozen commands end to end
 def test_docs_console_example_runs(tmp_path, monkeypatch, capsys):
     """The first console block of docs/check.md, run line by line: exit codes as its comments say,
     and the output lines it shows appear."""

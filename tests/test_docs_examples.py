@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.sh"))
 #: examples that start a server: run them until they say they are listening, then stop them
 SERVERS = {"serve.sh"}
+#: each example runs several commands end to end in fresh processes
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)

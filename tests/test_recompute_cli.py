@@ -158,7 +158,7 @@ def test_cumulative_totals_include_steps_before_the_selection(tmp_path):
     from tests.refdata import random_samples, samples_run
 
     rng = np.random.default_rng(3)
-    run = samples_run(tmp_path / "s", [random_samples(rng, s) for s in range(4)])
+    run = samples_run(tmp_path / "s", [random_samples(rng, s, first_id=1000 * s) for s in range(4)])
     full = recompute(run, write=False)
     part = recompute(run, steps="2:3", write=False)
     assert part["tokens/seen"].to_list() == full["tokens/seen"].to_list()[2:]

@@ -13,7 +13,7 @@ import pytest
 import grpolens
 from grpolens.run import format as fmt
 from grpolens.analysis import sidecars
-from tests.refdata import LossCall, approx, random_calls, write_run
+from tests.refdata import LossCall, approx, widen_world, random_calls, write_run
 
 COLS = ["step", "prompt_index", "completion_index", "group_size", "reward_rank_desc", "prompt", "completion",
         "reward_total", "advantage", "q_mass", "update_weight_raw", "update_mass_proxy", "reward/acc", "reward/fmt"]
@@ -51,6 +51,7 @@ def hand_run(tmp_path):
     call = LossCall(3, 0, 0, np.array([10]), np.array([2]), np.array([[-1.0, -2.0]]), np.array([[True, True]]),
                     np.array([0.5]), ref=np.array([[-1.0, -1.5]]))
     write_run(run, [call])
+    widen_world(run, 1)
     for rank, rows in ((0, rank0), (1, rank1)):
         p = run / fmt.shard_relpath(fmt.SAMPLES, 3, rank)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,8 @@ def make_batch(rng: np.random.Generator, n_groups=3, group=4, prompt_w=5, resp_w
     for i in range(B):
         scores[i, r_len[i] - 1] = score[i]
     adv = torch.tensor(rng.normal(size=B), dtype=torch.float32)[:, None] * response_mask
-    old = -torch.tensor(rng.exponential(1.0, (B, resp_w)), dtype=torch.float32) * resp_attn
+    # log-probs at most -0.5, so that the noisy ref/rollout/current ones below stay log-probs (<= 0)
+    old = -torch.tensor(0.5 + rng.exponential(1.0, (B, resp_w)), dtype=torch.float32) * resp_attn
     batch = {
         "input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn, "responses": responses,
         "position_ids": (attn.cumsum(-1) - 1).clamp(min=0), "response_mask": response_mask,

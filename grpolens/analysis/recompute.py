@@ -211,6 +211,7 @@ def recompute(
     reader = RunReader(run, storage_options)
     run = reader.path
     prof = plugins.get(profile)
+    reader.check()  # refuse what `grpolens validate` would reject, from the Parquet footers
     cfg = reader.config(overrides, config_file)
     sel, lo, hi = reader.select_steps(steps)
     token_steps = reader.steps(fmt.TOKENS)

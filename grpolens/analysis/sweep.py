@@ -154,7 +154,10 @@ def sweep(
     from grpolens.metrics.engine import iter_steps
     from grpolens.run.reader import parse_steps, resolve_config
 
+    from grpolens.run.reader import RunReader
+
     run = fmt.as_run(run)
+    RunReader(run).check()
     cfg = resolve_config(run, overrides, Path(config_file) if config_file is not None else None)
     points = grid(cfg.get("rollout_is"), params, {"level": level, "mode": mode})
     lo, hi = parse_steps(steps)

@@ -90,6 +90,9 @@ def _load(run: Path, step: int):
             raise UserError(f"--step: no sidecar file for step {step} in {run} (steps {have[0]}..{have[-1]})")
         return df, "sidecar files"
     fmt.read_manifest(run)  # a precise error when RUN is not a run
+    from grpolens.run.reader import RunReader
+
+    RunReader(run).check()
     steps = fmt.list_steps(run, fmt.SAMPLES)
     if step not in steps:
         near = f" (the run has samples for steps {steps[0]}..{steps[-1]})" if steps else " (the run has no samples shards)"

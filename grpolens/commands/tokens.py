@@ -28,12 +28,14 @@ def tokens_cmd(
     from grpolens.run import format as fmt
     from grpolens.run.decode import make_decoder
     from grpolens.errors import UserError
+    from grpolens.run.reader import RunReader
 
     if by not in drilldown.SCORES:
         raise UserError(f"--by: unknown score {by!r}; choose one of {', '.join(drilldown.SCORES)}")
     if top < 1:
         raise UserError("--top must be >= 1")
     manifest = fmt.read_manifest(run)
+    RunReader(run).check()
     steps = fmt.list_steps(run, fmt.TOKENS)
     if step not in steps:
         near = f" (the run has steps {steps[0]}..{steps[-1]})" if steps else " (the run has no token shards)"

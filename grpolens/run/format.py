@@ -406,5 +406,41 @@ def _parse_manifest(path, text: str, default_name: str) -> Manifest:
     )
 
 
+#: Manifest config keys that name a file of the run (relative to the run directory).
+CONFIG_FILE_KEYS = ("vocab_file",)
+#: Config keys that name a model either by hub name or by directory; a directory must be in the run.
+CONFIG_PATH_OR_NAME_KEYS = ("tokenizer",)
+
+
+def referenced_path_problem(run: os.PathLike | str, key: str, value: Any) -> str | None:
+    """Why ``config[key]`` may not be read (it leaves the run directory), or None when it may.
+
+    A run is a self-contained directory: what it references resolves inside it (symbolic links
+    included), so a manifest cannot make serve or tokens read an arbitrary file of the machine."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        return f"config.{key} must be a non-empty string path, got {value!r}"
+    p = Path(value)
+    if key in CONFIG_PATH_OR_NAME_KEYS and not p.is_absolute() and ".." not in p.parts:
+        return None  # a hub name, or a directory of the run: resolved below only when it is one
+    if p.is_absolute() or ".." in p.parts:
+        return (f"config.{key} = {value!r} points outside the run directory; files a run references "
+                f"must be inside it (a path relative to the run)")
+    root = Path(run).resolve()
+    target = (root / p).resolve()
+    if target != root and root not in target.parents:
+        return f"config.{key} = {value!r} resolves outside the run directory (through a symbolic link)"
+    return None
+
+
+def run_file(run: os.PathLike | str, key: str, value: Any) -> Path:
+    """The path of a file the manifest references, checked to be inside the run directory."""
+    problem = referenced_path_problem(run, key, value)
+    if problem:
+        raise RunFormatError(Path(run) / MANIFEST_NAME, problem)
+    return Path(run) / value
+
+
 def is_run(path: os.PathLike | str) -> bool:
     return (Path(path) / MANIFEST_NAME).is_file()

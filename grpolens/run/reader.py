@@ -122,11 +122,18 @@ def deep_update(base: dict, extra: dict) -> dict:
 # Shard reads
 # ---------------------------------------------------------------------------------------------
 
+_KEYS = ("micro_batch", "sample_id", "pos")
+
+
 def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
-    """Read the wanted columns of one tokens shard (a ``pyarrow.Table``); a broken file or a
-    missing required column raises RunFormatError."""
+    """Read the wanted columns of one tokens shard (a ``pyarrow.Table``, always with its keys); a
+    broken file or a missing required column raises RunFormatError. The order and uniqueness of the
+    keys -- what Parquet statistics cannot show, so :meth:`RunReader.check` cannot -- are checked
+    here on the key columns just read, with ``grpolens validate``'s messages."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from grpolens.run.validate import key_order_problems
 
     try:
         pf = pq.ParquetFile(fmt.parquet_source(path))
@@ -134,7 +141,8 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
         missing = [c for c in fmt.REQUIRED[fmt.TOKENS] if c not in have]
         if missing:
             raise RunFormatError(path, f"required column(s) missing: {', '.join(missing)}", column=missing[0])
-        return pf.read(columns=[c for c in columns if c in have])
+        wanted = list(dict.fromkeys([*_KEYS, *columns]))
+        table = pf.read(columns=[c for c in wanted if c in have])
     except RunFormatError:
         raise
     except (OSError, pa.ArrowException) as e:
@@ -143,6 +151,10 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
 
             raise RunFormatError(path, f"unreadable: {describe(e)}") from None
         raise RunFormatError(path, f"unreadable Parquet file: {e}") from None
+    problems = key_order_problems(*(table.column(c).to_numpy() for c in _KEYS))
+    if problems:
+        raise RunFormatError(path, problems[0])
+    return table
 
 
 def read_samples(run: os.PathLike | str, step: int):
@@ -154,14 +166,18 @@ def read_samples(run: os.PathLike | str, step: int):
     shards = fmt.list_shards(run, fmt.SAMPLES, steps=[step])
     if not shards:
         return None
+    from grpolens.run.text_columns import checked_text
+
     frames = []
     for sh in shards:
         try:
-            frames.append(pl.from_arrow(pq.read_table(fmt.parquet_source(sh.path))))
+            table = pq.read_table(fmt.parquet_source(sh.path))
         except UserError:  # a storage error (bucket, credentials, object gone): its own line
             raise
         except Exception as e:  # noqa: BLE001
             raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
+        # text that is not UTF-8 (a foreign writer's) is refused or replaced, never handed to polars
+        frames.append(pl.from_arrow(checked_text(table, sh.path)))
     return pl.concat(frames, how="diagonal_relaxed")
 
 
@@ -214,6 +230,18 @@ class RunReader:
     @cached_property
     def manifest(self) -> fmt.Manifest:
         return fmt.read_manifest(self.path)
+
+    def check(self):
+        """Refuse the run (RunFormatError, validate's message) when ``grpolens validate`` would
+        reject it for anything the Parquet footers show; called once by every command before it
+        reads rows (the rest is checked by :func:`read_tokens` and :func:`read_samples`)."""
+        from grpolens.run.validate import check_before_reading
+
+        # an s3:// run has no local directory to validate: its shards are still checked as read
+        if not getattr(self, "_checked", False) and not fmt.is_remote_run(self.path):
+            check_before_reading(self.path)
+            self._checked = True
+        return self
 
     def config(self, overrides: dict | None = None, config_file: os.PathLike | str | None = None,
                *, check: bool = True) -> dict[str, Any]:

@@ -6,8 +6,14 @@ needs, in record batches, so its memory is bounded by one batch plus one integer
 contract; analysis may be wrong or fail) or *warnings* (suspicious but analysable: non-finite
 log-probs, token rows without a samples row, leftover temporary files).
 
-Other commands call :func:`validate_run` and then :meth:`Report.raise_for_errors` to fail fast
-with the same messages ``grpolens validate`` prints.
+Every other command reads a run only after :func:`check_before_reading`, which applies the same
+checks with the same messages at the cost of the Parquet footers: the manifest, the layout, each
+file's schema, and the row-group statistics (nulls, negative keys, step/rank against the path,
+positive log-probs, micro-batch ranges of part files). A file whose statistics are suspicious or
+absent gets the full row checks of ``grpolens validate``. What statistics cannot show -- the order
+and uniqueness of the keys within a tokens shard, and invalid UTF-8 in text -- is checked by the
+readers on the columns they hold in memory (:func:`key_order_problems`, :mod:`grpolens.run.text_columns`),
+with these same messages.
 """
 
 from __future__ import annotations
@@ -26,7 +32,63 @@ ERROR, WARNING = "error", "warning"
 _BATCH_ROWS = 1 << 20
 _TMP_RE = re.compile(r"^\..+\.tmp$")  # what format.atomic_write_* leaves behind when killed
 _FLOAT_TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy")
+_LOGP_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+#: A log-probability above this is an error (float32 log_softmax can round a near-certain token a
+#: hair above 0; +1e-3 is already a probability of 1.001).
+POSITIVE_LOGP_TOLERANCE = 1e-3
 _ORDER = ("micro_batch", "sample_id", "pos")
+_TEXT_COLUMNS = ("prompt", "completion")
+
+
+def positive_logp_message(n: int) -> str:
+    return (f"{n:,} positive log-probabilities (> {POSITIVE_LOGP_TOLERANCE:g}); a log-probability is <= 0: "
+            f"was a probability, a logit or a negated value stored?")
+
+
+def unsorted_message(row: int) -> str:
+    return (f"rows are not sorted by (micro_batch, sample_id, pos) as the writer promises "
+            f"(first out of order at row {row:,})")
+
+
+def duplicates_message(n: int) -> str:
+    return f"{n:,} duplicate (step, rank, micro_batch, sample_id, pos) keys"
+
+
+def key_order_problems(micro_batch: np.ndarray, sample_id: np.ndarray, pos: np.ndarray) -> list[str]:
+    """Validate's messages for the key order of one tokens shard held in memory (empty: fine).
+
+    One vectorised comparison of each row with the next; only an unsorted shard pays for a sort
+    (adjacent comparison undercounts duplicates then)."""
+    keys = [np.asarray(micro_batch), np.asarray(sample_id), np.asarray(pos)]
+    if len(keys[0]) < 2:
+        return []
+    lt, eq = _adjacent_order(keys)
+    out = []
+    if lt.any():
+        out.append(unsorted_message(int(np.argmax(lt)) + 1))
+        dups = _sorted_duplicates(keys)
+    else:
+        dups = int(eq.sum())
+    if dups:
+        out.append(duplicates_message(dups))
+    return out
+
+
+def _adjacent_order(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(row i+1 sorts before row i, row i+1 has the same key) for lexicographic (mb, sample, pos)."""
+    d = [k[1:].astype(np.int64, copy=False) - k[:-1] for k in keys]
+    lt = d[0] < 0
+    lt |= (d[0] == 0) & ((d[1] < 0) | ((d[1] == 0) & (d[2] < 0)))
+    return lt, (d[0] == 0) & (d[1] == 0) & (d[2] == 0)
+
+
+def _sorted_duplicates(keys: list[np.ndarray]) -> int:
+    order = np.lexsort(keys[::-1])
+    k = [a[order] for a in keys]
+    same = np.ones(max(len(k[0]) - 1, 0), bool)
+    for a in k:
+        same &= a[1:] == a[:-1]
+    return int(same.sum())
 
 
 @dataclass(frozen=True)
@@ -78,6 +140,20 @@ def validate_run(run: os.PathLike | str) -> Report:
     if not run.is_dir():
         raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
     return _Validator(run).run()
+
+
+def check_before_reading(run: os.PathLike | str) -> Report:
+    """What a command checks before it reads ``run``: every error ``grpolens validate`` would
+    report that the Parquet footers can show, with the same messages; raises
+    :class:`~grpolens.errors.RunFormatError` for the first (as :meth:`Report.raise_for_errors`)."""
+    run = Path(run)
+    if not run.exists():
+        raise fmt.RunFormatError(run, "run directory does not exist")
+    if not run.is_dir():
+        raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
+    report = _FooterValidator(run).run()
+    report.raise_for_errors()
+    return report
 
 
 def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
@@ -174,6 +250,10 @@ class _Validator:
             self.add(ERROR, Path(e.path), e.message, e.column)
             return
         self.world_size = manifest.world_size
+        for key in (*fmt.CONFIG_FILE_KEYS, *fmt.CONFIG_PATH_OR_NAME_KEYS):
+            problem = fmt.referenced_path_problem(self.root, key, manifest.config.get(key))
+            if problem:
+                self.add(ERROR, fmt.MANIFEST_NAME, problem)
 
     def check_layout(self) -> None:
         """Every entry must be part of the layout; readers silently skip the rest."""
@@ -291,6 +371,7 @@ class _Validator:
         row0 = 0
         micro_batches: set[int] = set()
         negatives: set[str] = set()
+        positive: dict[str, int] = {}
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
             self._null_checks(rel, batch, fmt.TOKENS, nulls)
             vals = {c: _ints(batch.column(c)) for c in wanted}
@@ -300,6 +381,8 @@ class _Validator:
                     negatives.add(c)
             for c in floats:
                 self.nonfinite.add(c, batch.column(c), rel)
+                if c in _LOGP_COLUMNS:
+                    positive[c] = positive.get(c, 0) + _count_positive(batch.column(c))
             if "micro_batch" in vals:
                 mb = vals["micro_batch"]
                 heads = np.flatnonzero(np.r_[True, mb[1:] != mb[:-1]]) if len(mb) else mb
@@ -308,12 +391,10 @@ class _Validator:
                 keys = [vals[c] for c in _ORDER]
                 if last is not None:
                     keys = [np.r_[l, k] for l, k in zip(last, keys)]
-                d = [k[1:] - k[:-1] for k in keys]
-                lt = d[0] < 0
-                lt |= (d[0] == 0) & ((d[1] < 0) | ((d[1] == 0) & (d[2] < 0)))
+                lt, eq = _adjacent_order(keys)
                 if unsorted_at is None and lt.any():
                     unsorted_at = row0 + int(np.argmax(lt)) + (0 if last is not None else 1)
-                dups += int(((d[0] == 0) & (d[1] == 0) & (d[2] == 0)).sum())
+                dups += int(eq.sum())
                 last = [k[-1:] for k in keys]
             if "sample_id" in vals:
                 self._join_samples(rel, vals["sample_id"])
@@ -322,12 +403,14 @@ class _Validator:
         self._report_path_disagreement(rel, shard, bad_path)
         for c in sorted(negatives):
             self.add(ERROR, rel, "negative values (must be >= 0)", column=c)
+        for c, n in positive.items():
+            if n:
+                self.add(ERROR, rel, positive_logp_message(n), column=c)
         if unsorted_at is not None:
-            self.add(ERROR, rel, f"rows are not sorted by (micro_batch, sample_id, pos) as the writer promises "
-                                 f"(first out of order at row {unsorted_at:,})")
+            self.add(ERROR, rel, unsorted_message(unsorted_at))
             dups = _count_duplicates(pf, list(_ORDER))  # adjacent comparison undercounts when unsorted
         if dups:
-            self.add(ERROR, rel, f"{dups:,} duplicate (step, rank, micro_batch, sample_id, pos) keys")
+            self.add(ERROR, rel, duplicates_message(dups))
         self.parts.setdefault((shard.step, shard.rank), []).append((rel, micro_batches, shard.part))
 
     def _join_samples(self, rel: str, sample_id: np.ndarray) -> None:
@@ -347,13 +430,24 @@ class _Validator:
                 o[2], o[3] = rel, int(ids[missing][0])
 
     def check_sample_rows(self, rel: str, shard: fmt.Shard, pf, usable: set[str]) -> None:
+        from grpolens.run.text_columns import REPLACE, invalid_rows, invalid_utf8_message, policy
+
         non_null = {c.name for c in fmt.SAMPLE_COLUMNS if not c.nullable}
-        columns = [c for c in usable if c in non_null]
+        columns = [c for c in usable if c in non_null or c in _TEXT_COLUMNS]
         nulls: dict[str, int] = {}
         bad_path: dict[str, list] = {}
+        bad_text: dict[str, list[int]] = {}  # column -> [count, first row]
         ids = []
+        row0 = 0
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
             self._null_checks(rel, batch, fmt.SAMPLES, nulls)
+            for c in _TEXT_COLUMNS:
+                if c in batch.schema.names:
+                    bad = invalid_rows(batch.column(c))
+                    if len(bad):
+                        b = bad_text.setdefault(c, [0, row0 + int(bad[0])])
+                        b[0] += len(bad)
+            row0 += batch.num_rows
             vals = {c: _ints(batch.column(c)) for c in ("step", "rank") if c in usable}
             self._check_path_agrees(rel, shard, vals, bad_path)
             if "sample_id" in usable:
@@ -361,6 +455,9 @@ class _Validator:
                 ids.append(col.drop_null().to_numpy().astype(np.int64) if col.null_count else _ints(col))
         self._report_nulls(rel, nulls)
         self._report_path_disagreement(rel, shard, bad_path)
+        for c, (n, first) in bad_text.items():
+            # readable with the bytes replaced when the user chose so: then only a warning
+            self.add(WARNING if policy() == REPLACE else ERROR, rel, invalid_utf8_message(n, first), column=c)
         if ids:
             self.sample_ids.append(np.concatenate(ids))
             self.sample_id_files.append(rel)
@@ -430,10 +527,129 @@ class _Validator:
 
 def _count_duplicates(pf, columns: list[str]) -> int:
     t = pf.read(columns=columns)
-    k = [_ints(t.column(c)) for c in columns]
-    order = np.lexsort(k[::-1])
-    k = [a[order] for a in k]
-    same = np.ones(max(len(k[0]) - 1, 0), bool)
-    for a in k:
-        same &= a[1:] == a[:-1]
-    return int(same.sum())
+    return _sorted_duplicates([_ints(t.column(c)) for c in columns])
+
+
+def _count_positive(values: pa.Array) -> int:
+    a = values.to_numpy(zero_copy_only=False)
+    # null -> NaN, not counted; +inf is a non-finite value (a warning of its own), not counted here
+    return int(np.count_nonzero(np.isfinite(a) & (a > POSITIVE_LOGP_TOLERANCE)))
+
+
+class _FooterValidator(_Validator):
+    """The checks of :class:`_Validator` that the Parquet footers can answer.
+
+    Per file: readability, schema, rank against world_size, and the row-group statistics --
+    null counts of non-nullable columns, minima of the key columns, step and rank against the path,
+    maxima of the log-prob columns. A file whose statistics show a problem, or that has none, gets
+    the full row checks, so the message (with its counts) is validate's own. The samples' sample_id
+    column (one integer per completion) is read for the run-wide uniqueness check. Warnings that
+    need the rows (non-finite values, token rows without a samples row) are validate's alone."""
+
+    def check_file(self, shard: fmt.Shard, table: str) -> None:
+        import pyarrow.parquet as pq
+
+        rel = os.path.relpath(shard.path, self.root).replace(os.sep, "/")
+        self.report.files[table] += 1
+        if self.world_size is not None and shard.rank >= self.world_size:
+            self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
+        try:
+            pf = pq.ParquetFile(shard.path)
+            schema = pf.schema_arrow
+            self.report.rows[table] += pf.metadata.num_rows
+            usable = self.check_schema(rel, schema, table)
+            stats = _column_stats(pf, usable)
+            if table == fmt.TOKENS:
+                if _tokens_suspicious(stats, shard, usable):
+                    self.check_token_rows(rel, shard, pf, usable)
+                    return
+                mb = stats.get("micro_batch")
+                mbs = set(range(int(mb[0]), int(mb[1]) + 1)) if mb and pf.metadata.num_rows else set()
+                self.parts.setdefault((shard.step, shard.rank), []).append((rel, mbs, shard.part))
+            else:
+                self.samples_incomplete |= "sample_id" not in usable
+                if _samples_suspicious(stats, shard, usable):
+                    self.check_sample_rows(rel, shard, pf, usable)
+                elif "sample_id" in usable:
+                    self.sample_ids.append(_ints(pf.read(columns=["sample_id"]).column(0)))
+                    self.sample_id_files.append(rel)
+        except Exception as e:  # pyarrow raises several types for truncated/garbage files
+            self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
+            self.samples_incomplete |= table == fmt.SAMPLES
+
+    def check_parts(self) -> None:
+        """Part files whose micro_batch ranges overlap get their exact micro_batch sets read (the
+        ranges are what the statistics give); then validate's own check."""
+        import pyarrow.parquet as pq
+
+        for key, parts in self.parts.items():
+            spans = sorted((min(m), max(m)) for _, m, _ in parts if m)
+            if any(b[0] <= a[1] for a, b in zip(spans, spans[1:])):
+                exact = []
+                for rel, _, part in parts:
+                    col = pq.read_table(self.root / rel, columns=["micro_batch"]).column(0)
+                    exact.append((rel, set(np.unique(_ints(col)).tolist()), part))
+                self.parts[key] = exact
+        super().check_parts()
+
+
+def _column_stats(pf, usable: set[str]) -> dict[str, tuple | None]:
+    """column -> (min, max, null count) over the row groups; None where a row group lacks them."""
+    md = pf.metadata
+    index = {md.schema.column(i).name: i for i in range(md.num_columns)}
+    out: dict[str, tuple | None] = {}
+    for name in usable:
+        i = index.get(name)
+        if i is None:
+            continue
+        lo = hi = None
+        nulls = 0
+        for g in range(md.num_row_groups):
+            col = md.row_group(g).column(i)
+            s = col.statistics
+            if md.row_group(g).num_rows == 0:
+                continue
+            if s is None or not s.has_null_count or (not s.has_min_max and s.null_count < col.num_values):
+                out[name] = None
+                break
+            nulls += s.null_count
+            if s.has_min_max:
+                lo = s.min if lo is None else min(lo, s.min)
+                hi = s.max if hi is None else max(hi, s.max)
+        else:
+            out[name] = (lo, hi, nulls)
+    return out
+
+
+def _path_and_nulls_suspicious(stats: dict, shard: fmt.Shard, usable: set[str], table: str) -> bool:
+    for c in fmt.COLUMNS[table]:
+        if c.name in usable and not c.nullable:
+            s = stats.get(c.name)
+            if s is None or s[2]:
+                return True
+    for name in ("step", "rank"):
+        s = stats.get(name)
+        expected = getattr(shard, name)
+        if s is not None and s[0] is not None and (s[0] != expected or s[1] != expected):
+            return True
+    return False
+
+
+def _tokens_suspicious(stats: dict, shard: fmt.Shard, usable: set[str]) -> bool:
+    if _path_and_nulls_suspicious(stats, shard, usable, fmt.TOKENS):
+        return True
+    for c in _ORDER:
+        s = stats.get(c)
+        if c in usable and (s is None or (s[0] is not None and s[0] < 0)):
+            return True
+    for c in _LOGP_COLUMNS:
+        if c in usable:
+            s = stats.get(c)
+            # NaN never enters Parquet statistics; an all-NaN/null column has no maximum
+            if s is None or (s[1] is not None and s[1] > POSITIVE_LOGP_TOLERANCE):
+                return True
+    return False
+
+
+def _samples_suspicious(stats: dict, shard: fmt.Shard, usable: set[str]) -> bool:
+    return _path_and_nulls_suspicious(stats, shard, usable, fmt.SAMPLES)

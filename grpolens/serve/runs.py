@@ -15,6 +15,7 @@ from typing import Iterable
 
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
+from grpolens.run.reader import RunReader
 
 #: Directories never searched for runs (a run's own tables, caches, VCS, environments).
 _SKIP = {fmt.TOKENS, fmt.SAMPLES, fmt.DERIVED_DIR, ".git", "__pycache__", "node_modules", ".venv"}
@@ -110,6 +111,7 @@ def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str 
             continue
         seen.add(rp)
         name = _unique_name(fmt.read_manifest(rp).run_name or rp.name, set(runs))
+        RunReader(rp).check()
         runs[name] = rp
         if base_path is not None and rp == base_path.resolve():
             base_name = name

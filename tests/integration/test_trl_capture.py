@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("trl")
+pytestmark = pytest.mark.slow  # real TRL training on CPU
 
 import polars as pl  # noqa: E402
 

@@ -14,6 +14,7 @@ import pytest
 from tests.integration import trl_parity
 
 pytest.importorskip("trl")
+pytestmark = pytest.mark.slow  # real TRL training on CPU
 
 SINGLE = ["dapo", "grpo_masked", "cispo", "gspo", "gspo_masked", "dr_grpo", "is_sequence_mask", "is_token_truncate"]
 #: Metrics computed once per generation round (TRL averages the rounds of a log window).

@@ -6,6 +6,7 @@ import json
 import pytest
 
 pytest.importorskip("trl")
+pytestmark = pytest.mark.slow  # real TRL training on CPU
 
 import grpolens  # noqa: E402
 

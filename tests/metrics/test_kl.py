@@ -128,6 +128,7 @@ def _maxent_kl(calls, step, loss_type, max_len):
 def test_maxent_train_kl(tmp_path, loss_type, max_len):
     rng = np.random.default_rng(7)
     calls = random_calls(rng, nonfinite=0.05, spread=0.8)
+    calls[0].logp[0, 0] = -75.0  # a log-prob can be very negative, never positive
     calls[0].ref[0, 0] = calls[0].logp[0, 0] + 70.0  # beyond MaxEnt's ±60 clamp
     calls[0].mask[0, 0] = True
     cfg = {"loss_type": loss_type, "max_completion_length": max_len}
@@ -204,7 +205,7 @@ def test_kl_hand_worked(tmp_path):
     ln2 = np.log(2.0)
     c.lengths[:] = 3
     c.logp[:] = [[-1.0, -2.0, -0.5]]
-    c.ref[:] = [[-1.0 + ln2, -2.0 - ln2, 5.0]]
+    c.ref[:] = [[-1.0 + ln2, -2.0 - ln2, -5.0]]
     c.old[:] = c.logp - ln2
     c.mask[:] = [[True, True, False]]
     got = _row(grpolens.recompute(write_run(tmp_path / "run", [c]), write=False), 0)

@@ -250,7 +250,7 @@ def test_loss_with_rollout_importance_sampling(tmp_path, cfg, ris):
     rng = np.random.default_rng(24)
     calls = random_calls(rng, nonfinite=0.05, spread=0.5, batch=5, max_len=12)
     for c in calls:  # the rollout engine noticeably off, so that bands and clamps bite
-        c.rollout = np.where(np.isfinite(c.rollout), f32(c.rollout + rng.normal(scale=0.15, size=c.rollout.shape)), c.rollout)
+        c.rollout = np.where(np.isfinite(c.rollout), f32(-np.abs(c.rollout + rng.normal(scale=0.15, size=c.rollout.shape))), c.rollout)
     full = {**cfg, "rollout_is": ris}
     run = write_run(tmp_path / "run", calls, config=full)
     got = grpolens.recompute(run, write=False)
