@@ -71,3 +71,15 @@ def test_close():
     assert close(1.0, 1.0 + 1e-7) and not close(1.0, 1.001)
     assert close(None, None) and not close(None, 1.0)
     assert close(float("nan"), float("nan"))
+
+
+def test_close_tolerance_is_relative_to_the_larger_magnitude():
+    """|a - b| <= atol + rtol * max(|a|, |b|), symmetric: probed right at the bound, where the larger
+    and the smaller magnitude disagree (exact binary fractions, no rounding)."""
+    rtol = 0.25
+    # |1 - 1.25| = 0.25 <= 0.25 * 1.25 (the larger) but > 0.25 * 1 (the smaller)
+    assert close(1.0, 1.25, rtol=rtol, atol=0.0) and close(1.25, 1.0, rtol=rtol, atol=0.0)
+    # exactly on the bound (inclusive), and just inside it
+    assert close(-2.0, -2.5, rtol=0.2, atol=0.0)  # 0.5 <= 0.2 * 2.5 = 0.5
+    assert not close(-2.0, -2.5, rtol=0.1875, atol=0.0)  # 0.5 > 0.1875 * 2.5 = 0.46875
+    assert close(0.0, 0.125, rtol=0.0, atol=0.125) and not close(0.0, 0.25, rtol=0.0, atol=0.125)

@@ -228,6 +228,18 @@ def test_corrupt_data_page_is_reported_not_raised(run):
     assert any(p.path == TOK and p.severity == ERROR for p in report.problems)
 
 
+@pytest.mark.parametrize("column", ["micro_batch", "sample_id", "pos"])
+def test_negative_key_values(run, column):
+    def negate(t):  # every value minus a constant: order and uniqueness kept, the values negative
+        i = t.schema.get_field_index(column)
+        return t.set_column(i, t.schema.field(i), pc.subtract(t[column], pa.scalar(10_000, t.schema.field(i).type)))
+    _rewrite(run / TOK, negate)
+    if column == "sample_id":
+        _rewrite(run / SMP, negate)  # the same ids in the samples: no orphan rows
+    p = _only(validate_run(run))
+    assert (p.path, p.column, p.message) == (TOK, column, "negative values (must be >= 0)")
+
+
 def test_stray_files(run):
     (run / "tokens/step=00000001/notes.txt").write_text("x")
     (run / "tokens/step=00000001/rank=1.parquet").write_bytes(b"")

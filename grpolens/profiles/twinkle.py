@@ -24,12 +24,14 @@ NAMES = {
 
 
 def running_max(fn):
-    """Twinkle's maxima start at 0, and nothing is logged when the step has no masked token."""
+    """Twinkle's maxima start at 0, and nothing is logged when the step has no masked token. The
+    maxima it takes (e^d, K3 = expm1(d) - d, finite or None) are never below 0, so starting at 0
+    shows only when there is no value at all."""
     def wrapped(sd):
         if not sd.col("policy.new.n").sum() > 0:
             return None
         value = fn(sd)
-        return max(0.0, value) if value is not None else 0.0
+        return value if value is not None else 0.0
     return wrapped
 
 

@@ -16,7 +16,7 @@ import grpolens
 from grpolens.errors import UserError
 from grpolens.run.config import check_config, normalize_rollout_is
 from grpolens.run.format import CONFIG_DEFAULTS
-from tests.refdata import LossCall, approx, f32, random_calls, write_run
+from tests.refdata import LossCall, approx, f32, random_calls, shift_logprobs, write_run
 
 S = 20.0
 
@@ -248,6 +248,7 @@ def test_nonfinite_and_beyond_bound(tmp_path, seed):
     calls = random_calls(rng, nonfinite=0.1, spread=0.3)
     # exponents beyond ±20: per-token and per-sequence
     calls[0].rollout[0, :] = f32(calls[0].logp[0, :] - 30.0)
+    shift_logprobs(calls[1], 30.0)  # room below 0 for a rollout log-prob 25 above the old one
     calls[1].rollout[3, :] = f32(_old(calls[1])[3, :] + 25.0)
     calls[2].rollout[0, 0] = -np.inf  # δ = +inf
     for level in ("token", "sequence", "geometric"):
@@ -340,8 +341,8 @@ def test_hand_worked(tmp_path):
                      all_masked_row=False, zero_adv=False, single_token=False)[0]
     c.lengths[:] = [3, 1]
     c.mask[:] = [[True, True, True], [True, False, False]]
-    c.old[:] = -1.0
-    c.rollout[:] = -1.0 - np.log([[3, 1, 0.25], [20, 1, 1]])
+    c.old[:] = -2.0
+    c.rollout[:] = -2.0 - np.log([[3, 1, 0.25], [20, 1, 1]])
     c.advantages[:] = [1.0, -2.0]
     ris = {"level": "token", "mode": "truncate", "threshold": [0.5, 2.0], "veto_threshold": [0.1, 10]}
     got = grpolens.recompute(write_run(tmp_path / "run", [c], config={"rollout_is": ris}), write=False).row(0, named=True)
@@ -586,6 +587,12 @@ def test_trl_profile(tmp_path, mode):
 
 def one_call(tmp_path, old, rollout, mask=None, adv=None, config=None, name="run"):
     old, rollout = np.asarray(old, float), np.asarray(rollout, float)
+    # verl's fixtures are written with log-probs above 0, which a run may not hold: every log-prob
+    # goes down by the same whole number (the differences, all these fixtures are about, unchanged)
+    both = np.concatenate([old.ravel(), rollout.ravel()])
+    top = np.max(both[np.isfinite(both)], initial=-np.inf)
+    shift = float(np.ceil(top)) + 1.0 if top > 0 else 0.0
+    old, rollout = old - shift, rollout - shift
     B, T = old.shape
     c = LossCall(0, 0, 0, np.arange(B), np.full(B, T), f32(old - 1.0), np.ones((B, T), bool) if mask is None else mask,
                  f32(np.ones(B) if adv is None else adv), old=f32(old), rollout=f32(rollout),
@@ -612,6 +619,22 @@ def test_fixture_icepop_triplet(tmp_path):
     assert v["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 3, abs=1e-6)
     assert v["rollout_corr/rollout_is_std"] == pytest.approx(0.3771236, abs=1e-6)
     assert v["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_icepop_weight_exactly_on_a_band_bound_is_kept(tmp_path):
+    # old = rollout: weight exactly 1.0. Band [0.5, 1.0]: 1.0 is on the upper bound, kept; band
+    # [1.0, 2.0]: on the lower bound, kept. A weight just above 1 (rollout one float32 step lower)
+    # is outside [0.5, 1.0] and zeroed.
+    below = float(np.nextafter(np.float32(-1.0), np.float32(-2.0)))
+    old, rollout = [[-1.0, -1.0, -1.0]], [[-1.0, -1.0, below]]
+    for band, want in (("0.5_1.0", [1.0, 1.0, 0.0]), ("1.0_2.0", None)):
+        run, _ = one_call(tmp_path, old, rollout, config={"rollout_is": "token", "rollout_is_threshold": band},
+                          name=band)
+        w = weights_of(run)["is_weight"].to_numpy()
+        if want is None:
+            above = float(np.exp(np.float64(np.float32(-1.0)) - np.float64(np.float32(below))))
+            want = [1.0, 1.0, above]
+        assert w.tolist() == pytest.approx(want, abs=0, rel=1e-12), band
 
 
 def test_fixture_icepop_loss(tmp_path):
@@ -725,6 +748,7 @@ def test_constant_offset_diagnosis(tmp_path):
     rng = np.random.default_rng(29)
     calls = random_calls(rng, spread=0.03)
     for c in calls:
+        shift_logprobs(c, 1.0)  # room below 0 for the raised rollout log-probs
         if c.step == 1:  # top-p 0.9 renormalisation: every rollout log-prob raised by −log S
             c.rollout = f32(c.rollout - np.log(rng.uniform(0.88, 0.93, size=c.rollout.shape)))
     res = grpolens.recompute(write_run(tmp_path / "run", calls), write=False, result=True)
