@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "serve",
     "sweep",
     "import_",
+    "export",
 ]
 
 app = typer.Typer(
