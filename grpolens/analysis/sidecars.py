@@ -20,8 +20,15 @@ NaN floats are stored as null (±inf stay). Per-sequence token columns come from
 per-sequence partials (the families' producers, never re-derived here) of the **same step's**
 loss calls; a completion trained in several loss calls of the step takes its **first** one (lowest
 rank, micro_batch -- the one ``grpolens tokens --sample`` shows) and ``loss_calls`` counts them.
-Token data of other steps (reuse, ``steps_per_generation`` > 1) is not joined: no token rows for
-the sample at its step gives null token columns and ``loss_calls = 0``.
+Token data of other steps is not joined: no token rows for the sample at its step gives null token
+columns and ``loss_calls = 0``.
+
+A step that trains on completions generated at an earlier step (TRL's ``steps_per_generation`` or
+``num_iterations`` > 1, verl's and Twinkle's mini-batches and epochs over one rollout) has no
+samples of its own for them: its table finds them **by sample_id** in the samples of the step that
+generated them (searched backwards, at most :data:`REUSE_LOOKBACK` earlier steps with samples),
+with that step's group columns (prompt_index, rank of the reward in its group) and this step's
+token columns; ``generated_at_step`` says where each row was generated.
 """
 
 from __future__ import annotations
@@ -306,10 +313,36 @@ def _completions(cfg: dict) -> Completions:
     return Completions(cfg)
 
 
+#: Earlier steps with samples searched for the completions a step trains on but did not generate.
+REUSE_LOOKBACK = 16
+
+
 def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
+    """The completions of ``step``: those generated at it, and those it trains on that an earlier
+    step generated (found by sample_id, see the module docstring)."""
     from grpolens.run.reader import read_samples
 
-    return completions_table(step, read_samples(fmt.as_run(run), step), seqcols)
+    run = fmt.as_run(run)
+    own = read_samples(run, step)
+    frames = []
+    if own is not None:
+        frames.append(completions_table(step, own, seqcols).with_columns(generated_at_step=pl.lit(step, pl.Int64)))
+    trained = set(seqcols["sample_id"].to_list()) if seqcols is not None and seqcols.height else set()
+    missing = trained - (set(own["sample_id"].to_list()) if own is not None else set())
+    if missing:
+        earlier = [s for s in fmt.list_steps(run, fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]
+        for s in earlier:
+            gen = read_samples(run, s)
+            found = set(gen["sample_id"].to_list()) & missing if gen is not None else set()
+            if not found:
+                continue
+            # group columns from the whole generation (a group's reward ranks), rows of this step's ids
+            rows = completions_table(step, gen, seqcols).filter(pl.col("sample_id").is_in(sorted(found)))
+            frames.append(rows.with_columns(generated_at_step=pl.lit(s, pl.Int64)))
+            missing -= found
+            if not missing:
+                break
+    return concat(frames) if frames else pl.DataFrame()
 
 
 def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None = None,

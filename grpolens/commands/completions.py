@@ -81,6 +81,12 @@ def completions_cmd(
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=max(console.width, 200))
+    if "generated_at_step" in df.columns:
+        earlier = sorted({g for g in df["generated_at_step"].drop_nulls().to_list() if g != step})
+        if earlier:
+            n = int((df["generated_at_step"] != step).sum())
+            console.print(f"{n} completion(s) trained at step {step} were generated at step(s) "
+                          f"{', '.join(map(str, earlier))} (found by sample_id)", markup=False, highlight=False)
     if note:
         console.print(note, markup=False, highlight=False)
     if group is not None and df.height:
@@ -102,14 +108,22 @@ def _load(run: Path, step: int):
             raise UserError(f"--step: no sidecar file for step {step} in {run} (steps {have[0]}..{have[-1]})")
         return df, "sidecar files"
     fmt.read_manifest(run)  # a precise error when RUN is not a run
-    steps = fmt.list_steps(run, fmt.SAMPLES)
+    sample_steps = fmt.list_steps(run, fmt.SAMPLES)
+    # a step trains on the completions generated at it and, when rollouts are reused, at earlier steps
+    steps = sorted(set(sample_steps) | set(fmt.list_steps(run, fmt.TOKENS)))
     if step not in steps:
-        near = f" (the run has samples for steps {steps[0]}..{steps[-1]})" if steps else " (the run has no samples shards)"
-        raise UserError(f"--step: no samples for step {step} in {run}{near}")
+        near = f" (the run has steps {steps[0]}..{steps[-1]})" if steps else " (the run has no shards)"
+        raise UserError(f"--step: no samples for step {step} in {run}, nor tokens trained at it{near}")
     df = sidecars.fresh_rows(run, step)
-    if df is not None:
-        return df, "completions.parquet"
-    return sidecars.build_steps(run, [step]), "computed from the shards"
+    source = "completions.parquet"
+    if df is None:
+        df, source = sidecars.build_steps(run, [step]), "computed from the shards"
+    if df.height == 0 and step not in sample_steps:
+        why = ("the run has no samples shards" if not sample_steps else
+               f"none of the completions it trains on is in the samples of step {step} or of the "
+               f"{sidecars.REUSE_LOOKBACK} steps with samples before it")
+        raise UserError(f"--step: no completions for step {step} in {run}: {why}")
+    return df, source
 
 
 def _cell(v, kind: str) -> str:

@@ -37,7 +37,7 @@ def tokens_cmd(
 
     from grpolens.analysis import drilldown
     from grpolens.run import format as fmt
-    from grpolens.run.decode import make_decoder
+    from grpolens.run.decode import describe, make_decoder
     from grpolens.errors import UserError
 
     from grpolens.commands.records import output_format, write_records
@@ -90,7 +90,10 @@ def tokens_cmd(
     df = df.sort("score", descending=True)
     from rich import box
 
-    t = Table(title=f"step {step}: top {df.height} tokens by {by} (of {int(b.mask.sum())} masked tokens; tokens as {source})",
+    if source == "ids":
+        console.print(f"[dim]{describe(source)}[/]", highlight=False)
+    t = Table(title=f"step {step}: top {df.height} tokens by {by} (of {int(b.mask.sum())} masked tokens; "
+                    f"{'tokens as ids' if source == 'ids' else describe(source)})",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     for c in ("#", "rank/mb", "sample", "pos", "token", SCORE_HEADERS.get(by, by), "logp", "old", "ref", "rollout",
               "ratio", "adv"):
