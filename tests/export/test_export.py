@@ -74,6 +74,7 @@ def assert_no_duplicates_and_equal(points: dict[str, list[tuple[int, float]]], w
         assert dict(pts) == want[key], key  # exact: the values are float64 end to end
 
 
+@pytest.mark.slow  # two recomputes and two exports of the run: ~25 s on a loaded 2-core machine
 def test_tensorboard(grown):
     run, grow = grown
     assert cli("export", run, "--to", "tensorboard", "-q") == 0
@@ -122,6 +123,7 @@ def test_mlflow(grown):
     assert sorted(steps) == sorted(pl.read_parquet(run / "grpolens" / "completions.parquet")["step"].to_list())
 
 
+@pytest.mark.slow  # wandb starts its service process for each export: ~50 s for three
 def test_wandb_offline(grown, tmp_path, monkeypatch):
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
