@@ -105,3 +105,13 @@ def test_completions_of_a_step_that_reuses_rollouts(run, capsys):
     table = pl.read_parquet(run / "grpolens" / "completions.parquet").filter(pl.col("step") == 2)
     assert sorted(table["sample_id"].to_list()) == sorted(r["sample_id"] for r in rows)
     assert (table["generated_at_step"] == 1).all()
+
+
+def test_dashboard_completion_of_a_reused_rollout(run):
+    """The dashboard's completion view at step 2 shows the text generated at step 1."""
+    from grpolens.serve import data
+
+    sid = int(_tokens(run, 2)["sample_id"][0])
+    got = data.completion(run, 2, sid)
+    texts = dict(_samples(run, 1).select("sample_id", "completion").iter_rows())
+    assert got is not None and got["sample"]["completion"] == texts[sid]

@@ -317,6 +317,25 @@ def _completions(cfg: dict) -> Completions:
 REUSE_LOOKBACK = 16
 
 
+def generating_samples(run: Path, step: int, sample_ids: Iterable[int]):
+    """``(generating step, its samples rows, the ids of sample_ids found there)`` for the
+    completions ``sample_ids`` that ``step`` trains on but did not generate: searched in the samples
+    of earlier steps, newest first, at most :data:`REUSE_LOOKBACK` of them."""
+    from grpolens.run.reader import read_samples
+
+    missing = set(sample_ids)
+    if not missing:
+        return
+    for s in [s for s in fmt.list_steps(run, fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]:
+        gen = read_samples(Path(run), s)
+        found = set(gen["sample_id"].to_list()) & missing if gen is not None else set()
+        if found:
+            yield s, gen, found
+            missing -= found
+            if not missing:
+                return
+
+
 def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
     """The completions of ``step``: those generated at it, and those it trains on that an earlier
     step generated (found by sample_id, see the module docstring)."""
@@ -329,19 +348,10 @@ def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFra
         frames.append(completions_table(step, own, seqcols).with_columns(generated_at_step=pl.lit(step, pl.Int64)))
     trained = set(seqcols["sample_id"].to_list()) if seqcols is not None and seqcols.height else set()
     missing = trained - (set(own["sample_id"].to_list()) if own is not None else set())
-    if missing:
-        earlier = [s for s in fmt.list_steps(run, fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]
-        for s in earlier:
-            gen = read_samples(run, s)
-            found = set(gen["sample_id"].to_list()) & missing if gen is not None else set()
-            if not found:
-                continue
-            # group columns from the whole generation (a group's reward ranks), rows of this step's ids
-            rows = completions_table(step, gen, seqcols).filter(pl.col("sample_id").is_in(sorted(found)))
-            frames.append(rows.with_columns(generated_at_step=pl.lit(s, pl.Int64)))
-            missing -= found
-            if not missing:
-                break
+    for s, gen, found in generating_samples(run, step, missing):
+        # group columns from the whole generation (a group's reward ranks), rows of this step's ids
+        rows = completions_table(step, gen, seqcols).filter(pl.col("sample_id").is_in(sorted(found)))
+        frames.append(rows.with_columns(generated_at_step=pl.lit(s, pl.Int64)))
     return concat(frames) if frames else pl.DataFrame()
 
 

@@ -68,8 +68,9 @@ class WandbExporter(Exporter):
         self._run.finish()
         from grpolens.run import format as fmt
 
-        steps = sorted(self.exported_steps() | self.sent)
-        fmt.atomic_write_bytes(self.ledger, json.dumps({"run_id": self.run_id, "steps": steps}).encode())
+        if self.mode != "disabled":  # WANDB_MODE=disabled keeps nothing: nothing to remember
+            steps = sorted(self.exported_steps() | self.sent)
+            fmt.atomic_write_bytes(self.ledger, json.dumps({"run_id": self.run_id, "steps": steps}).encode())
         where = Path(self._run.dir).parent if self.mode != "online" else getattr(self._run, "url", None) or self.run_id
         return f"W&B run {self.run_id} ({self.mode}): {where}"
 
