@@ -327,7 +327,7 @@ def generating_samples(run: Path, step: int, sample_ids: Iterable[int]):
     if not missing:
         return
     for s in [s for s in fmt.list_steps(run, fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]:
-        gen = read_samples(Path(run), s)
+        gen = read_samples(fmt.as_run(run), s)
         found = set(gen["sample_id"].to_list()) & missing if gen is not None else set()
         if found:
             yield s, gen, found
