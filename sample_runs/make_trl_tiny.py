@@ -8,7 +8,8 @@ tokenizer for 24 optimizer steps through ``grpolens.integrations.trl.GRPOLensTra
 ``beta=0.04``, ``epsilon=0.05/0.08``, ``lr=1e-4``, 16 completions of at most 24 tokens per
 generation), so clipping, KL and truncation all happen. TRL's own logged metrics are in
 ``trl-tiny/grpolens/trl_log.jsonl``; ``grpolens recompute sample_runs/trl-tiny --profile trl``
-reproduces them. The weights and the tokenizer are not kept (the run does not need them).
+reproduces them. The weights are not kept (the run does not need them); the integration saves the
+tokenizer as ``tokenizer.json`` in the run, so that the views show token text.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ import numpy as np
 
 from grpolens.errors import UserError
 
-PATHOLOGIES = ("kl-spike", "rollout-drift", "entropy-collapse", "nan")
+PATHOLOGIES = ("kl-spike", "rollout-drift", "entropy-collapse", "nan", "clip-drift")
 #: Pathologies that last from their step on; the others hit one step only.
-_PERSISTENT = {"rollout-drift", "entropy-collapse"}
+_PERSISTENT = {"rollout-drift", "entropy-collapse", "clip-drift"}
 REWARD_WEIGHTS = {"accuracy": 1.0, "format": 0.5}
 
 # Stream ids for SeedSequence spawn keys: one per kind of draw, so that adding a draw to one kind
@@ -246,6 +246,15 @@ def _inject(cols: dict[str, np.ndarray], inj: Injection, step: int, rng: np.rand
         scale = f32(0.01 / entropy_mean(step))
         for name in ("entropy", "logp", "old_logp", "rollout_logp"):
             cols[name] = cols[name] * scale
+    elif inj.kind == "clip-drift":
+        # The policy moves too far per step (learning rate, too many epochs on stale rollouts): the
+        # current log-probs wander ~0.4 nats from the behaviour policy's, so a large share of ratios
+        # leaves the clip range. The reference moves with the policy, so only clipping shows it.
+        moved = cols["old_logp"] + (rng.standard_exponential(T, dtype=f32)
+                                    - rng.standard_exponential(T, dtype=f32)) * f32(0.4)
+        moved = np.minimum(moved, f32(0))
+        cols["ref_logp"] = np.minimum(cols["ref_logp"] + (moved - cols["logp"]), f32(0))
+        cols["logp"] = moved
     elif inj.kind == "nan":
         k = max(3, T // 100)  # at least one NaN, one -inf and one +inf per loss call
         where = rng.choice(T, size=min(k, T), replace=False)

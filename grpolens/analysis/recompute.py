@@ -172,6 +172,35 @@ def _config_hash(cfg: dict, profile: str) -> str:
 # Entry point
 # ---------------------------------------------------------------------------------------------
 
+def recompute_lock(run: Path):
+    """The lock that one writing recompute of ``run`` holds from reading its cache to writing its
+    outputs: two recomputes of one run (two terminals, a CI job and the dashboard) would otherwise
+    interleave their atomic writes, e.g. one's step cache under the other's config hash, which a
+    later run would reuse as valid. A second writer waits; it then finds the cache fresh and reuses
+    it. ``filelock`` takes an OS lock (flock), released when the process dies."""
+    from filelock import FileLock
+
+    path = fmt.derived_dir(run) / "cache" / "recompute.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path)
+
+
+def _locked_when_writing(fn):
+    """Run ``fn`` under :func:`recompute_lock` when it writes a local run."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(run, **kwargs):
+        if not kwargs.get("write", True) or "://" in str(run):  # nothing written, or a remote run
+            return fn(run, **kwargs)
+        fmt.read_manifest(Path(run))  # a precise error for a path that is not a run, before creating the lock's directory
+        with recompute_lock(Path(run)):
+            return fn(run, **kwargs)
+
+    return wrapper
+
+
+@_locked_when_writing
 def recompute(
     run: os.PathLike | str,
     *,
@@ -197,6 +226,7 @@ def recompute(
     ``steps`` is ``"A:B"``. ``run`` may be ``s3://bucket/prefix`` (``storage_options``: see
     :mod:`grpolens.run.storage`), and so may ``out``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
+    With ``write``, concurrent recomputes of one run take turns (:func:`recompute_lock`).
 
     ``only`` restricts the work to some metrics (families, names or globs, see
     :func:`select_metrics`): only the producers and visitors those need run, token columns no

@@ -22,6 +22,7 @@ What is recorded, and where it is taken from (``docs/integrations/trl.md`` has t
   mean of their values) and, optionally, the prompt/completion text;
 * the trainer config (``CONFIG_DEFAULTS`` keys of :mod:`grpolens.run.format`, plus every
   ``GRPOConfig`` field under ``trl_args``) in the manifest, ``trainer = {"name": "trl", ...}``;
+* the tokenizer as ``RUN/tokenizer.json`` (fast tokenizers; rank 0), for token text in every view;
 * TRL's own logged metrics, one JSON object per ``log()`` call, in ``RUN/grpolens/trl_log.jsonl``
   (rank 0), so that ``grpolens recompute --profile trl`` can be compared with them.
 
@@ -231,7 +232,21 @@ class GRPOLensMixin:
                 trainer={"name": "trl", "version": trl.__version__},
                 rank=self.accelerator.process_index, world_size=self.accelerator.num_processes,
                 **self._grpolens_writer)
+            if self.accelerator.is_main_process:
+                self._grpolens_save_tokenizer()
         return self._grpolens_hook
+
+    def _grpolens_save_tokenizer(self) -> None:
+        """``RUN/tokenizer.json``: the fast tokenizer's own serialisation, so that every view can
+        show token text with the light ``tokenizers`` library (no transformers, no download). A
+        slow (Python) tokenizer has none: the views then show ids and say why."""
+        from grpolens.run import format as fmt
+        from grpolens.run.decode import TOKENIZER_FILE
+
+        tok = getattr(self, "_tokenizer", None) or getattr(self.processing_class, "tokenizer", self.processing_class)
+        backend = getattr(tok, "backend_tokenizer", None)
+        if backend is not None:
+            fmt.atomic_write_bytes(Path(self.grpolens_dir) / TOKENIZER_FILE, backend.to_str().encode())
 
     def grpolens_close(self) -> None:
         """Write everything still buffered and stop the writer (called at the end of ``train()``)."""

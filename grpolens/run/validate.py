@@ -175,11 +175,25 @@ class _Validator:
             return
         self.world_size = manifest.world_size
 
+    def check_tokenizer(self, path) -> None:
+        """``tokenizer.json`` must load with the ``tokenizers`` library; otherwise views show ids."""
+        try:
+            from tokenizers import Tokenizer
+
+            Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.add(WARNING, path, f"not a tokenizers JSON file ({first}): views show token ids instead of text")
+
     def check_layout(self) -> None:
         """Every entry must be part of the layout; readers silently skip the rest."""
-        allowed = {fmt.MANIFEST_NAME, fmt.DERIVED_DIR, *fmt.TABLES}
+        from grpolens.run.decode import TOKENIZER_FILE
+
+        allowed = {fmt.MANIFEST_NAME, fmt.DERIVED_DIR, *fmt.TABLES, TOKENIZER_FILE}
         for entry in sorted(self.root.iterdir()):
-            if entry.name in fmt.TABLES:
+            if entry.name == TOKENIZER_FILE:
+                self.check_tokenizer(entry)
+            elif entry.name in fmt.TABLES:
                 if not entry.is_dir():
                     self.add(ERROR, entry, f"'{entry.name}' must be a directory")
                 else:
