@@ -296,14 +296,38 @@ def generate_texts(spec: SynthSpec, step: int, rank: int, samples: dict[str, np.
 # The run
 # ---------------------------------------------------------------------------------------------
 
+def _write_steps(spec: SynthSpec, writers: list) -> None:
+    """Every step of ``spec`` through ``writers`` (one per rank), then close them. All are open at
+    once, as in training: their background threads encode Parquet (which releases the GIL) in
+    parallel while this thread generates. A resumed writer drops the steps it already has."""
+    with contextlib.ExitStack() as stack:
+        for w in writers:
+            stack.enter_context(w)
+        for step in range(spec.steps):
+            for rank, w in enumerate(writers):
+                if step in w.kept_steps:
+                    continue
+                samples = generate_samples(spec, step, rank)
+                sample_cols: dict = dict(samples)
+                if spec.texts:
+                    sample_cols.update(generate_texts(spec, step, rank, samples))
+                w.add_samples(step, sample_cols)
+                for mb in range(spec.micro_batches):
+                    w.add_tokens(step, mb, generate_tokens(spec, step, rank, mb, samples))
+                w.end_step(step)
+
+
 def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_batches: int = 1, groups: int = 4,
               generations: int = 4, max_len: int = 256, seed: int = 0, vocab: int = 32_000, texts: bool = False,
-              inject: Iterable[str | Injection] = (), overwrite: bool = False, run_name: str | None = None) -> Path:
+              inject: Iterable[str | Injection] = (), overwrite: bool = False, resume: bool = False,
+              run_name: str | None = None) -> Path:
     """Write a synthetic run to ``out`` and return its path.
 
     The run is built in a hidden sibling directory and renamed into place at the end, so ``out``
     never holds a half-written run. An existing ``out`` is replaced only with ``overwrite=True``,
-    and only if it is empty or a grpolens run (never an arbitrary directory).
+    and only if it is empty or a grpolens run (never an arbitrary directory). ``resume=True``
+    continues an existing synthetic run written with the same settings (``steps`` may be more):
+    its complete steps are kept, its incomplete ones written again, the missing ones added.
     """
     import grpolens
     from grpolens.run.format import Manifest, is_run
@@ -312,9 +336,29 @@ def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_
     spec = SynthSpec(steps, ranks, micro_batches, groups, generations, max_len, seed, vocab, texts,
                      tuple(parse_injection(s) for s in inject))
     out = Path(out)
+    settings = {"seed": seed, "steps": steps, "ranks": ranks, "micro_batches": micro_batches, "groups": groups,
+                "generations": generations, "max_len": max_len, "vocab": vocab, "texts": texts,
+                "inject": [str(i) for i in spec.inject]}
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    if resume and out.exists():
+        if not is_run(out):
+            raise UserError(f"--resume: {out} is not a grpolens run")
+        from grpolens.run.format import read_manifest, write_manifest
+
+        manifest = read_manifest(out)
+        before = manifest.extra.get("synth") or {}
+        differ = [k for k in settings if k != "steps" and before.get(k) != settings[k]]
+        if differ:
+            k = differ[0]
+            raise UserError(f"--resume: {out} was written with {k}={before.get(k)!r}, not {settings[k]!r}")
+        _write_steps(spec, [ShardWriter(out, rank=rank, world_size=ranks, mode="resume") for rank in range(ranks)])
+        manifest.extra["synth"] = {**before, "steps": max(steps, int(before.get("steps", 0)))}
+        write_manifest(out, manifest)
+        return out
     if out.exists():
         if not overwrite:
-            raise UserError(f"{out} already exists (pass --overwrite to replace it)")
+            raise UserError(f"{out} already exists (pass --overwrite to replace it, or --resume to continue it)")
         if not out.is_dir() or (any(out.iterdir()) and not is_run(out)):
             raise UserError(f"{out} exists and is not a grpolens run; refusing to overwrite it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -327,27 +371,11 @@ def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_
         world_size=ranks,
         trainer={"name": "grpolens-synth", "version": grpolens.__version__},
         config=spec.config(),
-        extra={"synth": {"seed": seed, "steps": steps, "ranks": ranks, "micro_batches": micro_batches,
-                         "groups": groups, "generations": generations, "max_len": max_len, "vocab": vocab,
-                         "texts": texts, "inject": [str(i) for i in spec.inject]}},
+        extra={"synth": settings},
     )
     try:
-        # One writer per rank, all open at once, as in training: their background threads encode
-        # Parquet (which releases the GIL) in parallel while this thread generates.
-        with contextlib.ExitStack() as stack:
-            writers = [stack.enter_context(ShardWriter(tmp, rank=rank, world_size=ranks,
-                                                       manifest=manifest if rank == 0 else None))
-                       for rank in range(ranks)]
-            for step in range(steps):
-                for rank, w in enumerate(writers):
-                    samples = generate_samples(spec, step, rank)
-                    sample_cols: dict = dict(samples)
-                    if texts:
-                        sample_cols.update(generate_texts(spec, step, rank, samples))
-                    w.add_samples(step, sample_cols)
-                    for mb in range(micro_batches):
-                        w.add_tokens(step, mb, generate_tokens(spec, step, rank, mb, samples))
-                    w.end_step(step)
+        _write_steps(spec, [ShardWriter(tmp, rank=rank, world_size=ranks, manifest=manifest if rank == 0 else None)
+                            for rank in range(ranks)])
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

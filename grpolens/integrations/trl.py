@@ -26,6 +26,11 @@ What is recorded, and where it is taken from (``docs/integrations/trl.md`` has t
 * TRL's own logged metrics, one JSON object per ``log()`` call, in ``RUN/grpolens/trl_log.jsonl``
   (rank 0), so that ``grpolens recompute --profile trl`` can be compared with them.
 
+An existing run in ``grpolens_dir`` (a relaunch after a crash) is refused unless
+``grpolens_mode`` says ``"resume"`` (keep its complete steps and the log records up to the last
+of them; what TRL logs again for those steps, after restarting from an earlier checkpoint, is
+dropped) or ``"overwrite"`` (delete the run and its log first).
+
 Identity of samples. TRL shuffles each generation batch and reuses its slices for
 ``num_iterations`` passes, so row order means nothing at a loss call. The integration adds a
 ``grpolens_sample_id`` tensor (and the completion lengths) to the generation batch dict that TRL
@@ -166,6 +171,17 @@ def _as_text(x: Any) -> str | None:
 # The mixin
 # ---------------------------------------------------------------------------------------------
 
+def _trim_log(path: Path, last_step: int) -> None:
+    """Keep the log records of steps up to ``last_step`` (a resumed run's complete steps), atomically."""
+    if not path.exists():
+        return
+    from grpolens.run.format import atomic_write_bytes
+
+    kept = [ln for ln in path.read_text().splitlines(keepends=True)
+            if ln.strip() and json.loads(ln).get("step", 0) <= last_step]
+    atomic_write_bytes(path, "".join(kept).encode())
+
+
 class _GRPOLensCallback(TrainerCallback):
     """Ends each step's shards after the optimizer step, records TRL's logs, closes at the end."""
 
@@ -180,6 +196,8 @@ class _GRPOLensCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not self.owner._grpolens_enabled or not state.is_world_process_zero or not logs:
             return
+        if state.global_step in self.owner._grpolens_kept:
+            return  # a resumed run already has this step, and its record
         clean = {k: (v if not (isinstance(v, float) and not math.isfinite(v)) else None) for k, v in logs.items()}
         path = Path(self.owner.grpolens_dir) / "grpolens" / TRL_LOG_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,11 +218,16 @@ class GRPOLensMixin:
     ``grpolens_enabled``    False: behave exactly like the base trainer, write nothing
     ``grpolens_run_name``   the manifest's run name (default: the directory name)
     ``grpolens_writer``     dict of :class:`~grpolens.capture.writer.ShardWriter` options
+    ``grpolens_mode``       ``"new"`` (default: refuse a directory that holds a run), ``"resume"``
+                            or ``"overwrite"`` (see the module docstring)
     """
 
     def __init__(self, *args, grpolens_dir=None, grpolens_text: bool = True, grpolens_enabled: bool = True,
-                 grpolens_run_name: str | None = None, grpolens_writer: dict | None = None, **kwargs):
+                 grpolens_run_name: str | None = None, grpolens_writer: dict | None = None,
+                 grpolens_mode: str = "new", **kwargs):
         super().__init__(*args, **kwargs)
+        self._grpolens_mode = grpolens_mode
+        self._grpolens_kept: frozenset[int] = frozenset()  # steps a resumed run already had complete
         self.grpolens_dir = Path(grpolens_dir) if grpolens_dir is not None else Path(self.args.output_dir) / "grpolens_run"
         self._grpolens_enabled = grpolens_enabled
         self._grpolens_text = grpolens_text
@@ -227,11 +250,16 @@ class GRPOLensMixin:
         """The writer, created at the first recorded call so that the manifest sees the final
         trainer settings (e.g. ``use_vllm`` set after construction)."""
         if self._grpolens_hook is None:
-            self._grpolens_hook = GRPOLensHook(
+            hook = GRPOLensHook(
                 self.grpolens_dir, config=run_config(self), run_name=self._grpolens_run_name,
                 trainer={"name": "trl", "version": trl.__version__},
                 rank=self.accelerator.process_index, world_size=self.accelerator.num_processes,
-                **self._grpolens_writer)
+                mode=self._grpolens_mode, **self._grpolens_writer)
+            self._grpolens_mode = "resume"  # a later train() of this trainer continues this run
+            self._grpolens_kept = hook.writer.kept_steps
+            if self._grpolens_kept and self.accelerator.is_main_process:
+                _trim_log(Path(self.grpolens_dir) / "grpolens" / TRL_LOG_NAME, max(self._grpolens_kept))
+            self._grpolens_hook = hook
             if self.accelerator.is_main_process:
                 self._grpolens_save_tokenizer()
         return self._grpolens_hook

@@ -111,7 +111,9 @@ class VerlCapture:
     ``truncated`` mean "hit the length limit without EOS"; without it a completion is truncated
     when it fills the whole response width. ``tokenizer`` (optional) decodes prompt/completion
     text into the samples table. ``reward_keys`` names the non-tensor arrays stored as
-    ``reward/<key>``; by default every numeric 1-D non-tensor array except ids.
+    ``reward/<key>``; by default every numeric 1-D non-tensor array except ids. ``mode``: ``"new"``
+    (default: refuse a directory that already holds a run), ``"resume"`` (after a restart from a
+    checkpoint: keep the complete steps, continue after them) or ``"overwrite"``.
     """
 
     SAMPLE_ID_KEY = "grpolens_sample_id"
@@ -119,10 +121,10 @@ class VerlCapture:
     def __init__(self, run_dir, *, config: dict | None = None, rank: int | None = None,
                  world_size: int | None = None, eos_token_id: int | Iterable[int] | None = None,
                  tokenizer: Any = None, reward_keys: Iterable[str] | None = None, enabled: bool = True,
-                 run_name: str | None = None, **writer_kwargs):
+                 run_name: str | None = None, mode: str = "new", **writer_kwargs):
         self.enabled = enabled
         self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=_trainer_info(),
-                                 rank=rank, world_size=world_size, enabled=enabled, **writer_kwargs)
+                                 rank=rank, world_size=world_size, enabled=enabled, mode=mode, **writer_kwargs)
         self.rank, self.world_size = self.hook.rank, self.hook.world_size
         self.eos = None if eos_token_id is None else (
             {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) else {int(e) for e in eos_token_id})

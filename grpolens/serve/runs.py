@@ -17,7 +17,7 @@ from grpolens.run import format as fmt
 from grpolens.errors import UserError
 
 #: Directories never searched for runs (a run's own tables, caches, VCS, environments).
-_SKIP = {fmt.TOKENS, fmt.SAMPLES, fmt.DERIVED_DIR, ".git", "__pycache__", "node_modules", ".venv"}
+_SKIP = {fmt.TOKENS, fmt.SAMPLES, fmt.DERIVED_DIR, fmt.COMPLETE_DIR, ".git", "__pycache__", "node_modules", ".venv"}
 
 
 class UnknownRun(UserError):

@@ -171,6 +171,7 @@ def parse(argv=None):
     p.add_argument("--no-text", action="store_true")
     p.add_argument("--run-name", default=None, help="the run's name in its manifest (default: the directory's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grpolens-mode", default="new", help="new | resume | overwrite (an existing run in OUT/run)")
     return p.parse_args(argv)
 
 
@@ -230,7 +231,7 @@ def main(argv=None) -> None:
         trainer = GRPOTrainer(**kwargs)
     else:
         trainer = GRPOLensTrainer(**kwargs, grpolens_dir=out / "run", grpolens_text=not a.no_text,
-                                  grpolens_run_name=a.run_name)
+                                  grpolens_run_name=a.run_name, grpolens_mode=a.grpolens_mode)
     if a.simulate_vllm_is:  # drive TRL's vLLM IS branch with the simulated engine (a test hack, not a recipe)
         from types import SimpleNamespace
 
