@@ -50,7 +50,9 @@ def close(a: float | None, b: float | None, rtol: float = RTOL, atol: float = AT
 
 
 def read_log(path: os.PathLike | str) -> dict[int, dict]:
-    """Step -> the values logged at that step (lines without a step, e.g. a final summary, are skipped)."""
+    """Step -> the values logged at that step (lines without a step are skipped). TRL's end-of-
+    training summary (``train_runtime``...) is kept: it carries the metrics of the last, unfinished
+    logging window."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--log: no such file {path}")
@@ -65,7 +67,7 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
         if not isinstance(rec, dict):
             raise UserError(f"{path}:{i}: not a JSON object")
         step = rec.get("step")
-        if not isinstance(step, (int, float)) or isinstance(step, bool) or "train_runtime" in rec:
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
             continue
         out.setdefault(int(step), {}).update(rec)
     if not out:

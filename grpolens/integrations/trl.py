@@ -58,7 +58,9 @@ import trl
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from grpolens.run.format import atomic_write_bytes
 from grpolens.capture.hook import GRPOLensHook
+from grpolens.profiles.trl import STATE_NAME
 
 __all__ = ["GRPOLensTrainer", "GRPOLensMixin", "with_grpolens", "run_config", "SAMPLE_ID_STRIDE",
            "TRL_LOG_NAME"]
@@ -187,6 +189,22 @@ class _GRPOLensCallback(TrainerCallback):
 
     def __init__(self, owner: "GRPOLensMixin"):
         self.owner = owner
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._schedule = {"max_steps": int(state.max_steps), "epoch_ends": []}
+        self._write_schedule(state)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if getattr(self, "_schedule", None) is not None:
+            self._schedule["epoch_ends"].append(int(state.global_step))
+            self._write_schedule(state)
+
+    def _write_schedule(self, state) -> None:
+        """The Trainer's step count and epoch ends, which TRL's logging schedule depends on."""
+        if self.owner._grpolens_enabled and state.is_world_process_zero:
+            path = Path(self.owner.grpolens_dir) / "grpolens" / STATE_NAME
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, json.dumps(self._schedule).encode())
 
     def on_step_end(self, args, state, control, **kwargs):
         hook = self.owner._grpolens_hook
