@@ -157,3 +157,15 @@ def test_per_step_cli_option(tmp_path):
         lines = (run / "grpolens" / "trl" / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == n and json.loads(lines[-1])["step"] == 4
     assert trl_profile.COUNT not in (run / "grpolens" / "trl" / "metrics.jsonl").read_text()
+
+
+def test_luspo_loss_before_1_10_is_not_made_up(tmp_path):
+    """TRL < 1.10 averaged luspo's per-token loss over padded positions (huggingface/trl#6654): not
+    reproducible from a run without padding, so null; from 1.10 the mean of per-sequence sums."""
+    rng = np.random.default_rng(12)
+    calls = random_calls(rng, steps=(1,), ranks=1, micro_batches=1)
+    got = {}
+    for v in ("1.9.0", "1.10.0"):
+        run = _trl_run(tmp_path / v, calls, v, {"logging_steps": 1}, {"loss_type": "luspo"})
+        got[v] = grpolens.recompute(run, profile="trl", write=False)["loss"][0]
+    assert got["1.9.0"] is None and got["1.10.0"] is not None

@@ -162,6 +162,13 @@ def per_call_loss(sd, s: np.ndarray, n: np.ndarray) -> float | None:
     if lt in SEQ_MEAN_LOSSES:
         call = np.bincount(g, s / np.maximum(n, 1.0), ng) / rows
     elif lt == "luspo":
+        ctx = sd.extra.get("schedule")
+        v = ctx.rules.version if ctx is not None else None
+        per_token = sd.cfg.get("beta", 0.0) != 0.0 or sd.cfg.get("importance_sampling_level", "token") == "token"
+        if v is not None and v < (1, 10) and per_token:
+            # TRL < 1.10 averaged L·len over every padded position once L is per token (huggingface/trl#6654):
+            # padding positions' log-probs are not in the run, so that number cannot be reproduced
+            return None
         call = np.bincount(g, s, ng) / rows
     elif lt == "bnpo":
         call = np.bincount(g, s, ng) / np.maximum(np.bincount(g, n, ng), 1.0)
