@@ -367,7 +367,7 @@ def recompute(
     # the outputs of exactly this recompute (config, selection, shards, destination) are already
     # there, untouched since they were written: a re-run with nothing new writes nothing
     manifest = None if fmt.is_remote_run(run) else _output_files(Path(run)).get(fmt.MANIFEST_NAME)
-    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest])
+    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
     unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
                  and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
     if write and not unchanged:
