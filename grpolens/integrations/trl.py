@@ -192,7 +192,7 @@ class _GRPOLensCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._schedule = {"max_steps": int(state.max_steps), "epoch_ends": []}
-        self._write_schedule(state)
+        # written once the run's writer exists (it refuses a folder that already holds files)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if getattr(self, "_schedule", None) is not None:
@@ -201,13 +201,16 @@ class _GRPOLensCallback(TrainerCallback):
 
     def _write_schedule(self, state) -> None:
         """The Trainer's step count and epoch ends, which TRL's logging schedule depends on."""
-        if self.owner._grpolens_enabled and state.is_world_process_zero:
+        if (self.owner._grpolens_enabled and state.is_world_process_zero and self.owner._grpolens_hook is not None
+                and getattr(self, "_schedule", None) is not None):
             path = Path(self.owner.grpolens_dir) / "grpolens" / STATE_NAME
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, json.dumps(self._schedule).encode())
 
     def on_step_end(self, args, state, control, **kwargs):
         hook = self.owner._grpolens_hook
+        if hook is not None and state.global_step == 1:
+            self._write_schedule(state)
         if hook is not None:
             hook.end_step(state.global_step)  # the step just finished: global_step was step - 1 during it
 
