@@ -31,7 +31,7 @@ def test_concurrent_recomputes_leave_consistent_outputs(tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    assert (run / "grpolens" / "cache" / "recompute.lock").exists()
+    assert (run / "grpolens" / "recompute.lock").exists()
 
     fresh = {eps: recompute(run, overrides=cfg, write=False, incremental=False) for eps, cfg in CONFIGS.items()}
     assert not fresh["0.1"].equals(fresh["0.3"])  # the two configs give different clip fractions

@@ -182,7 +182,8 @@ def recompute_lock(run: Path):
     it. ``filelock`` takes an OS lock (flock), released when the process dies."""
     from filelock import FileLock
 
-    path = fmt.derived_dir(run) / "cache" / "recompute.lock"
+    # beside the outputs, not in cache/: a recompute that keeps away from the cache (--only) still takes turns
+    path = fmt.derived_dir(run) / "recompute.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(path)
 
