@@ -124,6 +124,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "sapo_temperature_neg": 1.05,
     "log_ratio_clamp": None,  # the loss clamps log(pi/pi_old) to +-this before exp (Twinkle, verl: 20)
     "rollout_is": None,  # {level, mode, lower, upper, veto_lower, veto_upper}
+    "entropy_coef": 0.0,  # the loss subtracts entropy_coef * entropy per token (Twinkle's entropy bonus)
+    "rollout_metrics": True,  # the trainer logs train-inference mismatch metrics (verl: rollout_correction set)
 }
 
 

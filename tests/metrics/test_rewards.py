@@ -217,7 +217,18 @@ def test_profile_names(tmp_path):
     assert approx(m["train/rewards/format/std"], e["rewards/format/std_pop"], rel=1e-12)
     assert approx(m["train/frac_reward_zero_std"], e["advantage/frac_zero_groups"], rel=1e-12)
     tw = grpolens.recompute(run, profile="twinkle", write=False)
-    assert not [c for c in tw.columns if "reward" in c]
+    # Twinkle's CompletionRewardMetric: per reward function mean and sample std, mean length
+    assert {c for c in tw.columns if "reward" in c} == {"train/accuracy_reward", "train/accuracy_reward_std",
+                                                          "train/format_reward", "train/format_reward_std"}
+    w = row(tw, 0)
+    import polars as pl
+
+    table = pl.from_arrow(s.table())
+    for name in ("accuracy", "format"):
+        x = table[f"reward/{name}"].drop_nulls().to_numpy()
+        assert approx(w[f"train/{name}_reward"], float(np.mean(x)), rel=1e-12)
+        assert approx(w[f"train/{name}_reward_std"], float(np.std(x, ddof=1)), rel=1e-12)
+    assert approx(w["train/completion_length"], float(table["completion_len"].mean()), rel=1e-12)
 
 
 def test_quantile_keys_truncate_like_maxent():

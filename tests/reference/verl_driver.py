@@ -46,17 +46,15 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage
 from verl.utils.metric import Metric, reduce_metrics
 from verl.utils.py_functional import append_to_dict, rename_dict
 from verl.workers.config import FSDPActorConfig
+from verl.workers.config.actor import PolicyLossConfig
 from verl.workers.utils.losses import ppo_loss
 
 
 def actor_config(c: dict) -> FSDPActorConfig:
-    policy = dict(c.get("policy_loss") or {})
     kw = {k: v for k, v in c.items() if k not in ("policy_loss", "ppo_mini_batch_size", "rollout_n")}
-    cfg = FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=c["ppo_mini_batch_size"],
-                          ppo_micro_batch_size_per_gpu=1, rollout_n=c.get("rollout_n", 1), **kw)
-    for k, v in policy.items():
-        setattr(cfg.policy_loss, k, v)
-    return cfg
+    return FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=c["ppo_mini_batch_size"],
+                           ppo_micro_batch_size_per_gpu=1, rollout_n=c.get("rollout_n", 1),
+                           policy_loss=PolicyLossConfig(**(c.get("policy_loss") or {})), **kw)
 
 
 def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch_num_tokens, global_batch_size):
