@@ -51,7 +51,7 @@ def scaled(cfg: dict) -> bool:
     return temperature(cfg) != 1.0
 
 
-@producer("twinkle", merge=_MERGE)
+@producer("twinkle_kit", merge=_MERGE)
 def _twinkle(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Twinkle's nonlinear statistics on T·d (only computed when T ≠ 1; zeros otherwise)."""
     if not scaled(cfg) or b.n_seq == 0:
@@ -180,7 +180,7 @@ def _completion_length(sd) -> float | None:
 
 
 register(Metric(
-    "twinkle/loss", "twinkle",
+    "twinkle/loss", "twinkle_kit",
     "Twinkle's LossMetric: the mean over every forward of every rank of the loss Twinkle's loss class "
     "returned (its per-forward aggregation, β·k3 and the entropy bonus −entropy_coef·H included; CISPO "
     "capped at 1 + epsilon).",
@@ -190,18 +190,18 @@ register(Metric(
                                                                           "cispo", "dr_grpo"),
 ))
 register(Metric(
-    f"twinkle/reward/{PLACEHOLDER}", "twinkle",
+    f"twinkle/reward/{PLACEHOLDER}", "twinkle_kit",
     "Twinkle's CompletionRewardMetric: mean of the reward function's values over the step's completions.",
     kind="custom", fn=lambda sd, column: _reward(sd, column, "mean"), source="samples", per_column="reward/",
 ))
 register(Metric(
-    f"twinkle/reward_std/{PLACEHOLDER}", "twinkle",
+    f"twinkle/reward_std/{PLACEHOLDER}", "twinkle_kit",
     "Twinkle's CompletionRewardMetric: sample standard deviation (n − 1) of the reward function's values "
     "over the step's completions, 0 for one completion.",
     kind="custom", fn=lambda sd, column: _reward(sd, column, "std"), source="samples", per_column="reward/",
 ))
 register(Metric(
-    "twinkle/completion_length", "twinkle",
+    "twinkle/completion_length", "twinkle_kit",
     "Twinkle's CompletionRewardMetric: mean completion length (tokens) over the step's completions.",
     kind="custom", fn=_completion_length, source="samples",
 ))
