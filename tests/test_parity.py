@@ -71,3 +71,36 @@ def test_close():
     assert close(1.0, 1.0 + 1e-7) and not close(1.0, 1.001)
     assert close(None, None) and not close(None, 1.0)
     assert close(float("nan"), float("nan"))
+
+
+def test_verl_file_logger_layout(run_and_log, tmp_path):
+    """verl's file logger writes {"step": N, "data": {...}} per line: read as the flat layout."""
+    run, log = run_and_log
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    nested = tmp_path / "verl.jsonl"
+    nested.write_text("\n".join(json.dumps({"step": r.pop("step"), "data": r}) for r in lines if "train_runtime" not in r) + "\n")
+    assert read_log(nested) == {s: {"step": s, **{k: v for k, v in rec.items() if k != "step"}}
+                                for s, rec in read_log(log).items()}
+    rows = compare(run, nested)
+    assert rows and all(r.status == "ok" for r in rows)
+    changed = [json.loads(x) for x in nested.read_text().splitlines()]
+    changed[1]["data"]["loss"] += 1e-3
+    nested.write_text("\n".join(map(json.dumps, changed)) + "\n")
+    bad = [r for r in compare(run, nested) if r.status != "ok"]
+    assert [(r.step, r.key, r.status) for r in bad] == [(1, "loss", "mismatch")]
+
+
+def test_formatted_values_compare_at_their_rounding(run_and_log, tmp_path):
+    """Twinkle's LossMetric logs f"{loss:.4f}": equal at 4 decimals is ok, one unit off is not."""
+    run, log = run_and_log
+    recs = [json.loads(x) for x in log.read_text().splitlines() if "train_runtime" not in x]
+    exact = {r["step"]: r["loss"] for r in recs}
+    for r in recs:
+        r["loss"] = f"{r['loss']:.4f}"
+    text = tmp_path / "twinkle.jsonl"
+    text.write_text("\n".join(map(json.dumps, recs)) + "\n")
+    rows = [r for r in compare(run, text) if r.key == "loss"]
+    assert len(rows) == 3 and all(r.status == "ok" for r in rows)
+    recs[0]["loss"] = f"{exact[recs[0]['step']] + 2e-4:.4f}"
+    text.write_text("\n".join(map(json.dumps, recs)) + "\n")
+    assert [r.status for r in compare(run, text) if r.key == "loss"] == ["mismatch", "ok", "ok"]
