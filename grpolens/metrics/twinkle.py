@@ -36,7 +36,7 @@ import numpy as np
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.policy import adv_masked, adv_valid, count, is_level, k3_of, log_ratio, ratio_valid
-from grpolens.metrics.registry import PLACEHOLDER, Metric, register
+from grpolens.metrics.registry import Family, register_family, PLACEHOLDER, Metric, register
 
 _COLS = ("tw.k3.sum", "tw.k3.max", "tw.r.max", "tw.g.n", "tw.g.low", "tw.g.high", "tw.below", "tw.above")
 _MERGE = {c: "sum" for c in _COLS} | {"tw.k3.max": "max", "tw.r.max": "max"}
@@ -222,3 +222,6 @@ def _twinkle_loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     if ec and b.has("entropy"):
         L = L - ec * np.where(v, np.nan_to_num(b.cols["entropy"]), 0.0)
     return {"tw_loss.sum": b.seq_sum(L), "tw_loss.n": b.count(v)}
+
+
+register_family(Family("twinkle_kit", page="policy"))

@@ -39,7 +39,7 @@ import numpy as np
 from grpolens.functional.is_weights import ISConfig, loss_weights
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.registry import Metric, register
+from grpolens.metrics.registry import Family, register_family, Metric, register
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials
 
 CLAMP = 20.0
@@ -261,3 +261,6 @@ _DOCS = {
 for _k, _doc in _DOCS.items():
     register(Metric(f"verl_actor/{_k}", _FAM, _doc, kind="custom", fn=_value(_k), when=_WHEN,
                     config=("verl_actor", "rollout_is")))
+
+
+register_family(Family("verl_actor", page="policy"))
