@@ -155,14 +155,17 @@ def cmd_pieces(args) -> None:
     base = Path(args.dir or tempfile.mkdtemp(prefix="grpolens-bench-"))
     run = synth(args.tokens, base)
     cfg = RunReader(run).config()
-    visitors = (SequencePartials(cfg), *(f(cfg) for f in VISITORS.values()))
     steps = fmt.list_steps(run, fmt.TOKENS)[: args.steps]
     per_visitor: dict[str, int] = {}
     from grpolens.analysis.recompute import metrics_for, step_values
     from grpolens.metrics import reduce
     from grpolens.run.reader import read_samples
 
-    metrics = metrics_for("grpolens", cfg, RunReader(run).sample_columns())
+    from grpolens import plugins
+
+    prof = plugins.get("grpolens")
+    metrics = metrics_for(prof, cfg, RunReader(run).sample_columns())  # loads every plugin's visitors too
+    visitors = (SequencePartials(cfg), *(f(cfg) for f in VISITORS.values()))
     shard_bytes, step_bytes, merge_s, reduce_s, work_s, rows = [], [], [], [], 0.0, 0
     for s in steps:
         shards = fmt.list_shards(run, fmt.TOKENS, [s])
@@ -182,7 +185,7 @@ def cmd_pieces(args) -> None:
         # what the driver does next with the merged pieces: every metric's reduction of the step
         t = time.perf_counter()
         seqs, present = pieces["sequences"]
-        sd = reduce.StepData(s, seqs, cfg, "grpolens", read_samples(run, s), present, {"pieces": pieces,
+        sd = reduce.StepData(s, seqs, cfg, prof, read_samples(run, s), present, {"pieces": pieces,
                                                                                        "run_has_samples": True})
         step_values(sd, metrics)
         reduce_s.append(time.perf_counter() - t)

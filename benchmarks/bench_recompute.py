@@ -293,7 +293,16 @@ def main() -> None:
         out += ["", *t]
     if args.dir is None and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
-    cmd = "python benchmarks/bench_recompute.py " + " ".join(a for a in sys.argv[1:] if a != "--write-readme")
+    shown, skip = [], False
+    for a in sys.argv[1:]:  # where the runs were put is this machine's business, not the reader's
+        if skip or a in ("--write-readme", "--keep") or a.startswith("--dir="):
+            skip = False
+            continue
+        if a == "--dir":
+            skip = True
+            continue
+        shown.append(a)
+    cmd = "python benchmarks/bench_recompute.py " + " ".join(shown)
     header = (f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, with `{cmd.strip()}` "
               f"(load average at the end {os.getloadavg()[0]:.1f}):")
     if args.write_readme:

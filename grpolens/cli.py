@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "serve",
     "sweep",
     "import_",
+    "export",
 ]
 
 app = typer.Typer(
@@ -37,14 +38,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"grpolens.commands.{_name}").register(app)
+
+def _print_version(value: bool) -> None:
+    if value:
+        from grpolens import __version__
+
+        print(f"grpolens {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _options(
+def _root(
+    version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                 help="Print the grpolens version and exit."),
     invalid_utf8: Optional[str] = typer.Option(
         None, "--invalid-utf8", metavar="refuse|replace",
         help="Text (prompt, completion) that is not valid UTF-8: 'refuse' the file (the default; "
@@ -58,6 +67,31 @@ def _options(
 
             raise UserError(f"--invalid-utf8: {invalid_utf8!r} is not one of refuse, replace")
         os.environ["GRPOLENS_INVALID_UTF8"] = invalid_utf8  # read by grpolens.text_columns, here and in workers
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"grpolens.commands.{_name}").register(app)
+
+
+def command():
+    """The click command behind ``app``, with help that names what a value means, not its type.
+
+    typer shows an argument as ``{run}`` and a value as ``<int>``/``<path>``/``<list[str]>``;
+    here an option's value is named after the option (``--step STEP``, ``--set SET``) and an
+    argument by its name in capitals (``RUN``), unless the command gave a metavar of its own.
+    """
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for cmd in [group, *group.commands.values()]:
+        for p in cmd.params:
+            if getattr(p, "metavar", None) is None and not getattr(p, "is_flag", False):
+                p.metavar = p.name.upper().rstrip("_")
+            if p.param_type_name == "argument":  # click's own spelling: RUN, [PATHS]...
+                shown = (p.metavar if p.required else f"[{p.metavar}]") + ("..." if p.nargs != 1 else "")
+                p._usage_display_name = lambda shown=shown: shown
+                p.display_type_rich = lambda ctx: None
+    return group
 
 
 def _print_error(message: str) -> None:
@@ -74,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # In non-standalone mode click *returns* the exit code of a command that raised
         # typer.Exit(code) instead of exiting with it.
-        rc = app(args=argv, standalone_mode=False)
+        rc = command().main(args=argv, prog_name="grpolens", standalone_mode=False)
         if isinstance(rc, int) and rc != 0:
             sys.exit(rc)
     except UserError as e:

@@ -19,7 +19,6 @@ def plot_config(**extra: Any) -> dict[str, Any]:
     return {
         "displaylogo": False,
         "showSendToCloud": False,
-        "showEditInChartStudio": False,
         "plotlyServerURL": "",
         "modeBarButtonsToRemove": list(UPLOAD_BUTTONS),
         **extra,

@@ -6,9 +6,12 @@ TRL 1.16's GRPOTrainer trains a tiny random Qwen2 (2 layers, hidden 64) with a l
 tokenizer for 24 optimizer steps through ``grpolens.integrations.trl.GRPOLensTrainer`` (the setup of
 ``tests/integration/trl_tiny.py``: loss ``dapo``, 2 micro-batches per step, ``num_iterations=2``,
 ``beta=0.04``, ``epsilon=0.05/0.08``, ``lr=1e-4``, 16 completions of at most 24 tokens per
-generation), so clipping, KL and truncation all happen. TRL's own logged metrics are in
-``trl-tiny/grpolens/trl_log.jsonl``; ``grpolens recompute sample_runs/trl-tiny --profile trl``
-reproduces them. The weights and the tokenizer are not kept (the run does not need them).
+generation), so clipping, KL and truncation all happen, and TRL's default ``logging_steps=10``: TRL
+logs at steps 10 and 20, each the mean over its 10-step window, and the last 4 steps with its
+end-of-training summary. TRL's own logged metrics are in ``trl-tiny/grpolens/trl_log.jsonl``;
+``grpolens parity sample_runs/trl-tiny`` reproduces every one of them. The weights are not kept (the
+run does not need them); the integration saves the tokenizer as ``tokenizer.json`` in the run, so
+that the views show token text.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TARGET = HERE / "trl-tiny"
-ARGS = ["--max-steps", "24", "--max-completion-length", "24", "--run-name", "trl-tiny", "--seed", "0"]
+ARGS = ["--max-steps", "24", "--max-completion-length", "24", "--logging-steps", "10", "--run-name", "trl-tiny",
+        "--seed", "0"]
 
 
 def main() -> None:

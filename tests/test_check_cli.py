@@ -29,6 +29,7 @@ INJECTED = {
     "rollout-drift@10": {"mismatch KL"},
     "entropy-collapse@15": {"entropy collapse"},
     "nan@8": {"non-finite tokens"},
+    "clip-drift@10": {"clip low rising", "clip high rising"},
 }
 
 

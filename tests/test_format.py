@@ -56,7 +56,41 @@ def test_every_config_key_is_documented_with_its_default():
 
 def test_manifest_keys_are_documented():
     doc = _doc_table("Manifest")
-    assert set(doc) == set(fmt.Manifest("x").to_json())
+    assert set(doc) == set(fmt.Manifest("x", completion_markers=True).to_json())
+    assert "completion_markers" not in fmt.Manifest("x").to_json()  # old readers see the manifest they knew
+
+
+def test_completion_records_are_documented(tmp_path):
+    """The keys the writer puts in a marker and a finished record are the documented ones."""
+    import numpy as np
+
+    from grpolens.capture.writer import ShardWriter
+
+    with ShardWriter(tmp_path, manifest=fmt.Manifest("r")) as w:
+        w.add_tokens(0, 0, {"sample_id": np.zeros(2, np.int64), "pos": np.arange(2, dtype=np.int32),
+                            "logp": np.zeros(2, np.float32), "advantage": np.zeros(2, np.float32),
+                            "mask": np.ones(2, bool)})
+        w.end_step(0)
+    doc = DOC.read_text()
+    section = doc[doc.index("## Completion markers"):doc.index("### Writing into")]
+    keys = {"marker": set(), "finished": set()}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] in keys:
+            keys[cells[0]] |= {k.strip(" `") for k in cells[1].split(",")}
+    assert keys["marker"] == set(json.loads((tmp_path / fmt.marker_relpath(0, 0)).read_text()))
+    assert keys["finished"] == set(json.loads((tmp_path / fmt.finished_relpath(0)).read_text()))
+    assert fmt.read_manifest(tmp_path).completion_markers
+
+
+@pytest.mark.parametrize("step, rank", [(0, 0), (12, 3), (99_999_999, 99_999)])
+def test_completion_record_names_round_trip(step, rank):
+    name = Path(fmt.marker_relpath(step, rank))
+    assert name.parent.name == fmt.COMPLETE_DIR
+    m = fmt.MARKER_RE.match(name.name)
+    assert (int(m.group(1)), int(m.group(2))) == (step, rank)
+    assert int(fmt.FINISHED_RE.match(Path(fmt.finished_relpath(rank)).name).group(1)) == rank
+    assert not fmt.MARKER_RE.match(Path(fmt.finished_relpath(rank)).name)
 
 
 def test_required_columns_are_exactly_the_non_nullable_ones():
@@ -158,6 +192,7 @@ GOOD = {"format": "grpolens-run", "version": 1, "run_name": "r", "world_size": 1
     ({"trainer": "trl"}, "'trainer' must be a JSON object"),
     ({"world_size": 0}, "'world_size' must be a positive integer"),
     ({"world_size": "2"}, "'world_size' must be a positive integer"),
+    ({"completion_markers": "yes"}, "'completion_markers' must be true or false"),
 ])
 def test_read_manifest_rejects_bad_fields(tmp_path, change, message):
     _write(tmp_path, {**GOOD, **change})
@@ -189,3 +224,4 @@ def test_read_manifest_defaults(tmp_path):
     _write(tmp_path, {"format": "grpolens-run", "version": 1})
     m = fmt.read_manifest(tmp_path)
     assert m.run_name == tmp_path.name and m.world_size == 1 and m.config == {}
+    assert m.completion_markers is False  # a run written before markers: read as before

@@ -9,7 +9,7 @@ Layers, lowest first (a module may import its own layer and those below):
     metrics                            families, registry, engine: closed
     profiles                           one module per trainer; imports families
     plugins, analysis                  loading what extends metrics; recompute, sweep, drill-down, ...
-    check                              rules over recomputed series
+    check, export                      rules over recomputed series; recomputed series into trackers
     serve                              the dashboard
     adapters, integrations             importers, synthetic runs, trainer integrations
     commands, cli                      the command line
@@ -33,7 +33,7 @@ LAYERS = [
     ("grpolens.metrics",),
     ("grpolens.profiles",),
     ("grpolens.plugins", "grpolens.analysis"),
-    ("grpolens.check",),
+    ("grpolens.check", "grpolens.export"),
     ("grpolens.serve",),
     ("grpolens.adapters", "grpolens.integrations"),
     ("grpolens.commands", "grpolens.cli", "grpolens.cli_docs"),

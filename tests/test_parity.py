@@ -83,3 +83,35 @@ def test_close_tolerance_is_relative_to_the_larger_magnitude():
     assert close(-2.0, -2.5, rtol=0.2, atol=0.0)  # 0.5 <= 0.2 * 2.5 = 0.5
     assert not close(-2.0, -2.5, rtol=0.1875, atol=0.0)  # 0.5 > 0.1875 * 2.5 = 0.46875
     assert close(0.0, 0.125, rtol=0.0, atol=0.125) and not close(0.0, 0.25, rtol=0.0, atol=0.125)
+
+
+def test_verl_file_logger_layout(run_and_log, tmp_path):
+    """verl's file logger writes {"step": N, "data": {...}} per line: read as the flat layout."""
+    run, log = run_and_log
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    nested = tmp_path / "verl.jsonl"
+    nested.write_text("\n".join(json.dumps({"step": r.pop("step"), "data": r}) for r in lines if "train_runtime" not in r) + "\n")
+    assert set(read_log(nested)) == set(read_log(log))
+    rows = compare(run, nested)
+    assert rows and all(r.status == "ok" for r in rows)
+    changed = [json.loads(x) for x in nested.read_text().splitlines()]
+    changed[1]["data"]["loss"] += 1e-3
+    nested.write_text("\n".join(map(json.dumps, changed)) + "\n")
+    bad = [r for r in compare(run, nested) if r.status != "ok"]
+    assert [(r.step, r.key, r.status) for r in bad] == [(1, "loss", "mismatch")]
+
+
+def test_formatted_values_compare_at_their_rounding(run_and_log, tmp_path):
+    """Twinkle's LossMetric logs f"{loss:.4f}": equal at 4 decimals is ok, one unit off is not."""
+    run, log = run_and_log
+    recs = [json.loads(x) for x in log.read_text().splitlines() if "train_runtime" not in x]
+    exact = {r["step"]: r["loss"] for r in recs}
+    for r in recs:
+        r["loss"] = f"{r['loss']:.4f}"
+    text = tmp_path / "twinkle.jsonl"
+    text.write_text("\n".join(map(json.dumps, recs)) + "\n")
+    rows = [r for r in compare(run, text) if r.key == "loss"]
+    assert len(rows) == 3 and all(r.status == "ok" for r in rows)
+    recs[0]["loss"] = f"{exact[recs[0]['step']] + 2e-4:.4f}"
+    text.write_text("\n".join(map(json.dumps, recs)) + "\n")
+    assert [r.status for r in compare(run, text) if r.key == "loss"] == ["mismatch", "ok", "ok"]

@@ -36,6 +36,17 @@ def _rewrite(path, fn):
     pq.write_table(fn(t), path)
 
 
+def remark(run):
+    """Make every completion marker name the shard files now on disk, as the writer would have had
+    it written them: for tests that restructure files to exercise other checks."""
+    for marker in (run / fmt.COMPLETE_DIR).glob("step=*.json"):
+        data = json.loads(marker.read_text())
+        data["files"] = sorted(str(sh.path.relative_to(run)) for t in fmt.TABLES
+                               for sh in fmt.list_shards(run, t, [data["step"]], complete_only=False)
+                               if sh.rank == data["rank"])
+        marker.write_text(json.dumps(data))
+
+
 def _only(report, severity=ERROR):
     probs = [p for p in report.problems if p.severity == severity]
     assert len(probs) == 1, report.problems
@@ -76,7 +87,8 @@ def test_rank_outside_world_size(run):
     m = json.loads((run / fmt.MANIFEST_NAME).read_text())
     (run / fmt.MANIFEST_NAME).write_text(json.dumps({**m, "world_size": 1}))
     probs = validate_run(run).errors
-    assert len(probs) == 6 and all("world_size 1" in p.message and "rank=00001" in p.path for p in probs)
+    assert len(probs) == 9 and all("world_size 1" in p.message and "rank=00001" in p.path for p in probs)
+    assert sum("completion marker of rank 1" in p.message for p in probs) == 3  # one per step
 
 
 # -- columns ----------------------------------------------------------------------------------
@@ -167,6 +179,7 @@ def test_duplicate_sample_ids(run):
 def test_token_rows_without_samples_row_is_a_warning(run):
     rows = pq.ParquetFile(run / TOK).metadata.num_rows
     (run / SMP).unlink()
+    remark(run)
     report = validate_run(run)
     assert report.ok
     w = _only(report, WARNING)
@@ -182,6 +195,7 @@ def test_unreadable_samples_file_does_not_orphan_token_rows(run):
 
 def test_run_without_samples_is_a_warning(run):
     shutil.rmtree(run / "samples")
+    remark(run)
     report = validate_run(run)
     assert report.ok and "no samples shards" in _only(report, WARNING).message
 
@@ -257,10 +271,12 @@ def test_stray_files(run):
 
 def test_no_token_shards(run):
     shutil.rmtree(run / "tokens")
+    remark(run)
     report = validate_run(run)
     assert not report.errors  # a samples-only (imported) run is valid
     assert any("no token shards" in p.message for p in report.warnings)
     shutil.rmtree(run / "samples")
+    shutil.rmtree(run / fmt.COMPLETE_DIR)
     assert "no token or samples shards" in _only(validate_run(run)).message
 
 
@@ -281,6 +297,7 @@ def test_micro_batch_split_across_parts(run):
     mb0 = int(np.sum(t.column("micro_batch").to_numpy() == 0))
     pq.write_table(t.slice(0, mb0 // 2), run / "tokens/step=00000001/rank=00000-0000.parquet")
     pq.write_table(t.slice(mb0 // 2), run / "tokens/step=00000001/rank=00000-0001.parquet")
+    remark(run)
     p = _only(validate_run(run))
     assert p.column == "micro_batch" and "micro_batch 0 of step 1 rank 0 is split" in p.message
 
@@ -301,6 +318,7 @@ def test_parts_that_keep_loss_calls_whole_are_fine(run):
     mb0 = int(np.sum(t.column("micro_batch").to_numpy() == 0))
     pq.write_table(t.slice(0, mb0), run / "tokens/step=00000001/rank=00000.parquet")  # unsuffixed + later part
     pq.write_table(t.slice(mb0), run / "tokens/step=00000001/rank=00000-0001.parquet")
+    remark(run)
     assert validate_run(run).problems == []
 
 

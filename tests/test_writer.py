@@ -17,7 +17,7 @@ import pytest
 
 from grpolens.run import format as fmt
 from grpolens.capture import writer as writer_mod
-from grpolens.capture.writer import ShardWriter, WriterError
+from grpolens.capture.writer import RunExistsError, ShardWriter, WriterError
 
 HELPER = Path(__file__).parent / "helpers" / "kill_writer.py"
 
@@ -137,16 +137,19 @@ def test_end_step_twice_and_a_second_writer_never_overwrite(tmp_path):
         first = (tmp_path / "tokens/step=00000001/rank=00000.parquet").read_bytes()
         w.add_tokens(1, 1, chunks[1])
         w.end_step(1)
-    with ShardWriter(tmp_path) as w2:  # e.g. a resumed process writing into the same run
-        w2.add_tokens(1, 2, chunks[2])
-        w2.add_tokens(1, 3, chunks[3])
-        w2.end_step(1)
+        w.add_tokens(1, 2, chunks[2])
+        w.add_tokens(1, 3, chunks[3])
+        w.flush()
+        w.end_step(1)
     shards, tables = read_all(tmp_path)
     # the lone file became part 0 (unchanged) when part 1 arrived: one unsuffixed file or only parts
     assert [s.path.name for s in shards] == ["rank=00000-0000.parquet", "rank=00000-0001.parquet",
                                              "rank=00000-0002.parquet"]
     assert shards[0].path.read_bytes() == first
     assert [sorted(set(t.column("micro_batch").to_pylist())) for t in tables] == [[0], [1], [2, 3]]
+    # a second writer (a relaunched process) is refused rather than adding parts to the run
+    with pytest.raises(RunExistsError, match="already holds a grpolens run"):
+        ShardWriter(tmp_path)
 
 
 def test_flush_writes_open_steps_as_parts(tmp_path):
@@ -318,7 +321,10 @@ def _check_complete(run, steps_expected_min=0):
         from kill_writer import expected_step
     finally:
         sys.path.pop(0)
-    shards = fmt.list_shards(run)
+    shards = fmt.list_shards(run, complete_only=False)
+    # readers see every step but, at most, the one being written when the kill came (no marker yet)
+    unmarked = {s.step for s in shards} - {s.step for s in fmt.list_shards(run)}
+    assert unmarked <= {max(s.step for s in shards)}, unmarked
     for s in shards:
         t = pq.read_table(s.path)  # raises on a truncated file
         exp = expected_step(s.step)
@@ -367,3 +373,33 @@ def test_kill_at_random_moments_leaves_only_complete_shards(tmp_path):
             proc.kill()
             proc.wait()
         _check_complete(run, steps_expected_min=2)
+
+
+def test_an_exception_leaves_the_open_step_unmarked_and_the_run_unfinished(tmp_path):
+    """Leaving the ``with`` block by an exception writes the rows of the open step but does not
+    mark it complete, nor the run finished: readers skip it."""
+    from grpolens.run.format import read_completion
+
+    rng = np.random.default_rng(9)
+    with pytest.raises(KeyError):
+        with ShardWriter(tmp_path, manifest=fmt.Manifest("r")) as w:
+            w.add_tokens(0, 0, token_chunk(rng))
+            w.end_step(0)
+            w.add_tokens(1, 0, token_chunk(rng))
+            raise KeyError("training failed in step 1")
+    c = read_completion(tmp_path)
+    assert c.complete_steps == [0] and not c.run_finished
+    assert fmt.list_steps(tmp_path, complete_only=False) == [0, 1] and fmt.list_steps(tmp_path) == [0]
+    # a normal close() of the same sequence marks the open step and the finish
+    with ShardWriter(tmp_path / "ok", manifest=fmt.Manifest("r")) as w:
+        w.add_tokens(0, 0, token_chunk(rng))
+        w.end_step(0)
+        w.add_tokens(1, 0, token_chunk(rng))
+    c = read_completion(tmp_path / "ok")
+    assert c.complete_steps == [0, 1] and c.run_finished
+
+
+@pytest.mark.parametrize("mode", ["sideways", None, 1])
+def test_unknown_mode_is_refused(tmp_path, mode):
+    with pytest.raises(ValueError, match="mode must be one of new, resume, overwrite"):
+        ShardWriter(tmp_path, mode=mode)

@@ -27,9 +27,9 @@ import numpy as np
 
 from grpolens.errors import UserError
 
-PATHOLOGIES = ("kl-spike", "rollout-drift", "entropy-collapse", "nan")
+PATHOLOGIES = ("kl-spike", "rollout-drift", "entropy-collapse", "nan", "clip-drift")
 #: Pathologies that last from their step on; the others hit one step only.
-_PERSISTENT = {"rollout-drift", "entropy-collapse"}
+_PERSISTENT = {"rollout-drift", "entropy-collapse", "clip-drift"}
 REWARD_WEIGHTS = {"accuracy": 1.0, "format": 0.5}
 
 # Stream ids for SeedSequence spawn keys: one per kind of draw, so that adding a draw to one kind
@@ -246,6 +246,15 @@ def _inject(cols: dict[str, np.ndarray], inj: Injection, step: int, rng: np.rand
         scale = f32(0.01 / entropy_mean(step))
         for name in ("entropy", "logp", "old_logp", "rollout_logp"):
             cols[name] = cols[name] * scale
+    elif inj.kind == "clip-drift":
+        # The policy moves too far per step (learning rate, too many epochs on stale rollouts): the
+        # current log-probs wander ~0.4 nats from the behaviour policy's, so a large share of ratios
+        # leaves the clip range. The reference moves with the policy, so only clipping shows it.
+        moved = cols["old_logp"] + (rng.standard_exponential(T, dtype=f32)
+                                    - rng.standard_exponential(T, dtype=f32)) * f32(0.4)
+        moved = np.minimum(moved, f32(0))
+        cols["ref_logp"] = np.minimum(cols["ref_logp"] + (moved - cols["logp"]), f32(0))
+        cols["logp"] = moved
     elif inj.kind == "nan":
         k = max(3, T // 100)  # at least one NaN, one -inf and one +inf per loss call
         where = rng.choice(T, size=min(k, T), replace=False)
@@ -287,14 +296,38 @@ def generate_texts(spec: SynthSpec, step: int, rank: int, samples: dict[str, np.
 # The run
 # ---------------------------------------------------------------------------------------------
 
+def _write_steps(spec: SynthSpec, writers: list) -> None:
+    """Every step of ``spec`` through ``writers`` (one per rank), then close them. All are open at
+    once, as in training: their background threads encode Parquet (which releases the GIL) in
+    parallel while this thread generates. A resumed writer drops the steps it already has."""
+    with contextlib.ExitStack() as stack:
+        for w in writers:
+            stack.enter_context(w)
+        for step in range(spec.steps):
+            for rank, w in enumerate(writers):
+                if step in w.kept_steps:
+                    continue
+                samples = generate_samples(spec, step, rank)
+                sample_cols: dict = dict(samples)
+                if spec.texts:
+                    sample_cols.update(generate_texts(spec, step, rank, samples))
+                w.add_samples(step, sample_cols)
+                for mb in range(spec.micro_batches):
+                    w.add_tokens(step, mb, generate_tokens(spec, step, rank, mb, samples))
+                w.end_step(step)
+
+
 def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_batches: int = 1, groups: int = 4,
               generations: int = 4, max_len: int = 256, seed: int = 0, vocab: int = 32_000, texts: bool = False,
-              inject: Iterable[str | Injection] = (), overwrite: bool = False, run_name: str | None = None) -> Path:
+              inject: Iterable[str | Injection] = (), overwrite: bool = False, resume: bool = False,
+              run_name: str | None = None) -> Path:
     """Write a synthetic run to ``out`` and return its path.
 
     The run is built in a hidden sibling directory and renamed into place at the end, so ``out``
     never holds a half-written run. An existing ``out`` is replaced only with ``overwrite=True``,
-    and only if it is empty or a grpolens run (never an arbitrary directory).
+    and only if it is empty or a grpolens run (never an arbitrary directory). ``resume=True``
+    continues an existing synthetic run written with the same settings (``steps`` may be more):
+    its complete steps are kept, its incomplete ones written again, the missing ones added.
     """
     import grpolens
     from grpolens.run.format import Manifest, is_run
@@ -303,9 +336,29 @@ def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_
     spec = SynthSpec(steps, ranks, micro_batches, groups, generations, max_len, seed, vocab, texts,
                      tuple(parse_injection(s) for s in inject))
     out = Path(out)
+    settings = {"seed": seed, "steps": steps, "ranks": ranks, "micro_batches": micro_batches, "groups": groups,
+                "generations": generations, "max_len": max_len, "vocab": vocab, "texts": texts,
+                "inject": [str(i) for i in spec.inject]}
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    if resume and out.exists():
+        if not is_run(out):
+            raise UserError(f"--resume: {out} is not a grpolens run")
+        from grpolens.run.format import read_manifest, write_manifest
+
+        manifest = read_manifest(out)
+        before = manifest.extra.get("synth") or {}
+        differ = [k for k in settings if k != "steps" and before.get(k) != settings[k]]
+        if differ:
+            k = differ[0]
+            raise UserError(f"--resume: {out} was written with {k}={before.get(k)!r}, not {settings[k]!r}")
+        _write_steps(spec, [ShardWriter(out, rank=rank, world_size=ranks, mode="resume") for rank in range(ranks)])
+        manifest.extra["synth"] = {**before, "steps": max(steps, int(before.get("steps", 0)))}
+        write_manifest(out, manifest)
+        return out
     if out.exists():
         if not overwrite:
-            raise UserError(f"{out} already exists (pass --overwrite to replace it)")
+            raise UserError(f"{out} already exists (pass --overwrite to replace it, or --resume to continue it)")
         if not out.is_dir() or (any(out.iterdir()) and not is_run(out)):
             raise UserError(f"{out} exists and is not a grpolens run; refusing to overwrite it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -318,27 +371,11 @@ def synth_run(out: os.PathLike | str, *, steps: int = 10, ranks: int = 1, micro_
         world_size=ranks,
         trainer={"name": "grpolens-synth", "version": grpolens.__version__},
         config=spec.config(),
-        extra={"synth": {"seed": seed, "steps": steps, "ranks": ranks, "micro_batches": micro_batches,
-                         "groups": groups, "generations": generations, "max_len": max_len, "vocab": vocab,
-                         "texts": texts, "inject": [str(i) for i in spec.inject]}},
+        extra={"synth": settings},
     )
     try:
-        # One writer per rank, all open at once, as in training: their background threads encode
-        # Parquet (which releases the GIL) in parallel while this thread generates.
-        with contextlib.ExitStack() as stack:
-            writers = [stack.enter_context(ShardWriter(tmp, rank=rank, world_size=ranks,
-                                                       manifest=manifest if rank == 0 else None))
-                       for rank in range(ranks)]
-            for step in range(steps):
-                for rank, w in enumerate(writers):
-                    samples = generate_samples(spec, step, rank)
-                    sample_cols: dict = dict(samples)
-                    if texts:
-                        sample_cols.update(generate_texts(spec, step, rank, samples))
-                    w.add_samples(step, sample_cols)
-                    for mb in range(micro_batches):
-                        w.add_tokens(step, mb, generate_tokens(spec, step, rank, mb, samples))
-                    w.end_step(step)
+        _write_steps(spec, [ShardWriter(tmp, rank=rank, world_size=ranks, manifest=manifest if rank == 0 else None)
+                            for rank in range(ranks)])
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

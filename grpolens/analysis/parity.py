@@ -1,7 +1,15 @@
 """Does grpolens reproduce what the trainer itself logged? Compare a profile's recompute with a log.
 
-The trainer's log is a JSONL file, one object per logging call with a ``step`` key (TRL's
-``on_log`` dicts; the TRL integration writes them to ``RUN/grpolens/trl_log.jsonl``). Each key the
+The trainer's log is a JSONL file, one object per logging call, in any of these layouts:
+
+* a flat object with a ``step`` key: TRL's ``on_log`` dicts (the TRL integration writes them to
+  ``RUN/grpolens/trl_log.jsonl``), or Twinkle's metric dicts (the merged ``calculate()`` results of
+  its metrics) with the step added;
+* ``{"step": N, "data": {...}}``: verl's file logger (``trainer.logger=['file']``, one line per
+  step, written to ``$VERL_FILE_LOGGER_PATH`` or ``<project>/<experiment>.jsonl``).
+
+A value may be a number or a number formatted as text (Twinkle's ``LossMetric`` logs ``loss`` as
+``f"{loss:.4f}"``): text compares at its own rounding, ``|a − b| ≤ ½·10^−decimals``. Each key the
 log has *and* the profile produces is compared at each step:
 
 ``ok``        both agree within ``|a − b| ≤ atol + rtol·max(|a|, |b|)`` (or both are absent)
@@ -50,7 +58,9 @@ def close(a: float | None, b: float | None, rtol: float = RTOL, atol: float = AT
 
 
 def read_log(path: os.PathLike | str) -> dict[int, dict]:
-    """Step -> the values logged at that step (lines without a step, e.g. a final summary, are skipped)."""
+    """Step -> the values logged at that step (lines without a step are skipped). TRL's end-of-
+    training summary (``train_runtime``...) is kept: it carries the metrics of the last, unfinished
+    logging window."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--log: no such file {path}")
@@ -65,8 +75,10 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
         if not isinstance(rec, dict):
             raise UserError(f"{path}:{i}: not a JSON object")
         step = rec.get("step")
-        if not isinstance(step, (int, float)) or isinstance(step, bool) or "train_runtime" in rec:
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
             continue
+        if set(rec) == {"step", "data"} and isinstance(rec["data"], dict):  # verl's file logger
+            rec = {"step": step, **rec["data"]}
         out.setdefault(int(step), {}).update(rec)
     if not out:
         raise UserError(f"{path}: no line with a numeric 'step' key")
@@ -95,7 +107,16 @@ def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, pro
     for step, rec in sorted(logged.items()):
         mine = ours.get(step, {})
         for key, val in rec.items():
-            if key not in produced or (val is not None and not isinstance(val, (int, float))):
+            tol = 0.0
+            if isinstance(val, str):  # a number formatted by the trainer: compare at its rounding
+                text = val.strip()
+                try:
+                    val = float(text)
+                except ValueError:
+                    continue
+                decimals = len(text.split(".", 1)[1]) if "." in text and "e" not in text.lower() else None
+                tol = 0.5 * 10.0 ** -decimals if decimals is not None else 0.0
+            if key not in produced or (val is not None and not isinstance(val, (int, float))) or isinstance(val, bool):
                 continue
             got = mine.get(key)
             if val is None and got is None:
@@ -105,7 +126,7 @@ def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, pro
             elif val is None:
                 rows.append(Row(step, key, None, got, "extra"))
             else:
-                ok = close(float(val), float(got), rtol, max(atol, floors.get(key, 0.0)))
+                ok = close(float(val), float(got), rtol, max(atol, floors.get(key, 0.0), tol * (1 + 1e-9)))
                 rows.append(Row(step, key, val, got, "ok" if ok else "mismatch"))
         for key, got in mine.items():
             if key in produced and key in keys_logged and key not in rec and got is not None:

@@ -31,7 +31,7 @@ from grpolens.metrics.registry import REGISTRY, Metric
 from grpolens import plugins
 from grpolens.run.reader import RunReader, read_samples
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: rows of a profile with a log schedule carry appended-value counts
 
 
 @dataclass
@@ -88,18 +88,20 @@ def select_metrics(metrics: list[Metric], only: Iterable[str], profile: str = "g
     return [m for m in metrics if m.name in picked]
 
 
-def step_values(sd: reduce.StepData, metrics: list[Metric]) -> dict[str, Any]:
+def step_values(sd: reduce.StepData, metrics: list[Metric], schedule: Any = None) -> dict[str, Any]:
+    """One step's row. With a profile's log ``schedule`` (TRL's logging windows) each value is what
+    the schedule says the step contributes, plus hidden columns counting the values it appended."""
     row: dict[str, Any] = {"step": sd.step}
     for m in metrics:
-        if m.source == "tokens" and m.requires and not all(c in sd.present for c in m.requires):
-            val = None
-        elif m.source == "samples" and sd.samples is None:
-            val = None
-        elif ((m.template or m.name) in sd.profile.generation_only and sd.samples is None
-              and sd.extra.get("run_has_samples")):
-            val = None
+        skip = ((m.source == "tokens" and m.requires and not all(c in sd.present for c in m.requires))
+                or (m.source == "samples" and sd.samples is None)
+                or ((m.template or m.name) in sd.profile.generation_only and sd.samples is None
+                    and sd.extra.get("run_has_samples")))
+        if schedule is not None:
+            val, *counts = (None, 0, 0) if skip else schedule.step_value(m, sd)
+            row.update({m.name + suffix: c for suffix, c in zip(schedule.hidden, counts)})
         else:
-            val = reduce.compute(m, sd)
+            val = None if skip else reduce.compute(m, sd)
         row[m.name] = val
     return row
 
@@ -172,6 +174,36 @@ def _config_hash(cfg: dict, profile: str) -> str:
 # Entry point
 # ---------------------------------------------------------------------------------------------
 
+def recompute_lock(run: Path):
+    """The lock that one writing recompute of ``run`` holds from reading its cache to writing its
+    outputs: two recomputes of one run (two terminals, a CI job and the dashboard) would otherwise
+    interleave their atomic writes, e.g. one's step cache under the other's config hash, which a
+    later run would reuse as valid. A second writer waits; it then finds the cache fresh and reuses
+    it. ``filelock`` takes an OS lock (flock), released when the process dies."""
+    from filelock import FileLock
+
+    # beside the outputs, not in cache/: a recompute that keeps away from the cache (--only) still takes turns
+    path = fmt.derived_dir(run) / "recompute.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path)
+
+
+def _locked_when_writing(fn):
+    """Run ``fn`` under :func:`recompute_lock` when it writes a local run."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(run, **kwargs):
+        if not kwargs.get("write", True) or "://" in str(run):  # nothing written, or a remote run
+            return fn(run, **kwargs)
+        fmt.read_manifest(Path(run))  # a precise error for a path that is not a run, before creating the lock's directory
+        with recompute_lock(Path(run)):
+            return fn(run, **kwargs)
+
+    return wrapper
+
+
+@_locked_when_writing
 def recompute(
     run: os.PathLike | str,
     *,
@@ -189,6 +221,7 @@ def recompute(
     engine: Any = None,
     storage_options: dict[str, str] | None = None,
     only: Iterable[str] | None = None,
+    per_step: bool = False,
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
@@ -197,6 +230,7 @@ def recompute(
     ``steps`` is ``"A:B"``. ``run`` may be ``s3://bucket/prefix`` (``storage_options``: see
     :mod:`grpolens.run.storage`), and so may ``out``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
+    With ``write``, concurrent recomputes of one run take turns (:func:`recompute_lock`).
 
     ``only`` restricts the work to some metrics (families, names or globs, see
     :func:`select_metrics`): only the producers and visitors those need run, token columns no
@@ -207,12 +241,19 @@ def recompute(
 
     >>> import grpolens                                                   # doctest: +SKIP
     >>> grpolens.recompute("sample_runs/tiny").select("step", "entropy")   # doctest: +SKIP
+
+    A profile with a log schedule (``trl``: TRL's logging windows, from the manifest) gives one row
+    per log of the trainer; ``per_step=True`` keeps one row per optimizer step (for TRL: what it
+    would log with ``logging_steps=1``).
     """
     reader = RunReader(run, storage_options)
     run = reader.path
     prof = plugins.get(profile)
     reader.check()  # refuse what `grpolens validate` would reject, from the Parquet footers
     cfg = reader.config(overrides, config_file)
+    schedule = None
+    if prof.log_schedule is not None:  # the trainer's logging schedule and release rules, from the run
+        schedule, cfg = prof.log_schedule(reader, cfg, overrides, config_file)
     sel, lo, hi = reader.select_steps(steps)
     token_steps = reader.steps(fmt.TOKENS)
     sample_steps = reader.steps(fmt.SAMPLES)
@@ -220,7 +261,7 @@ def recompute(
 
     out_dir, cache_root, remote_out = _output_dirs(reader, out, profile) if write or fmt.is_remote_run(run) \
         else (Path(out) if out is not None else reader.out_dir(profile), fmt.derived_dir(run), None)
-    chash = _config_hash(cfg, profile)
+    chash = _config_hash({**cfg, "_trainer": reader.manifest.trainer}, profile)
 
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
     cache_path = cache_root / "cache" / f"steps-{profile}.parquet"
@@ -290,7 +331,8 @@ def recompute(
         sd = reduce.StepData(res.step, seqs, cfg, prof, samples, present, {})
         sd.extra["pieces"] = res.pieces
         sd.extra["run_has_samples"] = bool(sample_steps)
-        rows[res.step] = step_values(sd, metrics)
+        sd.extra["schedule"] = schedule
+        rows[res.step] = step_values(sd, metrics, schedule)
         computed.add(res.step)
         for v in visitors:
             if getattr(v, "collect", False):
@@ -305,14 +347,20 @@ def recompute(
             continue
         # a step with samples but no token shards: sample-side metrics only
         sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s) if need_samples else None, set(), {})
-        rows[s] = step_values(sd, metrics)
+        rows[s] = step_values(sd, metrics, schedule)
         tick(s)
 
     names = ["step"] + [m.name for m in metrics]
-    records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
     schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
+    if schedule is not None:  # the hidden counts of appended values
+        counts = [m.name + suffix for m in metrics for suffix in schedule.hidden]
+        names += counts
+        schema.update({c: pl.Int64 for c in counts})
+    records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
     raw = pl.DataFrame(records, schema=schema, orient="row")
     final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof))
+    if schedule is not None and not per_step:
+        final = schedule.log_view(final, raw, metrics)
 
     notes = _absent_notes(run, metrics, raw, present_any, computed)
     from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
@@ -321,7 +369,7 @@ def recompute(
     # the outputs of exactly this recompute (config, selection, shards, destination) are already
     # there, untouched since they were written: a re-run with nothing new writes nothing
     manifest = None if fmt.is_remote_run(run) else _output_files(Path(run)).get(fmt.MANIFEST_NAME)
-    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest])
+    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
     unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
                  and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
     if write and not unchanged:

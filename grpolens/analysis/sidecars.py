@@ -20,8 +20,15 @@ NaN floats are stored as null (±inf stay). Per-sequence token columns come from
 per-sequence partials (the families' producers, never re-derived here) of the **same step's**
 loss calls; a completion trained in several loss calls of the step takes its **first** one (lowest
 rank, micro_batch -- the one ``grpolens tokens --sample`` shows) and ``loss_calls`` counts them.
-Token data of other steps (reuse, ``steps_per_generation`` > 1) is not joined: no token rows for
-the sample at its step gives null token columns and ``loss_calls = 0``.
+Token data of other steps is not joined: no token rows for the sample at its step gives null token
+columns and ``loss_calls = 0``.
+
+A step that trains on completions generated at an earlier step (TRL's ``steps_per_generation`` or
+``num_iterations`` > 1, verl's and Twinkle's mini-batches and epochs over one rollout) has no
+samples of its own for them: its table finds them **by sample_id** in the samples of the step that
+generated them (searched backwards, at most :data:`REUSE_LOOKBACK` earlier steps with samples),
+with that step's group columns (prompt_index, rank of the reward in its group) and this step's
+token columns; ``generated_at_step`` says where each row was generated.
 """
 
 from __future__ import annotations
@@ -272,6 +279,8 @@ class Completions:
     cfg: dict = field(default_factory=dict)
     name: str = "completions"
     collect: bool = True
+    #: step -> its token columns, for steps that train on completions an earlier step generated
+    reused: dict = field(default_factory=dict)
 
     def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
         p = shard_partials(batch, self.cfg)
@@ -283,8 +292,12 @@ class Completions:
         return sequence_columns(merge_partials(pieces), self.cfg)
 
     def at_step(self, step: int, seqcols: pl.DataFrame, samples: pl.DataFrame | None) -> pl.DataFrame:
-        """The step's completions table, from the samples the recompute already read for the step."""
-        return completions_table(step, samples, seqcols)
+        """The step's completions table, from the samples the recompute already read for the step;
+        completions it trains on but did not generate are added in ``finish`` (they need the run)."""
+        table = own_rows(step, samples, seqcols)
+        if _trained(seqcols) - _ids(samples):
+            self.reused[step] = seqcols
+        return table
 
     def finish(self, run: Path, out_dir: Path, by_step: dict[int, pl.DataFrame], kept_steps: set[int]) -> None:
         """``by_step``: each recomputed step's :meth:`at_step` table."""
@@ -298,6 +311,8 @@ class Completions:
         # steps with samples but no token shards: sample columns only
         sample_only = set(fmt.list_steps(run, fmt.SAMPLES)) - set(fmt.list_steps(run, fmt.TOKENS)) - kept_steps
         frames += [by_step[s] if s in by_step else step_table(run, s, None) for s in sorted(set(by_step) | sample_only)]
+        for s, seqcols in self.reused.items():
+            frames += reused_rows(run, s, seqcols, _ids(by_step.get(s)))
         fmt.atomic_write_table(path, concat(frames).to_arrow())
 
 
@@ -306,10 +321,64 @@ def _completions(cfg: dict) -> Completions:
     return Completions(cfg)
 
 
-def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
+#: Earlier steps with samples searched for the completions a step trains on but did not generate.
+REUSE_LOOKBACK = 16
+
+
+def generating_samples(run: Path, step: int, sample_ids: Iterable[int]):
+    """``(generating step, its samples rows, the ids of sample_ids found there)`` for the
+    completions ``sample_ids`` that ``step`` trains on but did not generate: searched in the samples
+    of earlier steps, newest first, at most :data:`REUSE_LOOKBACK` of them."""
     from grpolens.run.reader import read_samples
 
-    return completions_table(step, read_samples(fmt.as_run(run), step), seqcols)
+    missing = set(sample_ids)
+    if not missing:
+        return
+    for s in [s for s in fmt.list_steps(run, fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]:
+        gen = read_samples(fmt.as_run(run), s)
+        found = set(gen["sample_id"].to_list()) & missing if gen is not None else set()
+        if found:
+            yield s, gen, found
+            missing -= found
+            if not missing:
+                return
+
+
+def _ids(df: pl.DataFrame | None) -> set[int]:
+    return set(df["sample_id"].to_list()) if df is not None and df.height and "sample_id" in df.columns else set()
+
+
+def _trained(seqcols: pl.DataFrame | None) -> set[int]:
+    return _ids(seqcols)
+
+
+def own_rows(step: int, samples: pl.DataFrame | None, seqcols: pl.DataFrame | None) -> pl.DataFrame:
+    """The completions generated at ``step`` (``generated_at_step`` = step)."""
+    table = completions_table(step, samples, seqcols)
+    return table.with_columns(generated_at_step=pl.lit(step, pl.Int64)) if table.height else table
+
+
+def reused_rows(run, step: int, seqcols: pl.DataFrame | None, have: set[int]) -> list[pl.DataFrame]:
+    """The rows of the completions ``step`` trains on (``seqcols``) that are not in ``have``,
+    found by sample_id at the step that generated them (see the module docstring)."""
+    frames = []
+    for s, gen, found in generating_samples(fmt.as_run(run), step, _trained(seqcols) - have):
+        # group columns from the whole generation (a group's reward ranks), rows of this step's ids
+        rows = completions_table(step, gen, seqcols).filter(pl.col("sample_id").is_in(sorted(found)))
+        frames.append(rows.with_columns(generated_at_step=pl.lit(s, pl.Int64)))
+    return frames
+
+
+def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
+    """The completions of ``step``: those generated at it, and those it trains on that an earlier
+    step generated (found by sample_id, see the module docstring)."""
+    from grpolens.run.reader import read_samples
+
+    run = fmt.as_run(run)
+    own = read_samples(run, step)
+    frames = [own_rows(step, own, seqcols)] + reused_rows(run, step, seqcols, _ids(own))
+    frames = [f for f in frames if f.height]
+    return concat(frames) if frames else pl.DataFrame()
 
 
 def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None = None,

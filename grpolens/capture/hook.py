@@ -189,13 +189,17 @@ class GRPOLensHook:
 
     ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised, else 0/1; pass
     the data-parallel rank explicitly under tensor or pipeline parallelism. Rank 0 writes the
-    manifest. ``writer_kwargs`` go to :class:`~grpolens.capture.writer.ShardWriter` (``max_part_rows``,
-    ``max_queue_bytes``, ``compression``). With ``enabled=False`` every method does nothing.
+    manifest. ``mode`` says what to do with a directory that already holds a run: ``"new"``
+    (default) refuses it (:class:`~grpolens.capture.writer.RunExistsError`), ``"resume"`` keeps its
+    complete steps and continues after them (rows logged again for a complete step are dropped),
+    ``"overwrite"`` deletes it first. ``writer_kwargs`` go to
+    :class:`~grpolens.capture.writer.ShardWriter` (``max_part_rows``, ``max_queue_bytes``,
+    ``compression``). With ``enabled=False`` every method does nothing.
     """
 
     def __init__(self, run_dir, *, config: dict | None = None, run_name: str | None = None,
                  trainer: dict | None = None, rank: int | None = None, world_size: int | None = None,
-                 enabled: bool = True, **writer_kwargs):
+                 enabled: bool = True, mode: str = "new", **writer_kwargs):
         self.enabled = enabled
         self.writer: ShardWriter | None = None
         self._next_micro_batch: dict[int, int] = {}
@@ -216,7 +220,7 @@ class GRPOLensHook:
             trainer={"name": None, "version": None, **(trainer or {})},
             config=dict(config or {}),
         )
-        self.writer = ShardWriter(run_dir, rank, world_size, manifest=manifest, **writer_kwargs)
+        self.writer = ShardWriter(run_dir, rank, world_size, manifest=manifest, mode=mode, **writer_kwargs)
 
     # ------------------------------------------------------------------ per loss call
 

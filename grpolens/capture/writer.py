@@ -27,6 +27,16 @@ Rules the writer follows (``docs/hook.md`` states them for users):
 * **Bounded memory.** ``bytes_pending`` counts every byte handed to the writer and not yet on disk.
   A call that would push it over ``max_queue_bytes`` blocks until the thread has written enough
   (a call larger than the whole bound waits until nothing else is pending).
+* **Completion markers.** When a step ends (``end_step``, or ``close()`` for a step still open),
+  after its shards are on disk, the writer writes the marker ``complete/step=S.rank=R.json``; a
+  normal ``close()`` then writes ``complete/finished.rank=R.json``. A killed process leaves
+  neither for what it had not finished, and readers skip such steps (:func:`grpolens.run.format.read_completion`).
+  The interpreter's exit (a forgotten ``close()``) and a ``with`` block left by an exception write
+  the rows but no marker for a step still open, and no finished record.
+* **An existing run is never mixed into.** ``mode="new"`` (default) refuses a directory that
+  already holds a run; ``"resume"`` keeps its complete steps (rows logged again for them are
+  dropped), deletes its incomplete ones and continues; ``"overwrite"`` deletes it first. Rank 0
+  decides and does the deleting; the other ranks only drop what is already complete.
 * **Errors are never swallowed.** An exception on the thread stops the writer; the next call (and
   ``close()``) raises :class:`WriterError` with the original exception as ``__cause__``.
 """
@@ -35,6 +45,9 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
+import json
+import shutil
 import os
 import threading
 import weakref
@@ -56,6 +69,13 @@ _NUMPY_TYPE = {pa.int64(): np.int64, pa.int32(): np.int32, pa.float32(): np.floa
 _KINDS = {np.int64: "iu", np.int32: "iu", np.float32: "fiu", np.float64: "fiu", np.bool_: "biu"}
 #: How many ended steps the writer remembers to catch a micro_batch index reused within a step.
 _REMEMBERED_STEPS = 256
+
+
+MODES = ("new", "resume", "overwrite")
+
+
+class RunExistsError(FileExistsError):
+    """``mode="new"`` and the directory already holds a grpolens run."""
 
 
 class WriterError(RuntimeError):
@@ -250,7 +270,8 @@ class ShardWriter:
     """
 
     def __init__(self, run_dir, rank: int = 0, world_size: int = 1, *, manifest: fmt.Manifest | None = None,
-                 max_part_rows: int = 8_000_000, max_queue_bytes: int = 512 * 2**20, compression: str = "zstd"):
+                 max_part_rows: int = 8_000_000, max_queue_bytes: int = 512 * 2**20, compression: str = "zstd",
+                 mode: str = "new"):
         if not all(isinstance(v, (int, np.integer)) for v in (rank, world_size)) or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}")
         if max_part_rows < 1 or max_queue_bytes < 1:
@@ -258,10 +279,19 @@ class ShardWriter:
         self.run_dir = Path(run_dir)
         self.rank, self.world_size = rank, world_size
         self.max_part_rows, self.max_queue_bytes, self.compression = max_part_rows, max_queue_bytes, compression
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        #: Steps complete on disk when a resumed writer opened: rows logged for them are dropped.
+        self.kept_steps: frozenset[int] = frozenset()
+        existing = prepare_run_dir(self.run_dir, mode, rank)
+        if existing is not None:
+            self.kept_steps = existing
         for table in fmt.TABLES:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
-        if manifest is not None and rank == 0:
-            fmt.write_manifest(self.run_dir, manifest)
+        if manifest is not None and rank == 0 and not (mode == "resume" and fmt.is_run(self.run_dir)):
+            fmt.write_manifest(self.run_dir, dataclasses.replace(manifest, completion_markers=True))
+        self._dropped_warned = False
 
         # Shared between the producer and the thread, guarded by _cond.
         self._cond = threading.Condition()
@@ -277,12 +307,13 @@ class ShardWriter:
         # Thread side only.
         self._buffers: dict[tuple[str, int], _Buffer] = {}
         self._next_part: dict[tuple[str, int], int] = {}
+        self._marked: list[int] = []  # steps this writer has marked complete
 
         self._thread = threading.Thread(target=self._run, name=f"grpolens-writer-rank{rank}", daemon=True)
         self._thread.start()
         # Daemon thread (a forgotten close() must not hang the interpreter at exit); close at exit instead.
         ref = weakref.ref(self)
-        self._atexit = lambda: (w := ref()) is not None and w.close()
+        self._atexit = lambda: (w := ref()) is not None and w._close(finished=False)
         atexit.register(self._atexit)
 
     # ------------------------------------------------------------------ producer API
@@ -291,6 +322,8 @@ class ShardWriter:
         """Queue one loss call's token rows (flat arrays, one element per stored token)."""
         where = f"add_tokens(step={step}, micro_batch={micro_batch})"
         self._check_step(step, where)
+        if self._kept(step):
+            return
         cols, rows = check_columns(fmt.TOKENS, columns, where)
         self._claim_micro_batch(step, micro_batch, where)
         self._put(("data", fmt.TOKENS, step, _Chunk(micro_batch, _nbytes(cols), cols, rows=rows)))
@@ -306,6 +339,8 @@ class ShardWriter:
         """
         where = f"add_tokens(step={step}, micro_batch={micro_batch})"
         self._check_step(step, where)
+        if self._kept(step):
+            return
         self._claim_micro_batch(step, micro_batch, where)
         self._put(("data", fmt.TOKENS, step, _Chunk(micro_batch, int(nbytes), load=load)))
 
@@ -313,17 +348,23 @@ class ShardWriter:
         """Queue per-completion rows for ``step`` (the step in which they were generated)."""
         where = f"add_samples(step={step})"
         self._check_step(step, where)
+        if self._kept(step):
+            return
         cols, rows = check_columns(fmt.SAMPLES, columns, where)
         self._put(("data", fmt.SAMPLES, step, _Chunk(None, _nbytes(cols), cols, rows=rows)))
 
     def add_samples_deferred(self, step: int, load: Callable[[], Mapping[str, Any]], nbytes: int) -> None:
         """:meth:`add_samples` with columns from ``load()`` on the writer thread (see ``add_tokens_deferred``)."""
         self._check_step(step, f"add_samples(step={step})")
+        if self._kept(step):
+            return
         self._put(("data", fmt.SAMPLES, step, _Chunk(None, int(nbytes), load=load)))
 
     def end_step(self, step: int) -> None:
         """The step is complete on this rank: write its rows (tokens and samples) in the background."""
         self._check_step(step, f"end_step({step})")
+        if self._kept(step):
+            return
         self._put(("end", step))
 
     def flush(self) -> None:
@@ -340,13 +381,18 @@ class ShardWriter:
                 self._raise_if_unusable(closing=True)
 
     def close(self) -> None:
-        """End every open step, write everything, stop the thread. Idempotent. Raises
-        :class:`WriterError` if the thread failed at any point."""
+        """End every open step, write everything, mark the run finished on this rank, stop the
+        thread. Idempotent. Raises :class:`WriterError` if the thread failed at any point."""
+        self._close(finished=True)
+
+    def _close(self, finished: bool) -> None:
+        """``finished=False`` (interpreter exit, an exception): write what is buffered, but mark
+        neither the open steps complete nor the run finished."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-            self._queue.append(("close",))
+            self._queue.append(("close", finished))
             self._cond.notify_all()
         self._thread.join()
         atexit.unregister(self._atexit)
@@ -366,12 +412,24 @@ class ShardWriter:
             self.close()
             return
         try:
-            self.close()
+            self._close(finished=False)
         except WriterError as e:  # keep the body's exception in front, but do not lose the writer's
             if not isinstance(exc, WriterError) and hasattr(exc, "add_note"):
                 exc.add_note(f"grpolens: the shard writer failed too: {e}")
 
     # ------------------------------------------------------------------ producer internals
+
+    def _kept(self, step: int) -> bool:
+        """A resumed run already has this step complete: drop what is logged for it (warn once)."""
+        if int(step) not in self.kept_steps:
+            return False
+        if not self._dropped_warned:
+            self._dropped_warned = True
+            import warnings
+
+            warnings.warn(f"grpolens: {self.run_dir} (resumed) already has step {step} complete on rank {self.rank}; "
+                          f"rows logged again for steps up to {max(self.kept_steps)} are dropped", stacklevel=3)
+        return True
 
     @staticmethod
     def _check_step(step: int, where: str) -> None:
@@ -433,6 +491,7 @@ class ShardWriter:
                     for table in fmt.TABLES:
                         self._write(table, item[1], final=True)
                         self._next_part.pop((table, item[1]), None)  # the disk is the record from now on
+                    self._mark(item[1])
                 elif item[0] in ("flush", "make_room"):
                     for table, step in list(self._buffers):
                         self._write(table, step, final=False)
@@ -441,8 +500,14 @@ class ShardWriter:
                             self._flush_done = item[1]
                             self._cond.notify_all()
                 elif item[0] == "close":
+                    finished = item[1]
+                    open_steps = sorted({step for _, step in self._buffers})
                     for table, step in list(self._buffers):
                         self._write(table, step, final=True)
+                    if finished:
+                        for step in open_steps:
+                            self._mark(step)
+                        self._finish()
                     return
         except BaseException as e:  # noqa: BLE001 - handed to the producer, never swallowed
             with self._cond:
@@ -491,6 +556,27 @@ class ShardWriter:
             self._held -= buf.nbytes
             self._cond.notify_all()
 
+    def _mark(self, step: int) -> None:
+        """Write (step, rank)'s completion marker, naming every shard file it has on disk. Last:
+        a reader that sees it can rely on the files."""
+        files = []
+        for table in fmt.TABLES:
+            step_dir = (self.run_dir / fmt.shard_relpath(table, step, self.rank)).parent
+            if step_dir.is_dir():
+                files += sorted(f"{table}/{step_dir.name}/{f.name}" for f in step_dir.iterdir()
+                                if (sh := fmt.parse_shard_path(f, table)) is not None and sh.rank == self.rank)
+        write_record(self.run_dir / fmt.marker_relpath(step, self.rank),
+                     {"step": int(step), "rank": self.rank, "world_size": self.world_size, "files": sorted(files)})
+        self._marked.append(int(step))
+
+    def _finish(self) -> None:
+        import datetime as _dt
+
+        write_record(self.run_dir / fmt.finished_relpath(self.rank), {
+            "rank": self.rank, "world_size": self.world_size, "steps_marked": len(self._marked),
+            "last_step": max(self._marked) if self._marked else None,
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+
     def _lone_file_becomes_part_zero(self, table: str, step: int) -> None:
         """Before a second file for (table, step, rank) appears, rename the unsuffixed one to part 0:
         a step has either one unsuffixed file or only parts (run-format.md). The rename is atomic and
@@ -512,3 +598,77 @@ class ShardWriter:
         parts = [max(s.part, 0) for f in step_dir.iterdir()
                  if (s := fmt.parse_shard_path(f, table)) is not None and s.rank == self.rank]
         return max(parts) + 1 if parts else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening a run directory: new, resume, overwrite
+# ---------------------------------------------------------------------------------------------
+
+def write_record(path: Path, data: dict) -> None:
+    fmt.atomic_write_bytes(path, (json.dumps(data, sort_keys=True) + "\n").encode())
+
+
+def holds_run(run_dir: Path) -> bool:
+    """A manifest, any shard, any completion record, or derived files: the directory holds a run."""
+    if (run_dir / fmt.MANIFEST_NAME).exists() or _on_disk_steps(run_dir):
+        return True
+    for sub in (fmt.COMPLETE_DIR, fmt.DERIVED_DIR):
+        d = run_dir / sub
+        if d.is_dir() and any(True for _ in d.iterdir()):
+            return True
+    return False
+
+
+def _on_disk_steps(run_dir: Path, rank: int | None = None) -> set[int]:
+    return {sh.step for t in fmt.TABLES for sh in fmt.list_shards(run_dir, t, complete_only=False)
+            if rank is None or sh.rank == rank}
+
+
+def describe_run(run_dir: Path) -> str:
+    from grpolens.run.format import read_completion
+
+    c = read_completion(run_dir)
+    if c is None:
+        steps = sorted(_on_disk_steps(run_dir))
+        return f"{len(steps)} step(s) written before completion markers" if steps else "no steps"
+    done = c.complete_steps
+    tail = f", last {done[-1]}" if done else ""
+    return f"{len(done)} complete step(s){tail}{', finished' if c.run_finished else ', not finished'}"
+
+
+def prepare_run_dir(run_dir: Path, mode: str, rank: int) -> frozenset[int] | None:
+    """Apply ``mode`` to an existing directory before a writer opens it. Returns, for ``resume``,
+    the steps already complete (their rows are dropped), else None. Only rank 0 refuses or deletes."""
+    if not holds_run(run_dir):
+        return None
+    if mode == "new":
+        if rank == 0:
+            raise RunExistsError(
+                f"{run_dir} already holds a grpolens run ({describe_run(run_dir)}); pass mode='resume' to continue "
+                f"after its last complete step, or mode='overwrite' to replace it")
+        return None
+    if mode == "overwrite":
+        if rank == 0:
+            if not fmt.is_run(run_dir) and any(p.name not in (*fmt.TABLES, fmt.COMPLETE_DIR, fmt.DERIVED_DIR)
+                                               for p in run_dir.iterdir()):
+                raise RunExistsError(f"{run_dir} is not a grpolens run; refusing to overwrite it")
+            for sub in (*fmt.TABLES, fmt.COMPLETE_DIR, fmt.DERIVED_DIR):
+                shutil.rmtree(run_dir / sub, ignore_errors=True)
+            (run_dir / fmt.MANIFEST_NAME).unlink(missing_ok=True)
+        return None
+    # resume
+    from grpolens.run.format import read_completion
+
+    c = read_completion(run_dir)
+    if c is None:  # written before markers: every step on disk counts as complete (today's rules)
+        return frozenset(_on_disk_steps(run_dir, rank))
+    complete = set(c.complete_steps)
+    if rank == 0:
+        for step in sorted((_on_disk_steps(run_dir) | set(c.done)) - complete):
+            for table in fmt.TABLES:
+                shutil.rmtree(run_dir / table / f"step={step:08d}", ignore_errors=True)
+            for r in c.done.get(step, ()):
+                (run_dir / fmt.marker_relpath(step, r)).unlink(missing_ok=True)
+        for r in c.finished:
+            (run_dir / fmt.finished_relpath(r)).unlink(missing_ok=True)
+    return frozenset(complete)

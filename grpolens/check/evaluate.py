@@ -272,6 +272,11 @@ def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, h
             if rule.direction in ("lower", "both"):
                 lo = np.maximum(lo, bvals - tol)
         ok = (x >= lo) & (x <= hi) & (np.isfinite(x) | ~np.asarray(rule.finite))
+        isolated = 0
+        if rule.sustained is not None:
+            counted = rule.sustained.qualifying(~ok, np.isfinite(x))
+            isolated = int((~ok).sum() - counted.sum())
+            ok = ~counted
         bad = np.flatnonzero(~ok)
         out.checked, out.failing = len(window), int(bad.size)
         if bad.size:
@@ -291,6 +296,9 @@ def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, h
             out.step = int(window[bad[0]]) if bad.size else out.step
             out.message = (f"{bad.size}/{len(window)} step(s) outside the limit, within the "
                            f"{rule.allow_fail_fraction:.0%} allowed" if bad.size else f"{len(window)} step(s) within the limit")
+        if isolated:
+            out.message += (f" ({isolated} isolated step(s) outside the limit not counted: "
+                            f"{rule.sustained.describe()})")
     else:
         v = reduce_values(rule.reduce, x)
         lo1, hi1 = float(lo.max()), float(hi.min())  # constant bounds: min/max/early

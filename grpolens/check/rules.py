@@ -10,6 +10,10 @@ step's value for ``reduce = "all"``):
 ``abs``/``rel``        against the baseline at the same step(s): ``|x − b| ≤ abs + rel·|b|``,
                        one-sided by ``direction``; a rule with no baseline given skips this part
 
+and, for per-step rules, ``sustained = {count = C, window = W}``: a finite value outside its bounds
+counts only when at least C of some W consecutive steps around it are outside too (one noisy step
+of a small batch is not a trend; a NaN or ±inf always counts).
+
 Every problem in a rules file is a :class:`~grpolens.errors.UserError` (exit 2) naming the file,
 the line when it can be found, the rule (index and name) and the key.
 """
@@ -33,9 +37,10 @@ DIRECTIONS = ("upper", "lower", "both")
 MISSING = ("fail", "skip")
 NO_DATA = ("fail", "allow")
 RULE_KEYS = ("name", "metric", "reduce", "window", "direction", "abs", "rel", "min", "max", "finite", "early",
-             "allow_fail_fraction", "missing", "no_data", "why")
+             "allow_fail_fraction", "sustained", "missing", "no_data", "why")
 WINDOW_KEYS = ("start", "end", "last")
 EARLY_KEYS = ("fraction", "steps", "factor", "abs")
+SUSTAINED_KEYS = ("count", "window")
 FILE_KEYS = ("rule", "baseline", "builtin_rules")
 _PCT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
 
@@ -100,6 +105,28 @@ class Early:
 
 
 @dataclass(frozen=True)
+class Sustained:
+    """A per-step violation counts only inside a streak: ``count`` of some ``window`` consecutive steps."""
+
+    count: int
+    window: int
+
+    def qualifying(self, outside: np.ndarray, finite: np.ndarray) -> np.ndarray:
+        """Which of the steps ``outside`` their bounds count: those in a window of ``window``
+        consecutive steps holding at least ``count`` outside steps, and every non-finite one."""
+        n = outside.size
+        w = min(self.window, n)
+        hits = np.convolve(outside.astype(np.int64), np.ones(w, np.int64), mode="valid")  # per window start
+        covered = np.zeros(n, bool)
+        for start in np.flatnonzero(hits >= self.count):
+            covered[start:start + w] = True
+        return outside & (covered | ~finite)
+
+    def describe(self) -> str:
+        return f"sustained: {self.count} of {self.window} consecutive steps"
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     metric: str
@@ -113,6 +140,7 @@ class Rule:
     finite: bool = False
     early: Early | None = None
     allow_fail_fraction: float = 0.0
+    sustained: Sustained | None = None
     missing: str = "fail"
     no_data: str = "fail"  # a step without a token in the loss: "fail" (NO DATA) or "allow" (left out)
     why: str = ""
@@ -150,6 +178,8 @@ class Rule:
         if self.compares:
             tol = f"{self.abs or 0:g} + {self.rel or 0:g}·|b|"
             parts.append(f"|x − b| ≤ {tol}" if up and low else (f"≤ b + {tol}" if up else f"≥ b − ({tol})"))
+        if self.sustained is not None:
+            parts.append(self.sustained.describe())
         return "; ".join(parts)
 
 
@@ -386,6 +416,10 @@ def _parse_rule(raw: dict, index: int, fail) -> Rule:
     if allow and reducer != "all":
         raise err("allow_fail_fraction", f"only applies to reduce = \"all\" (per-step checks), not {reducer!r}")
 
+    sustained = _parse_sustained(raw.get("sustained"), lambda m: err("sustained", m))
+    if sustained is not None and reducer != "all":
+        raise err("sustained", f"only applies to reduce = \"all\" (per-step checks), not {reducer!r}")
+
     window = _parse_window(raw.get("window"), lambda m: err("window", m))
     early = _parse_early(raw.get("early"), lambda m: err("early", m))
     if early is not None and direction == "both" and "direction" not in raw:
@@ -394,8 +428,8 @@ def _parse_rule(raw: dict, index: int, fail) -> Rule:
     rule = Rule(
         name=name.strip() if isinstance(name, str) else f"{metric} {reducer}",
         metric=metric, reduce=reducer, window=window, direction=direction, early=early,
-        finite=finite, allow_fail_fraction=float(allow), missing=missing, no_data=no_data, why=why.strip(),
-        **vals,
+        finite=finite, allow_fail_fraction=float(allow), sustained=sustained, missing=missing, no_data=no_data,
+        why=why.strip(), **vals,
     )
     if not (rule.compares or rule.absolute):
         raise err(None, "no check: give min, max, finite, early, or abs/rel (against the baseline)")
@@ -466,6 +500,23 @@ def _parse_early(raw: Any, err) -> Early | None:
     if not _number(abs_) or not 0 <= abs_ < math.inf:
         raise err(f"abs must be a finite number >= 0, got {abs_!r}")
     return Early(factor=float(factor), fraction=float(frac), steps=steps, abs=float(abs_))
+
+
+def _parse_sustained(raw: Any, err) -> Sustained | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise err("expected a table like {count = 2, window = 4}")
+    for k, v in raw.items():
+        if k not in SUSTAINED_KEYS:
+            raise err(f"unknown key{_suggest(k, SUSTAINED_KEYS)}; use count and window")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise err(f"{k} must be an integer >= 1, got {v!r}")
+    if set(raw) != set(SUSTAINED_KEYS):
+        raise err("give both count and window (e.g. {count = 2, window = 4}: 2 of any 4 consecutive steps)")
+    if raw["count"] > raw["window"]:
+        raise err(f"count {raw['count']} is larger than window {raw['window']}")
+    return Sustained(count=raw["count"], window=raw["window"])
 
 
 @lru_cache(maxsize=1)

@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+
 
 def check_cmd(
     run: str = typer.Argument(..., help="Run directory to check (contains grpolens.json), or s3://bucket/prefix."),
@@ -27,10 +29,14 @@ def check_cmd(
     engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
+    as_json: bool = JSON_OPTION,
+    as_csv: bool = CSV_OPTION,
 ) -> None:
     """Check a run against rules (and a baseline): exit 0 all pass, 1 a regression or a rule without data, 2 bad input or rules.
 
     A failure names its first failing step and the `grpolens tokens` command to drill into it.
+    --json/--csv print one row per rule instead of the table (status, value, bounds, first
+    failing step, drill-down command); the exit code is the same.
     """
     from grpolens.check.runner import check, resolve_rules
     from grpolens.run.reader import parse_overrides
@@ -43,6 +49,12 @@ def check_cmd(
         else:
             _print_rules(resolve_rules(rules))  # validated: a bad file exits 2 with the line at fault
         return
+    from grpolens.commands.records import output_format, write_records
+    from grpolens.errors import UserError
+
+    out_fmt = output_format(as_json, as_csv)
+    if out_fmt and github:
+        raise UserError(f"--github and --{out_fmt} both write to stdout: choose one")
     overrides = parse_overrides(set_)
     from grpolens.metrics.engine import make_engine
 
@@ -60,13 +72,19 @@ def check_cmd(
     if github:
         for line in rep.github_lines(report):
             typer.echo(line)
-    console = _console()
-    if quiet:
+    if out_fmt:
+        write_records(({"rule": o.rule.name, "metric": o.metric, "status": o.status, "value": o.value,
+                        "baseline": o.baseline, "lower": o.lower, "upper": o.upper, "step": o.step,
+                        "failing_steps": o.failing, "checked_steps": o.checked, "message": o.message,
+                        "drilldown": report.drilldown(o) if o.failed else None} for o in report.outcomes), out_fmt,
+                      columns=["rule", "metric", "status", "value", "baseline", "lower", "upper", "step",
+                               "failing_steps", "checked_steps", "message", "drilldown"])
+    elif quiet:
         from rich.text import Text
 
-        console.print(Text(rep.summary_line(report)))
+        _console().print(Text(rep.summary_line(report)))
     else:
-        rep.print_report(report, console)
+        rep.print_report(report, _console())
     if report.exit_code:
         # SystemExit, not typer.Exit: click returns typer.Exit's code in non-standalone mode
         raise SystemExit(report.exit_code)

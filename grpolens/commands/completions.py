@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+
 #: --sort choice -> (column, descending)
 SORTS = {
     "group": (None, False),
@@ -34,18 +36,24 @@ def completions_cmd(
     group: Optional[int] = typer.Option(None, "--group", "-g", help="Only this prompt group: a group_id, else the prompt_index shown."),
     limit: int = typer.Option(50, "--limit", "-n", help="Rows shown (0: all)."),
     chars: int = typer.Option(60, "--chars", help="Characters of each completion shown."),
+    as_json: bool = JSON_OPTION,
+    as_csv: bool = CSV_OPTION,
 ) -> None:
     """Show the completions generated at a step: rewards, ranks, update mass and, from the tokens,
     KL to the reference, train–rollout mismatch, IS weight, entropy and clipping per completion.
 
     Reads RUN/grpolens/completions.parquet when it is newer than the step's shards, otherwise
     computes that step only. Text is shown as plain text (markup and control characters escaped).
+    --json/--csv print the rows (every column, full prompt and completion text) for scripts.
     """
     import polars as pl
     from rich.console import Console
 
     from grpolens.errors import UserError
 
+    from grpolens.commands.records import output_format, write_records
+
+    out_fmt = output_format(as_json, as_csv)
     if sort not in SORTS:
         raise UserError(f"--sort: unknown order {sort!r}; choose one of {', '.join(SORTS)}")
     if limit < 0 or chars < 1:
@@ -66,9 +74,19 @@ def completions_cmd(
         if col not in df.columns or df[col].null_count() == df.height:
             raise UserError(f"--sort {sort}: no {col} values at step {step} ({source})")
         df = df.sort([col, "prompt_index", "completion_index"], descending=[desc, False, False], nulls_last=True)
+    if out_fmt:
+        shown = df if limit == 0 else df.head(limit)
+        write_records(shown.iter_rows(named=True), out_fmt, columns=shown.columns)
+        return
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=max(console.width, 200))
+    if "generated_at_step" in df.columns:
+        earlier = sorted({g for g in df["generated_at_step"].drop_nulls().to_list() if g != step})
+        if earlier:
+            n = int((df["generated_at_step"] != step).sum())
+            console.print(f"{n} completion(s) trained at step {step} were generated at step(s) "
+                          f"{', '.join(map(str, earlier))} (found by sample_id)", markup=False, highlight=False)
     if note:
         console.print(note, markup=False, highlight=False)
     if group is not None and df.height:
@@ -93,14 +111,22 @@ def _load(run: Path, step: int):
     from grpolens.run.reader import RunReader
 
     RunReader(run).check()
-    steps = fmt.list_steps(run, fmt.SAMPLES)
+    sample_steps = fmt.list_steps(run, fmt.SAMPLES)
+    # a step trains on the completions generated at it and, when rollouts are reused, at earlier steps
+    steps = sorted(set(sample_steps) | set(fmt.list_steps(run, fmt.TOKENS)))
     if step not in steps:
-        near = f" (the run has samples for steps {steps[0]}..{steps[-1]})" if steps else " (the run has no samples shards)"
-        raise UserError(f"--step: no samples for step {step} in {run}{near}")
+        near = f" (the run has steps {steps[0]}..{steps[-1]})" if steps else " (the run has no shards)"
+        raise UserError(f"--step: no samples for step {step} in {run}, nor tokens trained at it{near}")
     df = sidecars.fresh_rows(run, step)
-    if df is not None:
-        return df, "completions.parquet"
-    return sidecars.build_steps(run, [step]), "computed from the shards"
+    source = "completions.parquet"
+    if df is None:
+        df, source = sidecars.build_steps(run, [step]), "computed from the shards"
+    if df.height == 0 and step not in sample_steps:
+        why = ("the run has no samples shards" if not sample_steps else
+               f"none of the completions it trains on is in the samples of step {step} or of the "
+               f"{sidecars.REUSE_LOOKBACK} steps with samples before it")
+        raise UserError(f"--step: no completions for step {step} in {run}: {why}")
+    return df, source
 
 
 def _cell(v, kind: str) -> str:

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from grpolens.profiles import profile_help
+from grpolens.commands.records import CSV_OPTION, JSON_OPTION
 
 
 def parity_cmd(
@@ -18,11 +19,14 @@ def parity_cmd(
     atol: float = typer.Option(1e-8, "--atol", help="Absolute tolerance (TRL's float32 kl and loss get floors, see docs)."),
     set_: List[str] = typer.Option([], "--set", help="Override a config key: key=value. Repeatable."),
     show: int = typer.Option(20, "--show", help="Disagreements listed at most."),
+    as_json: bool = JSON_OPTION,
+    as_csv: bool = CSV_OPTION,
 ) -> None:
     """Check that recompute reproduces every value the trainer logged (exit 1 if any differs).
 
     Each key the log and the profile both have is compared step by step; keys only the trainer
-    knows (grad_norm, learning_rate) are skipped.
+    knows (grad_norm, learning_rate) are skipped. --json/--csv print every compared value as a
+    row (step, key, logged, grpolens, status); the exit code is the same.
     """
     from rich.console import Console
     from rich.table import Table
@@ -33,6 +37,9 @@ def parity_cmd(
     from grpolens.analysis.parity import compare
     from grpolens.text import format_value
 
+    from grpolens.commands.records import output_format, write_records
+
+    output_format(as_json, as_csv)  # both at once: a usage error before the work
     plugins.get(profile)
     rows = compare(run, log, profile=profile, rtol=rtol, atol=atol, overrides=parse_overrides(set_))
     console = Console()
@@ -40,6 +47,13 @@ def parity_cmd(
         raise UserError("nothing to compare: the log has no key that the profile produces "
                         f"(is --profile {profile} the trainer that wrote it?)")
     bad = [r for r in rows if r.status != "ok"]
+    out_fmt = output_format(as_json, as_csv)
+    if out_fmt:
+        write_records(({"step": r.step, "key": r.key, "logged": r.logged, "grpolens": r.ours, "status": r.status}
+                       for r in rows), out_fmt, columns=["step", "key", "logged", "grpolens", "status"])
+        if bad:
+            raise typer.Exit(1)
+        return
     keys = {r.key for r in rows}
     bad_keys = {r.key for r in bad}
     t = Table(title=f"{run}: --profile {profile} against the trainer's log")

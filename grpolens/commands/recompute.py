@@ -25,11 +25,14 @@ def recompute_cmd(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="For s3:// runs: key=value, key one of endpoint_url, region, anonymous, profile (over the AWS_* variables). Repeatable."),
     only: List[str] = typer.Option([], "--only", help="Compute only these metrics: families (clip, kl, ...), metric names or globs ('rollout_is/applied/*'), comma-separated or repeated. Only the work they need runs; no cache, no other outputs; written to --out [default: RUN/grpolens/only]."),
+    per_step: bool = typer.Option(False, "--per-step", help="--profile trl: one row per optimizer step (what TRL logs with logging_steps=1) instead of one per TRL log (its logging windows, from the manifest)."),
     is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
 
-    Writes metrics.parquet (one row per step) and metrics.jsonl (one JSON object per step).
+    Writes metrics.parquet (one row per step) and metrics.jsonl (one JSON object per step). Under
+    --profile trl a row is one of TRL's logs (the mean over its logging window, at the step TRL
+    logged), unless --per-step.
     """
     from rich.console import Console
 
@@ -58,7 +61,7 @@ def recompute_cmd(
         res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
                         incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
                         storage_options=storage,
-                        only=only or None)
+                        only=only or None, per_step=per_step)
     if quiet:
         return
     for note in res.notes:

@@ -18,10 +18,12 @@ def synth_cmd(
     max_len: int = typer.Option(256, "--max-len", help="Max completion length; longer completions are truncated."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same data."),
     inject: List[str] = typer.Option([], "--inject", help="KIND@STEP with KIND kl-spike, rollout-drift, "
-                                                          "entropy-collapse or nan. Repeatable."),
+                                                          "entropy-collapse, nan or clip-drift. Repeatable."),
     texts: bool = typer.Option(False, "--texts/--no-texts", help="Write fake prompt/completion texts (with hostile markup)."),
     vocab: int = typer.Option(32_000, "--vocab", help="Vocabulary size for token ids."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it is an existing grpolens run."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the synthetic run in OUT (same settings, --steps may "
+                                                        "be more): keep its complete steps, write the others."),
 ) -> None:
     """Write a synthetic GRPO run through the training-side writer.
 
@@ -38,7 +40,7 @@ def synth_cmd(
     t0 = time.perf_counter()
     path = synth_run(out, steps=steps, ranks=ranks, micro_batches=micro_batches, groups=groups,
                      generations=generations, max_len=max_len, seed=seed, vocab=vocab, texts=texts,
-                     inject=inject, overwrite=overwrite)
+                     inject=inject, overwrite=overwrite, resume=resume)
     Console(stderr=True).print(f"wrote {path} ({steps} steps × {ranks} ranks) in {time.perf_counter() - t0:.2f}s",
                                highlight=False, markup=False)
 

@@ -7,6 +7,12 @@ from typing import Optional
 
 import typer
 
+from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+
+
+#: the score column's header where the score's name would repeat another column's ("ratio")
+SCORE_HEADERS = {"ratio": "|log ratio|", "adv_ratio": "|adv|·|ratio−1|"}
+
 
 def tokens_cmd(
     run: Path = typer.Argument(..., help="Run directory."),
@@ -15,21 +21,29 @@ def tokens_cmd(
     by: str = typer.Option("kl", "--by", help="Score: kl, mismatch, ratio, entropy, adv_ratio."),
     top: int = typer.Option(10, "--top", "-k", help="How many tokens to list."),
     context: int = typer.Option(3, "--context", help="Completions shown in full, in order of their worst token."),
+    as_json: bool = JSON_OPTION,
+    as_csv: bool = CSV_OPTION,
 ) -> None:
     """List a step's worst tokens by a score, then show their completions token by token.
 
     Tokens come from all ranks and micro-batches of the step; each completion is shown with every
     token coloured by the score. Only the step's own shards are read.
+
+    --json/--csv print the listed tokens (with --sample: every token of that completion) as rows
+    for scripts: ids, decoded text (null when the run has no tokenizer), score and log-probs.
     """
     from rich.console import Console
     from rich.table import Table
 
     from grpolens.analysis import drilldown
     from grpolens.run import format as fmt
-    from grpolens.run.decode import make_decoder
+    from grpolens.run.decode import describe, make_decoder
     from grpolens.errors import UserError
     from grpolens.run.reader import RunReader
 
+    from grpolens.commands.records import output_format, write_records
+
+    out_fmt = output_format(as_json, as_csv)
     if by not in drilldown.SCORES:
         raise UserError(f"--by: unknown score {by!r}; choose one of {', '.join(drilldown.SCORES)}")
     if top < 1:
@@ -53,19 +67,38 @@ def tokens_cmd(
         cols = drilldown.completion_tokens(b, sample, by)
         if cols is None:
             raise UserError(f"--sample: sample {sample} has no tokens at step {step}")
+        if out_fmt:
+            write_records(({"step": step, "sample_id": sample, "pos": i, "token_id": int(t),
+                            "token": decode(int(t)) if t >= 0 and source != "ids" else None, "mask": bool(m), "score": float(v), "by": by}
+                           for i, (t, v, m) in enumerate(zip(cols["token_id"], cols["score"], cols["mask"]))), out_fmt)
+            return
         _show_completion(console, cols, decode, by, title=f"sample {sample} at step {step}")
         return
 
     df = drilldown.top_k(b, by, top)
+    if out_fmt:
+        df = df.sort("score", descending=True)
+        write_records(({"step": step, "rank": r["rank"], "micro_batch": r["micro_batch"], "sample_id": r["sample_id"],
+                        "pos": r["pos"], "token_id": r["token_id"],
+                        "token": decode(r["token_id"]) if r["token_id"] >= 0 and source != "ids" else None, "by": by, "score": r["score"],
+                        **{k: r[k] for k in ("logp", "old_logp", "ref_logp", "rollout_logp", "ratio", "advantage")}}
+                       for r in df.iter_rows(named=True)), out_fmt,
+                      columns=["step", "rank", "micro_batch", "sample_id", "pos", "token_id", "token", "by", "score",
+                               "logp", "old_logp", "ref_logp", "rollout_logp", "ratio", "advantage"])
+        return
     if df.height == 0:
         console.print(f"step {step}: no masked token with a finite {by} score")
         return
     df = df.sort("score", descending=True)
     from rich import box
 
-    t = Table(title=f"step {step}: top {df.height} tokens by {by} (of {int(b.mask.sum())} masked tokens; tokens as {source})",
+    if source == "ids":
+        console.print(f"[dim]{describe(source)}[/]", highlight=False)
+    t = Table(title=f"step {step}: top {df.height} tokens by {by} (of {int(b.mask.sum())} masked tokens; "
+                    f"{'tokens as ids' if source == 'ids' else describe(source)})",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    for c in ("#", "rank/mb", "sample", "pos", "token", by, "logp", "old", "ref", "rollout", "ratio", "adv"):
+    for c in ("#", "rank/mb", "sample", "pos", "token", SCORE_HEADERS.get(by, by), "logp", "old", "ref", "rollout",
+              "ratio", "adv"):
         t.add_column(c, justify="left" if c in ("token", "rank/mb") else "right", no_wrap=True)
     from rich.text import Text
 

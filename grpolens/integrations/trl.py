@@ -22,8 +22,14 @@ What is recorded, and where it is taken from (``docs/integrations/trl.md`` has t
   mean of their values) and, optionally, the prompt/completion text;
 * the trainer config (``CONFIG_DEFAULTS`` keys of :mod:`grpolens.run.format`, plus every
   ``GRPOConfig`` field under ``trl_args``) in the manifest, ``trainer = {"name": "trl", ...}``;
+* the tokenizer as ``RUN/tokenizer.json`` (fast tokenizers; rank 0), for token text in every view;
 * TRL's own logged metrics, one JSON object per ``log()`` call, in ``RUN/grpolens/trl_log.jsonl``
   (rank 0), so that ``grpolens recompute --profile trl`` can be compared with them.
+
+An existing run in ``grpolens_dir`` (a relaunch after a crash) is refused unless
+``grpolens_mode`` says ``"resume"`` (keep its complete steps and the log records up to the last
+of them; what TRL logs again for those steps, after restarting from an earlier checkpoint, is
+dropped) or ``"overwrite"`` (delete the run and its log first).
 
 Identity of samples. TRL shuffles each generation batch and reuses its slices for
 ``num_iterations`` passes, so row order means nothing at a loss call. The integration adds a
@@ -52,7 +58,9 @@ import trl
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from grpolens.run.format import atomic_write_bytes
 from grpolens.capture.hook import GRPOLensHook
+from grpolens.profiles.trl import STATE_NAME
 
 __all__ = ["GRPOLensTrainer", "GRPOLensMixin", "with_grpolens", "run_config", "SAMPLE_ID_STRIDE",
            "TRL_LOG_NAME"]
@@ -165,20 +173,52 @@ def _as_text(x: Any) -> str | None:
 # The mixin
 # ---------------------------------------------------------------------------------------------
 
+def _trim_log(path: Path, last_step: int) -> None:
+    """Keep the log records of steps up to ``last_step`` (a resumed run's complete steps), atomically."""
+    if not path.exists():
+        return
+    from grpolens.run.format import atomic_write_bytes
+
+    kept = [ln for ln in path.read_text().splitlines(keepends=True)
+            if ln.strip() and json.loads(ln).get("step", 0) <= last_step]
+    atomic_write_bytes(path, "".join(kept).encode())
+
+
 class _GRPOLensCallback(TrainerCallback):
     """Ends each step's shards after the optimizer step, records TRL's logs, closes at the end."""
 
     def __init__(self, owner: "GRPOLensMixin"):
         self.owner = owner
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._schedule = {"max_steps": int(state.max_steps), "epoch_ends": []}
+        # written once the run's writer exists (it refuses a folder that already holds files)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if getattr(self, "_schedule", None) is not None:
+            self._schedule["epoch_ends"].append(int(state.global_step))
+            self._write_schedule(state)
+
+    def _write_schedule(self, state) -> None:
+        """The Trainer's step count and epoch ends, which TRL's logging schedule depends on."""
+        if (self.owner._grpolens_enabled and state.is_world_process_zero and self.owner._grpolens_hook is not None
+                and getattr(self, "_schedule", None) is not None):
+            path = Path(self.owner.grpolens_dir) / "grpolens" / STATE_NAME
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, json.dumps(self._schedule).encode())
+
     def on_step_end(self, args, state, control, **kwargs):
         hook = self.owner._grpolens_hook
+        if hook is not None and state.global_step == 1:
+            self._write_schedule(state)
         if hook is not None:
             hook.end_step(state.global_step)  # the step just finished: global_step was step - 1 during it
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not self.owner._grpolens_enabled or not state.is_world_process_zero or not logs:
             return
+        if state.global_step in self.owner._grpolens_kept:
+            return  # a resumed run already has this step, and its record
         clean = {k: (v if not (isinstance(v, float) and not math.isfinite(v)) else None) for k, v in logs.items()}
         path = Path(self.owner.grpolens_dir) / "grpolens" / TRL_LOG_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,11 +239,16 @@ class GRPOLensMixin:
     ``grpolens_enabled``    False: behave exactly like the base trainer, write nothing
     ``grpolens_run_name``   the manifest's run name (default: the directory name)
     ``grpolens_writer``     dict of :class:`~grpolens.capture.writer.ShardWriter` options
+    ``grpolens_mode``       ``"new"`` (default: refuse a directory that holds a run), ``"resume"``
+                            or ``"overwrite"`` (see the module docstring)
     """
 
     def __init__(self, *args, grpolens_dir=None, grpolens_text: bool = True, grpolens_enabled: bool = True,
-                 grpolens_run_name: str | None = None, grpolens_writer: dict | None = None, **kwargs):
+                 grpolens_run_name: str | None = None, grpolens_writer: dict | None = None,
+                 grpolens_mode: str = "new", **kwargs):
         super().__init__(*args, **kwargs)
+        self._grpolens_mode = grpolens_mode
+        self._grpolens_kept: frozenset[int] = frozenset()  # steps a resumed run already had complete
         self.grpolens_dir = Path(grpolens_dir) if grpolens_dir is not None else Path(self.args.output_dir) / "grpolens_run"
         self._grpolens_enabled = grpolens_enabled
         self._grpolens_text = grpolens_text
@@ -226,12 +271,31 @@ class GRPOLensMixin:
         """The writer, created at the first recorded call so that the manifest sees the final
         trainer settings (e.g. ``use_vllm`` set after construction)."""
         if self._grpolens_hook is None:
-            self._grpolens_hook = GRPOLensHook(
+            hook = GRPOLensHook(
                 self.grpolens_dir, config=run_config(self), run_name=self._grpolens_run_name,
                 trainer={"name": "trl", "version": trl.__version__},
                 rank=self.accelerator.process_index, world_size=self.accelerator.num_processes,
-                **self._grpolens_writer)
+                mode=self._grpolens_mode, **self._grpolens_writer)
+            self._grpolens_mode = "resume"  # a later train() of this trainer continues this run
+            self._grpolens_kept = hook.writer.kept_steps
+            if self._grpolens_kept and self.accelerator.is_main_process:
+                _trim_log(Path(self.grpolens_dir) / "grpolens" / TRL_LOG_NAME, max(self._grpolens_kept))
+            self._grpolens_hook = hook
+            if self.accelerator.is_main_process:
+                self._grpolens_save_tokenizer()
         return self._grpolens_hook
+
+    def _grpolens_save_tokenizer(self) -> None:
+        """``RUN/tokenizer.json``: the fast tokenizer's own serialisation, so that every view can
+        show token text with the light ``tokenizers`` library (no transformers, no download). A
+        slow (Python) tokenizer has none: the views then show ids and say why."""
+        from grpolens.run import format as fmt
+        from grpolens.run.decode import TOKENIZER_FILE
+
+        tok = getattr(self, "_tokenizer", None) or getattr(self.processing_class, "tokenizer", self.processing_class)
+        backend = getattr(tok, "backend_tokenizer", None)
+        if backend is not None:
+            fmt.atomic_write_bytes(Path(self.grpolens_dir) / TOKENIZER_FILE, backend.to_str().encode())
 
     def grpolens_close(self) -> None:
         """Write everything still buffered and stop the writer (called at the end of ``train()``)."""

@@ -72,8 +72,10 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) 
     ``clip_ratio_low/high`` -> ``epsilon/epsilon_high``; ``kl_loss_coef`` (if ``use_kl_loss``) ->
     ``beta``; ``policy_loss.loss_mode`` gspo -> sequence-level ratios, cispo/sapo kept, anything
     else -> ``grpo`` (PPO clip); verl's rollout correction (``rollout_is``, ``rollout_is_threshold``,
-    ``rollout_rs``, ``rollout_rs_threshold``) -> ``rollout_is`` in verl's spelling. Every input key
-    is also kept under ``verl_actor`` / ``verl_algorithm``.
+    ``rollout_rs``, ``rollout_rs_threshold``) -> ``rollout_is`` in verl's spelling (the threshold only
+    with ``rollout_is`` set: verl computes no IS weights without it), and ``rollout_metrics``: whether
+    ``algorithm.rollout_correction`` is set at all (verl logs no ``rollout_corr/*`` otherwise). Every
+    input key is also kept under ``verl_actor`` / ``verl_algorithm``.
     """
     actor = dict(actor or {})
     algorithm = dict(algorithm or {})
@@ -92,15 +94,33 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) 
     if mode == "sapo":
         cfg["sapo_temperature_pos"] = policy.get("tau_pos", 1.0)
         cfg["sapo_temperature_neg"] = policy.get("tau_neg", 1.05)
-    corr = dict(algorithm.get("rollout_correction") or {})
-    ris = {k: corr[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
-           if corr.get(k) is not None}
+    corr = algorithm.get("rollout_correction")
+    # verl computes rollout_corr/* only when algorithm.rollout_correction is set (its YAML default
+    # is set, with rollout_is null: then only the off-policy metrics, no IS weights)
+    cfg["rollout_metrics"] = corr is not None
+    corr = dict(corr or {})
+    keys = ("rollout_rs", "rollout_rs_threshold")
+    if corr.get("rollout_is") is not None:  # rollout_is_threshold (default 2.0) means nothing without it
+        keys = ("rollout_is", "rollout_is_threshold") + keys
+    ris = {k: corr[k] for k in keys if corr.get(k) is not None}
     cfg["rollout_is"] = ris or None
-    cfg["verl_actor"] = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v)) for k, v in actor.items()}
+    cfg["verl_actor"] = _plain(actor)
     if algorithm:
-        cfg["verl_algorithm"] = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-                                 for k, v in algorithm.items()}
+        cfg["verl_algorithm"] = _plain(algorithm)
     return {k: v for k, v in cfg.items() if v is not None or k == "rollout_is"}
+
+
+def _plain(d: Mapping) -> dict[str, Any]:
+    """A JSON-able copy: scalars kept, mappings (``policy_loss``) kept recursively, the rest as text."""
+    out: dict[str, Any] = {}
+    for k, v in dict(d).items():
+        if isinstance(v, (int, float, str, bool, type(None))):
+            out[str(k)] = v
+        elif isinstance(v, Mapping) or hasattr(v, "items"):
+            out[str(k)] = _plain(dict(v.items()))
+        else:
+            out[str(k)] = str(v)
+    return out
 
 
 class VerlCapture:
@@ -111,7 +131,9 @@ class VerlCapture:
     ``truncated`` mean "hit the length limit without EOS"; without it a completion is truncated
     when it fills the whole response width. ``tokenizer`` (optional) decodes prompt/completion
     text into the samples table. ``reward_keys`` names the non-tensor arrays stored as
-    ``reward/<key>``; by default every numeric 1-D non-tensor array except ids.
+    ``reward/<key>``; by default every numeric 1-D non-tensor array except ids. ``mode``: ``"new"``
+    (default: refuse a directory that already holds a run), ``"resume"`` (after a restart from a
+    checkpoint: keep the complete steps, continue after them) or ``"overwrite"``.
     """
 
     SAMPLE_ID_KEY = "grpolens_sample_id"
@@ -119,10 +141,10 @@ class VerlCapture:
     def __init__(self, run_dir, *, config: dict | None = None, rank: int | None = None,
                  world_size: int | None = None, eos_token_id: int | Iterable[int] | None = None,
                  tokenizer: Any = None, reward_keys: Iterable[str] | None = None, enabled: bool = True,
-                 run_name: str | None = None, **writer_kwargs):
+                 run_name: str | None = None, mode: str = "new", **writer_kwargs):
         self.enabled = enabled
         self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=_trainer_info(),
-                                 rank=rank, world_size=world_size, enabled=enabled, **writer_kwargs)
+                                 rank=rank, world_size=world_size, enabled=enabled, mode=mode, **writer_kwargs)
         self.rank, self.world_size = self.hook.rank, self.hook.world_size
         self.eos = None if eos_token_id is None else (
             {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer)) else {int(e) for e in eos_token_id})

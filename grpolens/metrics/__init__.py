@@ -21,4 +21,6 @@ FAMILY_MODULES = [
     "loss",
     "rollout_is",
     "rollout_is_visitors",  # not a family: the visitors its metrics read (and its output writers)
+    "verl_actor",
+    "twinkle",
 ]

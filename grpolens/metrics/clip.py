@@ -196,24 +196,29 @@ name = "clip low rising"
 metric = "clip/low"
 direction = "upper"
 early = { factor = 5.0, abs = 0.05 }
+sustained = { count = 2, window = 4 }
 rel = 0.5
 abs = 0.02
 missing = "skip"
 why = """Fraction of tokens clipped below 1 - epsilon with a negative advantage. Above a few percent \
 the update is mostly clipped away: the policy moves too far per step (learning rate, too many \
 epochs per batch, stale rollouts). Rollouts are on-policy at first, so the fraction starts near 0: \
-floor 5 points, 5x the early level. Against a baseline: 1.5x plus 2 points."""
+floor 5 points, 5x the early level. Only a sustained rise counts (2 of any 4 consecutive steps): a \
+clip fraction is a count over few tokens in a small batch, so one step can jump to 15 % and fall \
+back, while a real drift persists; 2 of 4, not 2 in a row, because with TRL's steps_per_generation \
+= 2 every other step is on-policy and clips nothing. Against a baseline: 1.5x plus 2 points."""
 
 [[rule]]
 name = "clip high rising"
 metric = "clip/high"
 direction = "upper"
 early = { factor = 5.0, abs = 0.05 }
+sustained = { count = 2, window = 4 }
 rel = 0.5
 abs = 0.02
 missing = "skip"
 why = """Fraction of tokens clipped above 1 + epsilon_high with a positive advantage; as for clip \
-low, a rise means over-large steps. DAPO's clip-higher makes this one the first to move."""
+low, a sustained rise (2 of any 4 consecutive steps) means over-large steps. DAPO's clip-higher makes this one the first to move."""
 '''
 
 register_family(Family(

@@ -35,10 +35,12 @@ mean_b[Σ_t L·M / max(Σ_t M, 1)] / G; bnpo: Σ L·M / max(Σ M, 1) / G; dr_grp
 luspo: mean_b Σ_t L·M / G; dapo/cispo: Σ L·M / (N/P · G/S)), summed over the rank's G micro-batches
 and averaged over ranks. For dapo/cispo N is the token count of the micro-batch's generation
 round (all ranks): with the samples column ``generation`` the value is (S/G) Σ_calls Σ L / N_round,
-where N_round counts the valid tokens of the round's completions once each (exact whenever each
-round is used up within the step); without it, or when a round straddles steps, Σ L / N_step with N
-the tokens of the step -- exact when ``steps_per_generation`` equals ``gradient_accumulation_steps``
-(TRL's default), an approximation otherwise. Not included: the entropy bonus, the off-policy and
+where N_round counts the valid tokens of the round's completions once each; when a round straddles
+optimizer steps (``steps_per_generation > gradient_accumulation_steps``) N_round is the round's
+``completion_len`` total from the run's samples (less truncated completions under
+``mask_truncated_completions``, from TRL 1.9), and the G/S factor applies from TRL 1.10 (see
+:mod:`grpolens.profiles.trl`). Without the column, Σ L / N_step with N the tokens of the step --
+exact when ``steps_per_generation`` equals ``gradient_accumulation_steps`` (TRL's default). Not included: the entropy bonus, the off-policy and
 entropy masks, MoE aux loss.
 Non-finite tokens are excluded here; the trainer's own loss would have been NaN.
 """
@@ -145,16 +147,28 @@ def per_call_loss(sd, s: np.ndarray, n: np.ndarray) -> float | None:
     if lt in TOKEN_MEAN_LOSSES and lt != "bnpo":
         # Σ over a rank's calls of Σ L·M / (N/P · G/S), mean over P ranks = (S/G) Σ_all calls Σ L / N
         N = _round_tokens(sd, n)
+        ctx = sd.extra.get("schedule")
+        if N is None and ctx is not None:  # a round that straddles steps: N from the run's samples
+            N = ctx.round_tokens_of(sd.col("sample_id").astype(np.int64))
         if N is None:
             return float(s.sum() / max(n.sum(), 1.0))  # one round per step: S = G, N = the step's tokens
         G = sd.cfg.get("gradient_accumulation_steps") or 1
         S = sd.cfg.get("steps_per_generation") or G
-        return float(S / G * np.sum(s / np.maximum(N, 1.0)))
+        v = ctx.rules.version if ctx is not None else None
+        factor = S / G if v is None or v >= (1, 10) else 1.0  # TRL 1.10 (PR #6024): N/P x G/S
+        return float(factor * np.sum(s / np.maximum(N, 1.0)))
     g, ng = sd.groups(("rank", "micro_batch"))
     rows = np.bincount(g, minlength=ng).astype(np.float64)
     if lt in SEQ_MEAN_LOSSES:
         call = np.bincount(g, s / np.maximum(n, 1.0), ng) / rows
     elif lt == "luspo":
+        ctx = sd.extra.get("schedule")
+        v = ctx.rules.version if ctx is not None else None
+        per_token = sd.cfg.get("beta", 0.0) != 0.0 or sd.cfg.get("importance_sampling_level", "token") == "token"
+        if v is not None and v < (1, 10) and per_token:
+            # TRL < 1.10 averaged L·len over every padded position once L is per token (huggingface/trl#6654):
+            # padding positions' log-probs are not in the run, so that number cannot be reproduced
+            return None
         call = np.bincount(g, s, ng) / rows
     elif lt == "bnpo":
         call = np.bincount(g, s, ng) / np.maximum(np.bincount(g, n, ng), 1.0)
@@ -193,8 +207,9 @@ register(Metric(
     "sapo/gspo: mean over sequences of their token mean; bnpo/dapo/cispo: Σ L / Σ tokens; dr_grpo: "
     "Σ L / (sequences · max_completion_length); luspo: mean of per-sequence sums. trl: TRL's `loss` "
     "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo: "
-    "÷ the tokens of the call's generation round (samples column `generation`; without it the step's tokens, "
-    "exact when steps_per_generation = gradient_accumulation_steps)). With a rollout_is config (TRL: its vLLM "
+    "÷ the tokens of the call's generation round (samples column `generation`, also for a round spanning "
+    "optimizer steps; without it the step's tokens, exact when steps_per_generation = "
+    "gradient_accumulation_steps); over a logging window the mean of the window's steps). With a rollout_is config (TRL: its vLLM "
     "IS correction on) the policy term is × the applied IS weight a and rejected tokens leave the mask, in "
     "both profiles (null without rollout_logp). No entropy bonus.",
     kind="custom", fn=loss_value,

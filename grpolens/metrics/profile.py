@@ -58,6 +58,12 @@ class Profile:
     float32_floors: Mapping[str, float] = field(default_factory=dict)
     #: every name is the canonical one (the default profile)
     canonical: bool = False
+    #: the trainer's logging schedule, when it does not log every step (TRL's logging windows):
+    #: ``fn(reader, cfg, overrides, config_file) -> (schedule, cfg)``; ``schedule.step_value(metric,
+    #: sd)`` gives (the step's value, values appended, NaN values appended), ``schedule.hidden`` the
+    #: suffixes of the per-step count columns, ``schedule.log_view(final, raw, metrics)`` the rows the
+    #: trainer logged; recompute keeps the per-step rows with ``per_step=True``
+    log_schedule: Callable[..., tuple[Any, dict]] | None = None
 
     def __post_init__(self):
         if self.token_mean not in TOKEN_MEAN_RULES:

@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from grpolens.run.format import REWARD_PREFIX
+from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import PLACEHOLDER, Family, Metric, register, register_family
 
 QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
@@ -167,17 +168,52 @@ def frac_reward_zero_std(sd) -> float | None:
     return float(np.mean(zero[inv]))
 
 
-def frac_zero_advantage_groups(sd, empty: float | None = None) -> float | None:
-    """MaxEnt-GRPO: the fraction of groups all of whose finite advantages satisfy |a| < 1e-8
-    (groups without a finite advantage are not counted)."""
+@producer("advantage", merge={"advantage.seq": "first"})
+def _seq_advantage(b, cfg: dict) -> dict[str, np.ndarray]:
+    """Each sequence's advantage (its first token's): the token-level fallback for a samples table
+    without an ``advantage`` column."""
+    return {"advantage.seq": b.cols["advantage"][b.starts].astype(np.float64) if b.n_seq else np.zeros(0)}
+
+
+def sample_advantages(sd) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one advantage per samples row, which rows have one): the samples' ``advantage`` column
+    (every row; null -> NaN), or else the token-level advantage of the sample's sequence at this
+    step (rows without token rows here have none); None when neither exists."""
     a = sample_values(sd, "advantage")
-    gi = group_index(sd)
-    if a is None or gi is None:
+    if a is not None:
+        return a, np.ones(len(a), dtype=bool)
+    tok_ids, tok_adv = sd.seqs.get("sample_id"), sd.seqs.get("advantage.seq")
+    if sd.samples is None or sd.samples.height == 0 or tok_ids is None or tok_adv is None or not len(tok_ids):
         return None
-    inv, n_groups = gi
-    ok = np.isfinite(a)
-    has = np.bincount(inv, weights=ok, minlength=n_groups) > 0
-    big = np.bincount(inv, weights=ok & (np.abs(np.where(ok, a, 0.0)) >= ZERO_ADV_TOL), minlength=n_groups) > 0
+    uniq, first = np.unique(tok_ids, return_index=True)  # a sample reused within the step: any copy
+    sids = sd.samples["sample_id"].to_numpy()
+    pos = np.minimum(np.searchsorted(uniq, sids), len(uniq) - 1)
+    found = uniq[pos] == sids
+    out = np.full(len(sids), np.nan)
+    out[found] = tok_adv[first[pos[found]]]
+    return out, found
+
+
+def frac_zero_advantage_groups(sd, empty: float | None = None, nonfinite_not_zero: bool = False) -> float | None:
+    """The fraction of prompt groups all of whose advantages satisfy |a| < 1e-8, over the samples'
+    advantages or, without that column, the token-level ones (:func:`sample_advantages`).
+
+    By default over the finite advantages, groups without one not counted (``empty`` if none).
+    ``nonfinite_not_zero`` is MaxEnt-GRPO's rule (``_fraction_zero_std_groups``): every group with a
+    completion counts and a NaN or ±inf advantage makes it non-zero (``abs(nan) < 1e-8`` is false).
+    Samples with no advantage at all are left out."""
+    got = sample_advantages(sd)
+    gi = group_index(sd)
+    if got is None or gi is None:
+        return empty
+    (a, known), (inv, n_groups) = got, gi
+    if nonfinite_not_zero:
+        has = np.bincount(inv, weights=known, minlength=n_groups) > 0
+        big = np.bincount(inv, weights=known & ~(np.abs(a) < ZERO_ADV_TOL), minlength=n_groups) > 0
+    else:
+        ok = known & np.isfinite(a)
+        has = np.bincount(inv, weights=ok, minlength=n_groups) > 0
+        big = np.bincount(inv, weights=ok & (np.abs(np.where(ok, a, 0.0)) >= ZERO_ADV_TOL), minlength=n_groups) > 0
     if not has.any():
         return empty
     return float(np.count_nonzero(has & ~big) / np.count_nonzero(has))
@@ -241,8 +277,11 @@ register(Metric(
     fn=per_round(frac_reward_zero_std), requires=("reward",), config=("scale_rewards", "num_generations"), **_S))
 register(Metric(
     "advantage/frac_zero_groups", _FAM, "Fraction of prompt groups whose finite advantages all satisfy "
-    "|a| < 1e-8 (groups with no finite advantage not counted). MaxEnt-GRPO's `frac_reward_zero_std`: by "
-    "advantages, so it equals `reward/frac_zero_std` only when advantages are group-centred.",
+    "|a| < 1e-8 (groups with no finite advantage not counted). The samples' `advantage` column, or "
+    "without it each completion's token-level advantage at the step. MaxEnt-GRPO's "
+    "`frac_reward_zero_std` (its rule: every group with a completion counts, a non-finite advantage "
+    "makes the group non-zero, 0.0 when there is no group): by advantages, so it equals "
+    "`reward/frac_zero_std` only when advantages are group-centred.",
     fn=frac_zero_advantage_groups, requires=("advantage",), **_S))
 register(Metric(
     "samples/count", _FAM, "Completions generated at the step (rows of the samples table, all ranks).",

@@ -263,10 +263,15 @@ def xtuner_summary(sd) -> dict[str, float | None]:
 
 
 def verl_summary(sd) -> dict[str, float | None]:
-    """Newest verl: the whole step as one batch; sequence summaries over every row."""
+    """Newest verl: the whole step as one batch, each sequence once (the driver computes it before
+    the mini-batches and PPO epochs); sequence summaries over every row. Nothing when the run's
+    trainer had no rollout correction configured (``rollout_metrics`` false)."""
     p = _seqs(sd)
-    if p is None:
+    if p is None or sd.cfg.get("rollout_metrics") is False:
         return {}
+    _, first = np.unique(np.asarray(p["sample_id"], dtype=np.int64), return_index=True)
+    if len(first) < len(p["sample_id"]):
+        p = _sub(p, np.sort(first))
     c = ISConfig.from_cfg(sd.cfg)
     out = mismatch_summary(p, all_rows=True)
     out.pop("mismatch/abs_logp_diff", None)

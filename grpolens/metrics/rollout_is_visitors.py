@@ -175,6 +175,9 @@ class RSPartials:
         rule = lambda c: pl.col(c).max() if c.endswith(".max") else pl.col(c).min() if c.endswith(".min") else pl.col(c).sum()  # noqa: E731
         # in row order: sums over sequences must not depend on a hash order (bit-identical reruns)
         df = df.group_by(list(KEY_COLUMNS), maintain_order=True).agg([rule(c).alias(c) for c in df.columns if c not in KEY_COLUMNS])
+        # a filter decides once per completion (verl: on the driver, before the mini-batches and
+        # PPO epochs): a completion trained on in several loss calls counts once
+        df = df.unique(subset=["step", "sample_id"], keep="first", maintain_order=True)
         return rs_summary({c: df[c].to_numpy() for c in df.columns}, self.c)
 
 

@@ -32,7 +32,8 @@ REDUCTIONS = {
     # 0.0 where the column is there but nothing is left to average
     "reward/mean": per_round(stat_of(mean, "reward", empty=0.0)),
     "reward/std_pop": stat_of(std_population, "reward", empty=0.0),
-    "advantage/frac_zero_groups": partial(rewards.frac_zero_advantage_groups, empty=0.0),
+    # its _fraction_zero_std_groups: non-empty groups count, a NaN advantage makes a group non-zero
+    "advantage/frac_zero_groups": partial(rewards.frac_zero_advantage_groups, empty=0.0, nonfinite_not_zero=True),
     "rewards/<name>/mean": per_round(stat_of(mean, empty=0.0)),
     "rewards/<name>/std_pop": stat_of(std_population, empty=0.0),
     **{f"completions/unclipped_length/{w}": lengths.length_stat(w, "length", empty=0.0) for w in ("mean", "min", "max")},

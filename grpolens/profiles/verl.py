@@ -1,7 +1,10 @@
-"""verl's rollout correction (``rollout_corr``, 2026): the whole step as one global batch, sequence
-summaries over every row (an empty row counts), its rejection-sampling filters' statistics."""
+"""verl 0.9.1: its rollout correction (``rollout_corr/*``: the whole step as one global batch, each
+completion once, sequence summaries over every row, its rejection-sampling filters' statistics;
+nothing when ``algorithm.rollout_correction`` is unset) and its actor metrics (``actor/*``, verl's
+reductions over micro-batches, mini-batches, PPO epochs and data-parallel ranks: see
+:mod:`grpolens.metrics.verl_actor`). Checked against verl's own code (``tests/reference``)."""
 
-from grpolens.metrics import rollout_is
+from grpolens.metrics import rollout_is, verl_actor  # noqa: F401  (verl_actor registers the actor metrics)
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.registry import REGISTRY
 
@@ -43,9 +46,11 @@ _RS = {m: "rollout_rs_" + m[len("rollout_rs/"):].replace("/", "_")
        for m in REGISTRY if m.startswith("rollout_rs/")}
 
 NAMES = {k: PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()}
+NAMES.update({f"verl_actor/{k}": f"actor/{k}" for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
+                                                         "entropy_loss", "kl_loss", "loss")})
 
 PROFILE = register_profile(Profile(
-    "verl", "verl's rollout_corr keys", reference="verl `rollout_corr` (2026)",
+    "verl", "verl's rollout_corr and actor keys", reference="verl 0.9.1 (its own code, tests/reference)",
     token_mean="pooled", extrema="over the batch", empty="null",
     names=NAMES, rollout_is_summary=rollout_is.verl_summary,
 ))

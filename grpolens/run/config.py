@@ -68,6 +68,7 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     _number(cfg, "temperature", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_pos", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_neg", minimum=0.0, strict=True)
+    _number(cfg, "entropy_coef", minimum=0.0, allow_none=True)
     _number(cfg, "log_ratio_clamp", minimum=0.0, strict=True, allow_none=True)
     lvl = cfg.get("importance_sampling_level")
     if lvl not in IS_LEVELS:
@@ -84,6 +85,8 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg["scale_rewards"] = sr
     if not isinstance(cfg.get("use_bias_correction_kl"), bool):
         raise _bad("use_bias_correction_kl", "must be true or false", cfg.get("use_bias_correction_kl"))
+    if not isinstance(cfg.get("rollout_metrics", True), bool):
+        raise _bad("rollout_metrics", "must be true or false", cfg.get("rollout_metrics"))
     rw = cfg.get("reward_weights")
     if rw is not None and not (isinstance(rw, (list, dict))):
         raise _bad("reward_weights", "must be a list of numbers or an object name -> weight", rw)

@@ -1,10 +1,12 @@
 """Turning token ids back into text for display, when the run says how.
 
-The manifest config may name ``vocab_file`` (a JSON list of token strings, or an object
-id -> string; a path relative to the run, which must stay inside it) or ``tokenizer`` (a Hugging
-Face tokenizer name, or a directory inside the run, loaded from local files only, when transformers
-is installed). A manifest naming a file outside the run is refused (RunFormatError). Without
-either, tokens show as ``⟨id⟩``. Decoded text is untrusted: see :mod:`grpolens.text`.
+In order: the run's own ``tokenizer.json`` (a Hugging Face *fast* tokenizer saved by the TRL
+integration, read with the ``tokenizers`` library: offline, no transformers), a ``vocab_file`` named
+in the manifest config (a JSON list of token strings, or an object id -> string; a path relative to
+the run, which must stay inside it: a manifest naming a file outside the run is refused with a
+RunFormatError), or a ``tokenizer`` named there (a Hugging Face tokenizer name or a directory inside
+the run, loaded from local files only, when transformers is installed). Without any of them tokens show as
+``⟨id⟩`` and :func:`describe` says why. Decoded text is untrusted: see :mod:`grpolens.text`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,38 @@ import json
 from pathlib import Path
 from typing import Callable
 
+#: The run's tokenizer, beside grpolens.json (docs/run-format.md).
+TOKENIZER_FILE = "tokenizer.json"
+
+_DESCRIBE = {
+    "tokenizer.json": "decoded with the run's tokenizer.json",
+    "vocab": "decoded with the run's vocab_file",
+    "tokenizer": "decoded with the tokenizer named in the run's config",
+    "ids": f"token ids: the run has no {TOKENIZER_FILE} (the TRL integration saves one; copy the model's "
+           f"tokenizer.json into the run to add it) and names no vocab_file",
+}
+
+
+def describe(source: str) -> str:
+    """One line saying how tokens are shown, and for ``"ids"`` why."""
+    return _DESCRIBE.get(source, source)
+
 
 def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
-    """A function id -> text and a word saying where it comes from ("vocab", "tokenizer", "ids")."""
+    """A function id -> text and a word saying where it comes from ("tokenizer.json", "vocab",
+    "tokenizer", "ids"); see :func:`describe`."""
     from grpolens.run.format import referenced_path_problem, run_file
 
+    path = Path(run) / TOKENIZER_FILE
+    if path.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(path))
+            # one id at a time, special tokens kept: the views show every token the loss saw
+            return (lambda i: tok.decode([int(i)], skip_special_tokens=False)), "tokenizer.json"
+        except Exception:  # noqa: BLE001 - an unreadable tokenizer.json (validate names it): ids
+            pass
     vocab = cfg.get("vocab_file")
     if vocab:
         p = run_file(run, "vocab_file", vocab)  # inside the run, or RunFormatError

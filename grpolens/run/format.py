@@ -24,9 +24,11 @@ import datetime as _dt
 import json
 import os
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 
@@ -43,6 +45,8 @@ SAMPLES = "samples"
 TABLES = (TOKENS, SAMPLES)
 #: Directory inside a run where grpolens writes what it derives.
 DERIVED_DIR = "grpolens"
+#: Completion records: one marker per (step, rank), written last, and one finished record per rank.
+COMPLETE_DIR = "complete"
 REWARD_PREFIX = "reward/"
 
 
@@ -120,6 +124,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "sapo_temperature_neg": 1.05,
     "log_ratio_clamp": None,  # the loss clamps log(pi/pi_old) to +-this before exp (Twinkle, verl: 20)
     "rollout_is": None,  # {level, mode, lower, upper, veto_lower, veto_upper}
+    "entropy_coef": 0.0,  # the loss subtracts entropy_coef * entropy per token (Twinkle's entropy bonus)
+    "rollout_metrics": True,  # the trainer logs train-inference mismatch metrics (verl: rollout_correction set)
 }
 
 
@@ -152,6 +158,20 @@ def shard_relpath(table: str, step: int, rank: int, part: int | None = None) -> 
         raise ValueError(f"step and rank must be >= 0, got step={step} rank={rank}")
     suffix = "" if part is None else f"-{part:04d}"
     return f"{table}/step={step:08d}/rank={rank:05d}{suffix}.parquet"
+
+
+def marker_relpath(step: int, rank: int) -> str:
+    """The completion marker of (step, rank): written after every shard of it is on disk."""
+    return f"{COMPLETE_DIR}/step={step:08d}.rank={rank:05d}.json"
+
+
+def finished_relpath(rank: int) -> str:
+    """The record a rank's writer leaves when it was closed normally (training finished)."""
+    return f"{COMPLETE_DIR}/finished.rank={rank:05d}.json"
+
+
+MARKER_RE = re.compile(r"^step=(\d{8})\.rank=(\d{5})\.json$")
+FINISHED_RE = re.compile(r"^finished\.rank=(\d{5})\.json$")
 
 
 @dataclass(frozen=True, order=True)
@@ -239,14 +259,21 @@ def parse_shard_path(path: Path, table: str) -> Shard | None:
     return Shard(int(s.group(1)), int(m.group(1)), part, path, table)
 
 
-def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int] | None = None) -> list[Shard]:
+def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int] | None = None, *,
+                complete_only: bool = True) -> list[Shard]:
     """All shards of ``table`` in ``run``, sorted by (step, rank, part). Stray files are ignored
     here (``grpolens validate`` reports them). With ``steps``, only those steps' directories are
     listed (cheap on a run with thousands of steps). On object storage the table is listed once,
-    recursively (one request per 1,000 keys), and the listing reused for :data:`REMOTE_LISTING_TTL`."""
+    recursively (one request per 1,000 keys), and the listing reused for :data:`REMOTE_LISTING_TTL`.
+    In a local run with completion markers, the shards of incomplete steps are left out (see
+    :func:`read_completion`) unless ``complete_only`` is False."""
     if is_remote_run(run):
         every = _remote_shards(as_run(run), table)
         return every if steps is None else [sh for sh in every if sh.step in set(int(s) for s in steps)]
+    if complete_only:
+        keep = complete_filter(run)
+        if keep is not None:
+            return [sh for sh in list_shards(run, table, steps, complete_only=False) if keep(sh.step)]
     root = Path(run) / table
     if steps is None:
         dirs = [d for d in (root.iterdir() if root.is_dir() else ()) if _STEP_RE.match(d.name)]
@@ -265,13 +292,19 @@ def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int
     return sorted(out)
 
 
-def list_steps(run: os.PathLike | str, table: str = TOKENS) -> list[int]:
+def list_steps(run: os.PathLike | str, table: str = TOKENS, *, complete_only: bool = True) -> list[int]:
+    """Steps with a directory under ``table`` (complete steps only, as :func:`list_shards`)."""
     if is_remote_run(run):
         return sorted({sh.step for sh in _remote_shards(as_run(run), table)})
     root = Path(run) / table
     if not root.is_dir():
         return []
-    return sorted(int(m.group(1)) for d in root.iterdir() if (m := _STEP_RE.match(d.name)) and d.is_dir())
+    steps = sorted(int(m.group(1)) for d in root.iterdir() if (m := _STEP_RE.match(d.name)) and d.is_dir())
+    if complete_only:
+        keep = complete_filter(run)
+        if keep is not None:
+            return [s for s in steps if keep(s)]
+    return steps
 
 
 def derived_dir(run: os.PathLike | str) -> Path:
@@ -312,6 +345,9 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)  # unknown top-level keys, kept on rewrite
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
+    #: The writer leaves completion markers (complete/): readers judge steps by them. False for
+    #: runs written before markers existed, and for runs written by other tools.
+    completion_markers: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = {
@@ -323,6 +359,8 @@ class Manifest:
             "trainer": self.trainer,
             "config": self.config,
         }
+        if self.completion_markers:
+            d["completion_markers"] = True
         d.update(self.extra)
         return d
 
@@ -393,7 +431,10 @@ def _parse_manifest(path, text: str, default_name: str) -> Manifest:
     world_size = data.get("world_size", 1)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise RunFormatError(path, f"'world_size' must be a positive integer, got {world_size!r}")
-    known = {"format", "version", "run_name", "created", "world_size", "trainer", "config"}
+    markers = data.get("completion_markers", False)
+    if not isinstance(markers, bool):
+        raise RunFormatError(path, f"'completion_markers' must be true or false, got {markers!r}")
+    known = {"format", "version", "run_name", "created", "world_size", "trainer", "config", "completion_markers"}
     return Manifest(
         run_name=str(data.get("run_name") or default_name),
         world_size=world_size,
@@ -403,6 +444,7 @@ def _parse_manifest(path, text: str, default_name: str) -> Manifest:
         extra={k: v for k, v in data.items() if k not in known},
         format=data["format"],
         version=version,
+        completion_markers=markers,
     )
 
 
@@ -444,3 +486,156 @@ def run_file(run: os.PathLike | str, key: str, value: Any) -> Path:
 
 def is_run(path: os.PathLike | str) -> bool:
     return (Path(path) / MANIFEST_NAME).is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# Completion: which steps are whole
+# ---------------------------------------------------------------------------------------------
+# Which steps of a run are whole: completion markers, finished records, and what readers do with
+# steps that are not.
+#
+# A writer that is killed between the parts of a step (SIGKILL, OOM, a node lost), or one rank of
+# several that dies, leaves a step that looks like any other: complete shards, only fewer of them.
+# So every writer rank writes, after all of a step's shards are on disk, a *completion marker*
+# ``complete/step=S.rank=R.json``, and on a normal close a *finished record*
+# ``complete/finished.rank=R.json``. A step is complete when every rank below ``world_size`` has its
+# marker; a run is finished when every rank has its finished record.
+#
+# Readers (:func:`grpolens.run.format.list_shards` and ``list_steps``, which every command goes
+# through) leave incomplete steps out and say so once per step on stderr, or fail instead when
+# ``GRPOLENS_INCOMPLETE=fail`` is set (or :func:`set_incomplete_policy` was called with ``"fail"``).
+# Runs whose manifest does not say ``"completion_markers": true`` were written before markers
+# existed (or by another tool): readers take every step as it is, as they always did, and
+# ``grpolens validate`` warns that incomplete steps cannot be told apart there.
+
+POLICIES = ("skip", "fail")
+POLICY_ENV = "GRPOLENS_INCOMPLETE"
+_policy: str | None = None
+_lock = threading.Lock()
+_cache: dict[str, tuple[tuple, "Completion | None"]] = {}
+_reported: set[tuple[str, int]] = set()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The completion records of a marker run."""
+
+    world_size: int
+    done: Mapping[int, frozenset[int]]  # step -> ranks with a completion marker
+    finished: frozenset[int]  # ranks with a finished record
+
+    def is_complete(self, step: int) -> bool:
+        return len(self.done.get(step, ())) >= self.world_size and \
+            set(range(self.world_size)) <= self.done.get(step, frozenset())
+
+    def missing_ranks(self, step: int) -> list[int]:
+        have = self.done.get(step, frozenset())
+        return [r for r in range(self.world_size) if r not in have]
+
+    @property
+    def complete_steps(self) -> list[int]:
+        return sorted(s for s in self.done if self.is_complete(s))
+
+    @property
+    def run_finished(self) -> bool:
+        return set(range(self.world_size)) <= self.finished
+
+
+def _stamp(path: Path) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def read_completion(run: os.PathLike | str) -> Completion | None:
+    """The run's completion records; None for a run without markers (or without a readable manifest).
+    Cached until the manifest or the ``complete/`` directory changes."""
+    run = Path(run)
+    key = (_stamp(run / MANIFEST_NAME), _stamp(run / COMPLETE_DIR))
+    with _lock:
+        hit = _cache.get(str(run))
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    try:
+        manifest = read_manifest(run)
+    except RunFormatError:
+        manifest = None
+    result = None
+    if manifest is not None and manifest.completion_markers:
+        done: dict[int, set[int]] = {}
+        finished: set[int] = set()
+        try:
+            names = os.listdir(run / COMPLETE_DIR)
+        except OSError:
+            names = []
+        for name in names:
+            if (m := MARKER_RE.match(name)):
+                done.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+            elif (m := FINISHED_RE.match(name)):
+                finished.add(int(m.group(1)))
+        result = Completion(manifest.world_size, {s: frozenset(r) for s, r in done.items()}, frozenset(finished))
+    with _lock:
+        _cache[str(run)] = (key, result)
+    return result
+
+
+def set_incomplete_policy(policy: str | None) -> None:
+    """``"skip"`` (default: leave incomplete steps out, one line each on stderr) or ``"fail"``
+    (a RunFormatError naming the first incomplete step); None: back to ``$GRPOLENS_INCOMPLETE``."""
+    global _policy
+    if policy is not None and policy not in POLICIES:
+        raise ValueError(f"incomplete-step policy must be one of {POLICIES}, got {policy!r}")
+    _policy = policy
+
+
+def incomplete_policy() -> str:
+    p = _policy or os.environ.get(POLICY_ENV, "skip") or "skip"
+    if p not in POLICIES:
+        from grpolens.errors import UserError
+
+        raise UserError(f"${POLICY_ENV}: must be 'skip' or 'fail', got {p!r}")
+    return p
+
+
+def describe_incomplete(c: Completion, step: int) -> str:
+    missing = c.missing_ranks(step)
+    ranks = ", ".join(str(r) for r in missing)
+    return (f"step {step} is incomplete: rank{'s' if len(missing) != 1 else ''} {ranks} of {c.world_size} "
+            f"ha{'ve' if len(missing) != 1 else 's'} no completion marker")
+
+
+def complete_filter(run: os.PathLike | str):
+    """A ``keep(step)`` predicate for a marker run (None for a run without markers): True for a
+    complete step; an incomplete one is reported once (or raises, under the "fail" policy)."""
+    if is_remote_run(run):
+        return None  # object storage: markers are not read there yet (docs/run-format.md)
+    c = read_completion(run)
+    if c is None:
+        return None
+
+    def keep(step: int) -> bool:
+        if c.is_complete(step):
+            return True
+        _skip(run, c, step)
+        return False
+
+    return keep
+
+
+def _skip(run: os.PathLike | str, c: Completion, step: int) -> None:
+    if incomplete_policy() == "fail":
+        raise RunFormatError(run, f"{describe_incomplete(c, step)} (unset ${POLICY_ENV} to skip such steps)")
+    key = (str(Path(run).resolve()), int(step))
+    with _lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    print(f"grpolens: {run}: skipping {describe_incomplete(c, step)} (`grpolens validate {run}` lists what is missing)",
+          file=sys.stderr, flush=True)
+
+
+def incomplete_steps(run: os.PathLike | str, steps: Iterable[int]) -> list[int]:
+    """Those of ``steps`` that are incomplete (none for a run without markers)."""
+    c = read_completion(run)
+    return [] if c is None else [s for s in steps if not c.is_complete(s)]

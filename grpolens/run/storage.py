@@ -3,9 +3,9 @@
 One small layer between grpolens and the bytes. Everything that lists, reads or writes run files
 asks for a :class:`Location` and goes through it, so a command that works on a local run works on
 object storage unchanged. Both kinds are :mod:`pyarrow.fs` filesystems: the local one for
-directories, :class:`pyarrow.fs.S3FileSystem` for ``s3://`` (C++ reads with ranged GETs, already
-part of pyarrow, which the core depends on; ``docs/storage.md`` has the measurement against
-fsspec/s3fs that chose it).
+directories, :class:`pyarrow.fs.S3FileSystem` for ``s3://``: C++ reads with ranged GETs, and
+already part of pyarrow, which the core depends on, so object storage needs no extra install
+(fsspec/s3fs would add aiobotocore and botocore; it has not been measured against it yet).
 
 Credentials and endpoint, first found wins:
 

@@ -212,6 +212,7 @@ class _Validator:
         # (step, rank) -> [(rel path, set of micro_batches, part)]
         self.parts: dict[tuple[int, int], list[tuple[str, set[int], int]]] = {}
         self.orphans = [0, 0, None, None]  # rows, ids, first file, first id
+        self.markers: bool | None = None  # the manifest says the writer leaves completion markers
 
     def add(self, severity: str, path: Path | str, message: str, column: str | None = None) -> None:
         rel = path if isinstance(path, str) else (os.path.relpath(path, self.root) if path != self.root else ".")
@@ -221,12 +222,13 @@ class _Validator:
     def run(self) -> Report:
         self.check_manifest()
         self.check_layout()
-        for shard in fmt.list_shards(self.root, fmt.SAMPLES):  # first: tokens are joined against them
+        for shard in fmt.list_shards(self.root, fmt.SAMPLES, complete_only=False):  # first: tokens are joined against them
             self.check_file(shard, fmt.SAMPLES)
         self.check_sample_ids()
-        for shard in fmt.list_shards(self.root, fmt.TOKENS):
+        for shard in fmt.list_shards(self.root, fmt.TOKENS, complete_only=False):
             self.check_file(shard, fmt.TOKENS)
         self.check_parts()
+        self.check_completion()
         self.report.problems += self.nonfinite.problems()
         rows, ids, first_file, first_id = self.orphans
         if rows:
@@ -254,12 +256,27 @@ class _Validator:
             problem = fmt.referenced_path_problem(self.root, key, manifest.config.get(key))
             if problem:
                 self.add(ERROR, fmt.MANIFEST_NAME, problem)
+        self.markers = manifest.completion_markers
+
+    def check_tokenizer(self, path) -> None:
+        """``tokenizer.json`` must load with the ``tokenizers`` library; otherwise views show ids."""
+        try:
+            from tokenizers import Tokenizer
+
+            Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.add(WARNING, path, f"not a tokenizers JSON file ({first}): views show token ids instead of text")
 
     def check_layout(self) -> None:
         """Every entry must be part of the layout; readers silently skip the rest."""
-        allowed = {fmt.MANIFEST_NAME, fmt.DERIVED_DIR, *fmt.TABLES}
+        from grpolens.run.decode import TOKENIZER_FILE
+
+        allowed = {fmt.MANIFEST_NAME, fmt.DERIVED_DIR, fmt.COMPLETE_DIR, *fmt.TABLES, TOKENIZER_FILE}
         for entry in sorted(self.root.iterdir()):
-            if entry.name in fmt.TABLES:
+            if entry.name == TOKENIZER_FILE:
+                self.check_tokenizer(entry)
+            elif entry.name in fmt.TABLES:
                 if not entry.is_dir():
                     self.add(ERROR, entry, f"'{entry.name}' must be a directory")
                 else:
@@ -482,6 +499,73 @@ class _Validator:
         self._known_ids = np.unique(s)
 
     _known_ids: np.ndarray
+
+    def check_completion(self) -> None:
+        """Every (step, rank) up to world_size has a completion marker that names exactly the shard
+        files on disk; every rank left a finished record. Runs written before markers: a warning."""
+        if self.world_size is None:
+            return
+        shards = [sh for t in fmt.TABLES for sh in fmt.list_shards(self.root, t, complete_only=False)]
+        if not self.markers:
+            if shards:
+                self.add(WARNING, fmt.MANIFEST_NAME, "written without completion markers (before grpolens wrote them, "
+                         "or by another tool): a step cut short by a killed writer, or missing a rank, cannot be "
+                         "told from a whole one; readers take every step as it is")
+            return
+        on_disk: dict[tuple[int, int], set[str]] = {}
+        for sh in shards:
+            on_disk.setdefault((sh.step, sh.rank), set()).add(os.path.relpath(sh.path, self.root).replace(os.sep, "/"))
+        marked: dict[tuple[int, int], Path] = {}
+        finished: set[int] = set()
+        cdir = self.root / fmt.COMPLETE_DIR
+        for entry in sorted(cdir.iterdir()) if cdir.is_dir() else ():
+            if (m := fmt.MARKER_RE.match(entry.name)):
+                marked[(int(m.group(1)), int(m.group(2)))] = entry
+            elif (m := fmt.FINISHED_RE.match(entry.name)):
+                finished.add(int(m.group(1)))
+            elif _TMP_RE.match(entry.name):
+                self.add(WARNING, entry, "leftover temporary file from an interrupted write")
+            else:
+                self.add(ERROR, entry, "stray entry: expected step=<8 digits>.rank=<5 digits>.json or "
+                         "finished.rank=<5 digits>.json")
+        steps = sorted({s for s, _ in on_disk} | {s for s, _ in marked})
+        for step in steps:
+            for rank in range(self.world_size):
+                key = (step, rank)
+                where = fmt.marker_relpath(step, rank)
+                if key not in marked:
+                    if key in on_disk:
+                        self.add(ERROR, where, f"step {step} rank {rank}: shards without a completion marker (its "
+                                 f"writer stopped before the step ended); readers skip step {step}")
+                    else:
+                        self.add(ERROR, where, f"step {step} rank {rank}: missing (no shards and no completion "
+                                 f"marker, world_size {self.world_size}); readers skip step {step}")
+                    continue
+                self._check_marker(marked[key], step, rank, on_disk.get(key, set()))
+        for step, rank in sorted(marked):
+            if rank >= self.world_size:
+                self.add(ERROR, marked[(step, rank)], f"completion marker of rank {rank}, outside world_size {self.world_size}")
+        unfinished = [r for r in range(self.world_size) if r not in finished]
+        if unfinished and (shards or marked):
+            self.add(WARNING, fmt.COMPLETE_DIR, f"no finished record for rank(s) {', '.join(map(str, unfinished))}: "
+                     "still training, or stopped before the writer was closed")
+
+    def _check_marker(self, path: Path, step: int, rank: int, files: set[str]) -> None:
+        import json
+
+        try:
+            data = json.loads(path.read_text())
+            listed = set(data["files"])
+            if not all(isinstance(f, str) for f in listed):
+                raise TypeError("files must be strings")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.add(ERROR, path, f"unreadable completion marker: {e}")
+            return
+        for f in sorted(files - listed):
+            self.add(ERROR, f, f"not named by the completion marker of step {step} rank {rank}: written after it "
+                     "(a second run into the same folder?); readers would count its rows twice")
+        for f in sorted(listed - files):
+            self.add(ERROR, path, f"names {f}, which is missing")
 
     def check_parts(self) -> None:
         """A loss call (step, rank, micro_batch) must not be split across part files."""

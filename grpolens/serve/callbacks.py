@@ -409,8 +409,9 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
             spans.append(html.Span(label, title=title, className=cls,
                                    style={"backgroundColor": _color(r[col], scale, diverging)}))
         more = toks.height - shown.height
-        how = {"ids": "token ids: the run names no vocab_file or tokenizer", "vocab": "decoded with the run's vocab_file",
-               "tokenizer": "decoded with the run's tokenizer"}.get(source, source)
+        from grpolens.run.decode import describe
+
+        how = describe(source)
         legend = (f"{toks.height} tokens ({how}), coloured by {SCORE_LABELS[color_by]}"
                   f" -- {'blue < 0 < red' if diverging else 'white 0 → red'}, saturating at {scale:.3g}"
                   f" (99th percentile of the step); dashed: masked out of the loss; hover a token for its numbers")

@@ -18,7 +18,7 @@ from grpolens.errors import UserError
 from grpolens.run.reader import RunReader
 
 #: Directories never searched for runs (a run's own tables, caches, VCS, environments).
-_SKIP = {fmt.TOKENS, fmt.SAMPLES, fmt.DERIVED_DIR, ".git", "__pycache__", "node_modules", ".venv"}
+_SKIP = {fmt.TOKENS, fmt.SAMPLES, fmt.DERIVED_DIR, fmt.COMPLETE_DIR, ".git", "__pycache__", "node_modules", ".venv"}
 
 
 class UnknownRun(UserError):

@@ -66,8 +66,10 @@ def s3():
                             text=True)
     try:
         line = proc.stdout.readline()
+        while line and not line.startswith("port="):  # anything a library prints first is skipped
+            line = proc.stdout.readline()
         if not line.startswith("port="):
-            raise RuntimeError(f"the local S3 server did not start: {line!r}")
+            raise RuntimeError(f"the local S3 server did not start (exit code {proc.poll()})")
         endpoint = f"http://127.0.0.1:{int(line.split('=')[1])}"
         admin, lister = _create_users(endpoint)
         server = S3Server(endpoint, admin, lister)

@@ -37,7 +37,9 @@ def train_in_process(out: Path, args: list[str]) -> None:
 
 
 def train_torchrun(out: Path, args: list[str], nproc: int = 2) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
+    # the caller's PYTHONPATH is kept (an older TRL put first on it is what the ranks import)
+    path = os.pathsep.join(p for p in (str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPT), str(out), *args]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)

@@ -140,3 +140,31 @@ def test_rollout_logps_recorded_with_simulated_engine(trl_run):
     assert tokens["rollout_logp"].null_count() == 0
     d = (tokens["rollout_logp"] - tokens["old_logp"]).abs()
     assert 0 < d.mean() < 0.2  # the simulated engine differs from the trainer by N(0, 0.05) noise
+
+
+def test_tokenizer_json_decodes_the_recorded_ids_to_trl_text(trl_run):
+    """The run's tokenizer.json is the training tokenizer: the recorded token ids of every
+    completion decode to exactly the text TRL itself decoded (the samples' completion column), and
+    the views decode with it, reusing a step's completions at the next step by sample_id."""
+    from tokenizers import Tokenizer
+
+    from grpolens.analysis.sidecars import build_steps
+    from grpolens.run.decode import make_decoder
+
+    run = trl_run("dapo") / "run"
+    tok = Tokenizer.from_file(str(run / "tokenizer.json"))
+    tokens, samples = _tables(run)
+    gen = tokens.join(samples.select("step", "sample_id"), on=["step", "sample_id"])  # rows at the generating step
+    first = gen.sort("rank", "micro_batch").unique(["sample_id", "pos"], keep="first").sort("sample_id", "pos")
+    ids = first.group_by("sample_id", maintain_order=True).agg("token_id")
+    texts = dict(samples.select("sample_id", "completion").iter_rows())
+    assert ids.height == samples.height
+    for sid, tids in ids.iter_rows():
+        assert tok.decode(tids, skip_special_tokens=True) == texts[sid]
+    decode, source = make_decoder(run, {})
+    assert source == "tokenizer.json" and decode(int(first["token_id"][0])) == tok.decode([int(first["token_id"][0])])
+    # step 2 generated nothing (samples at steps 1 and 3 only) but trains on step 1's completions
+    table = build_steps(run, [2])
+    trained = set(tokens.filter(pl.col("step") == 2)["sample_id"].to_list())
+    assert set(table["sample_id"].to_list()) == trained and set(table["generated_at_step"].to_list()) == {1}
+    assert all(t == texts[s] for s, t in table.select("sample_id", "completion").iter_rows())

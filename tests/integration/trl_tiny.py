@@ -141,26 +141,75 @@ CONFIGS: dict[str, list[str]] = {
     "ddp": ["--per-device-batch", "4"],
 }
 
+#: TRL as users leave it: GRPOConfig's defaults (logging_steps=10, dapo, beta 0, num_iterations 1,
+#: lr 1e-6, 8 completions per prompt ...) plus the one or two options each case is about. Enough
+#: steps for two logging windows and an unfinished one (logged with TRL's end-of-training summary).
+DEFAULT_CONFIGS: dict[str, list[str]] = {
+    "defaults": ["--trl-defaults", "--max-steps", "23"],
+    "defaults_window5_ga2_iter2_beta": ["--trl-defaults", "--logging-steps", "5", "--grad-accum", "2",
+                                        "--num-iterations", "2", "--beta", "0.04", "--max-steps", "12"],
+    "defaults_gspo": ["--trl-defaults", "--importance-sampling-level", "sequence", "--max-steps", "12"],
+    "defaults_steps_per_generation": ["--trl-defaults", "--steps-per-generation", "2", "--max-steps", "12"],
+    "defaults_first_step": ["--trl-defaults", "--logging-first-step", "--max-steps", "12"],
+    "defaults_epoch": ["--trl-defaults", "--logging-strategy", "epoch", "--max-steps", "-1",
+                       "--num-train-epochs", "3", "--num-generations", "4"],
+    "defaults_no_logging": ["--trl-defaults", "--logging-strategy", "no", "--max-steps", "5"],
+    # for torchrun --nproc_per_node 2: 4 completions per rank, one group of 8 per step
+    "defaults_ddp": ["--trl-defaults", "--per-device-batch", "4", "--max-steps", "12"],
+}
+#: This script's clipping setup (lr 1e-4, eps 0.05/0.08, num_iterations 2, beta 0.04) with logging
+#: windows that cut generation rounds unevenly (generations at steps 1, 3, 5; logs at 3 and, in the
+#: summary, 5), one per loss type TRL 1.16 has, plus GSPO, rounds within a step and vLLM-IS.
+WINDOW = ["--logging-steps", "3", "--max-steps", "5"]
+WINDOW_CONFIGS: dict[str, list[str]] = {
+    **{f"window_{lt}": ["--loss-type", lt, *WINDOW] for lt in ("grpo", "dapo", "dr_grpo", "bnpo", "sapo")},
+    "window_cispo": ["--loss-type", "cispo", "--epsilon-high", "1.02", *WINDOW],
+    "window_luspo": ["--loss-type", "luspo", "--importance-sampling-level", "sequence", "--epsilon", "0.01",
+                     "--epsilon-high", "0.015", *WINDOW],
+    "window_gspo": [*CONFIGS["gspo"], *WINDOW],
+    "window_two_generations_per_step": [*CONFIGS["two_generations_per_step"], *WINDOW],
+    "window_is_sequence_mask": [*CONFIGS["is_sequence_mask"], *WINDOW],
+    "window_ddp": [*CONFIGS["ddp"], *WINDOW],
+}
+CONFIGS.update(DEFAULT_CONFIGS)
+CONFIGS.update(WINDOW_CONFIGS)
+
+
+#: The values this script uses for an option the command line does not give. ``--trl-defaults``
+#: leaves every one of them to GRPOConfig instead (its defaults: dapo, beta 0, epsilon 0.2,
+#: num_iterations 1, lr 1e-6, logging_steps 10, ...), except what a CPU needs and the tiny sizes.
+SCRIPT_DEFAULTS = dict(loss_type="dapo", importance_sampling_level="token", epsilon=0.05, epsilon_high=0.08,
+                       beta=0.04, num_iterations=2, grad_accum=2, num_generations=4, lr=1e-4, temperature=1.0,
+                       scale_rewards="group", logging_steps=1)
+#: Sizes that keep a run to seconds on CPU (also under --trl-defaults).
+SIZES = dict(per_device_batch=8, max_completion_length=12, max_steps=4)
+
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--loss-type", default="dapo")
-    p.add_argument("--importance-sampling-level", default="token")
-    p.add_argument("--epsilon", type=float, default=0.05)
-    p.add_argument("--epsilon-high", type=float, default=0.08)
+    p.add_argument("--trl-defaults", action="store_true",
+                   help="leave every training option not given here to GRPOConfig's default")
+    p.add_argument("--loss-type")
+    p.add_argument("--importance-sampling-level")
+    p.add_argument("--epsilon", type=float)
+    p.add_argument("--epsilon-high", type=float)
     p.add_argument("--delta", type=float, default=None)
-    p.add_argument("--beta", type=float, default=0.04)
-    p.add_argument("--num-iterations", type=int, default=2)
+    p.add_argument("--beta", type=float)
+    p.add_argument("--num-iterations", type=int)
     p.add_argument("--steps-per-generation", type=int, default=None)
-    p.add_argument("--grad-accum", type=int, default=2)
-    p.add_argument("--per-device-batch", type=int, default=8)
-    p.add_argument("--num-generations", type=int, default=4)
-    p.add_argument("--max-completion-length", type=int, default=12)
-    p.add_argument("--max-steps", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--scale-rewards", default="group")
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--per-device-batch", type=int)
+    p.add_argument("--num-generations", type=int)
+    p.add_argument("--max-completion-length", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--num-train-epochs", type=float, default=None, help="train by epochs (with --max-steps -1)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--scale-rewards")
+    p.add_argument("--logging-steps", type=float)
+    p.add_argument("--logging-first-step", action="store_true")
+    p.add_argument("--logging-strategy", default=None, help="steps | epoch | no")
     p.add_argument("--mask-truncated-completions", action="store_true")
     p.add_argument("--nan-reward", action="store_true", help="add a reward function that returns None sometimes")
     p.add_argument("--simulate-vllm-is", default=None, metavar="MODE",
@@ -171,7 +220,32 @@ def parse(argv=None):
     p.add_argument("--no-text", action="store_true")
     p.add_argument("--run-name", default=None, help="the run's name in its manifest (default: the directory's)")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument("--grpolens-mode", default="new", help="new | resume | overwrite (an existing run in OUT/run)")
+    a = p.parse_args(argv)
+    for k, v in SIZES.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if not a.trl_defaults:
+        for k, v in SCRIPT_DEFAULTS.items():
+            if getattr(a, k) is None:
+                setattr(a, k, v)
+    if a.logging_steps is not None and a.logging_steps >= 1:
+        a.logging_steps = int(a.logging_steps)
+    return a
+
+
+def grpo_options(a) -> dict:
+    """GRPOConfig keyword arguments for the options that were given (or have a script default)."""
+    names = dict(grad_accum="gradient_accumulation_steps", lr="learning_rate", per_device_batch="per_device_train_batch_size")
+    keys = ["loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta", "num_iterations",
+            "steps_per_generation", "grad_accum", "per_device_batch", "num_generations", "max_completion_length",
+            "max_steps", "num_train_epochs", "lr", "temperature", "scale_rewards", "logging_steps", "logging_strategy"]
+    out = {names.get(k, k): getattr(a, k) for k in keys if getattr(a, k) is not None}
+    if a.logging_first_step:
+        out["logging_first_step"] = True
+    if a.mask_truncated_completions:
+        out["mask_truncated_completions"] = True
+    return out
 
 
 def main(argv=None) -> None:
@@ -204,15 +278,9 @@ def main(argv=None) -> None:
         extra = dict(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=a.simulate_vllm_is,
                      vllm_importance_sampling_clip_min=a.is_clip_min, vllm_importance_sampling_clip_max=a.is_clip_max)
     args = GRPOConfig(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=a.per_device_batch,
-        gradient_accumulation_steps=a.grad_accum, steps_per_generation=a.steps_per_generation,
-        num_generations=a.num_generations, max_completion_length=a.max_completion_length,
-        num_iterations=a.num_iterations, beta=a.beta, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
-        loss_type=a.loss_type, importance_sampling_level=a.importance_sampling_level,
-        mask_truncated_completions=a.mask_truncated_completions, scale_rewards=a.scale_rewards,
-        temperature=a.temperature, learning_rate=a.lr, lr_scheduler_type="constant", max_steps=a.max_steps,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-        gradient_checkpointing=False, disable_dropout=True, seed=a.seed, data_seed=a.seed, **extra,
+        output_dir=str(out / "trainer"), **grpo_options(a), save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=a.seed, data_seed=a.seed, **extra,
+        **({} if a.trl_defaults else dict(lr_scheduler_type="constant", disable_dropout=True)),
     )
 
     losses: dict[int, float] = {}
@@ -230,7 +298,7 @@ def main(argv=None) -> None:
         trainer = GRPOTrainer(**kwargs)
     else:
         trainer = GRPOLensTrainer(**kwargs, grpolens_dir=out / "run", grpolens_text=not a.no_text,
-                                  grpolens_run_name=a.run_name)
+                                  grpolens_run_name=a.run_name, grpolens_mode=a.grpolens_mode)
     if a.simulate_vllm_is:  # drive TRL's vLLM IS branch with the simulated engine (a test hack, not a recipe)
         from types import SimpleNamespace
 

@@ -376,14 +376,18 @@ def test_trl_token_count_per_generation_round(tmp_path, cfg, reuse):
         assert approx(got.filter(got["step"] == step)["loss"][0], ref_pooled(calls, step, full))  # grpolens: unchanged
 
 
-def test_trl_token_count_falls_back_when_a_round_straddles_steps(tmp_path):
-    """S = 4 > G = 2: one round, generated at step 0, is trained on at steps 0 and 1. Its N is not
-    within one step, so the trl loss keeps one count per step (Σ L / N_step, the approximation)."""
+def test_trl_token_count_when_a_round_straddles_steps(tmp_path):
+    """S = 4 > G = 2: one round, generated at step 0, is trained on at steps 0 and 1. TRL divides
+    each call by the round's num_items_in_batch / P · G/S; the round's N comes from its completions'
+    ``completion_len`` in the samples table (recorded at step 0), for the calls of both steps."""
     rng = np.random.default_rng(32)
     calls = random_calls(rng, micro_batches=2, batch=3)
     cfg = {"loss_type": "dapo", "gradient_accumulation_steps": 2, "steps_per_generation": 4}
     rounds = {int(s): 0 for c in calls for s in c.sample_ids}
     run = write_run(tmp_path / "run", calls, config=cfg, samples=round_samples(calls, rounds, at_step=0))
     trl = grpolens.recompute(run, profile="trl", write=False)
+    n_round = float(sum(c.lengths.sum() for c in calls))  # completion_len of every completion of the round
     for step in (0, 1):
-        assert approx(trl.filter(trl["step"] == step)["loss"][0], ref_pooled(calls, step, cfg)), step
+        total = sum(ref_token_loss(c, cfg)[0].sum() for c in calls if c.step == step)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], 4 / 2 * total / n_round), step
+        assert not approx(trl.filter(trl["step"] == step)["loss"][0], ref_pooled(calls, step, cfg)), step

@@ -217,7 +217,18 @@ def test_profile_names(tmp_path):
     assert approx(m["train/rewards/format/std"], e["rewards/format/std_pop"], rel=1e-12)
     assert approx(m["train/frac_reward_zero_std"], e["advantage/frac_zero_groups"], rel=1e-12)
     tw = grpolens.recompute(run, profile="twinkle", write=False)
-    assert not [c for c in tw.columns if "reward" in c]
+    # Twinkle's CompletionRewardMetric: per reward function mean and sample std, mean length
+    assert {c for c in tw.columns if "reward" in c} == {"train/accuracy_reward", "train/accuracy_reward_std",
+                                                          "train/format_reward", "train/format_reward_std"}
+    w = row(tw, 0)
+    import polars as pl
+
+    table = pl.from_arrow(s.table())
+    for name in ("accuracy", "format"):
+        x = table[f"reward/{name}"].drop_nulls().to_numpy()
+        assert approx(w[f"train/{name}_reward"], float(np.mean(x)), rel=1e-12)
+        assert approx(w[f"train/{name}_reward_std"], float(np.std(x, ddof=1)), rel=1e-12)
+    assert approx(w["train/completion_length"], float(table["completion_len"].mean()), rel=1e-12)
 
 
 def test_quantile_keys_truncate_like_maxent():
@@ -337,3 +348,70 @@ def test_trl_averages_generation_rounds(tmp_path):
     # without the column the trl profile pools the rounds, as before
     flat = grpolens.recompute(samples_run(tmp_path / "flat", [concat_samples(step0)]), profile="trl", write=False)
     assert approx(row(flat, 0)["reward_std"], expected(concat_samples(step0))["reward/std"], rel=1e-12)
+
+
+# -- MaxEnt-GRPO's frac_reward_zero_std: by advantages, token-level ones when samples have none -------
+
+def maxent_frac_zero_std_groups(groups):
+    """MaxEnt-GRPO's rule (``_fraction_zero_std_groups``), written out: every non-empty group counts;
+    it is zero when every advantage has abs < 1e-8 (a NaN does not); 0.0 when no group counts."""
+    total = zero = 0
+    for g in groups:
+        if not g:
+            continue
+        total += 1
+        zero += all(abs(v) < 1e-8 for v in g)
+    return zero / total if total > 0 else 0.0
+
+
+def _token_adv_run(tmp_path, seed, drop_tokens_of=()):
+    """16 completions in loss calls (sample ids 0..15) plus 4 without token rows (16..19); groups of
+    4 consecutive ids; group 1 all-zero advantages, group 2 below 1e-8; the samples carry no
+    advantage column."""
+    rng = np.random.default_rng(seed)
+    calls = random_calls(rng, steps=(0,), ranks=2, micro_batches=2, batch=4, zero_adv=False)
+    for c in calls:
+        c.advantages = np.where(c.sample_ids // 4 == 1, 0.0, c.advantages)
+        c.advantages = np.where(c.sample_ids // 4 == 2, 5e-9, c.advantages)
+    calls = [c for c in calls if not set(c.sample_ids.tolist()) & set(drop_tokens_of)]
+    s = random_samples(rng, 0, groups=5, generations=4, single_sample_group=False)
+    s.sample_id = np.arange(20)
+    s.group_id = s.sample_id // 4
+    s.advantage = None
+    run = samples_run(tmp_path / f"run{seed}", [s], calls=calls)
+    adv = {int(i): float(a) for c in calls for i, a in zip(c.sample_ids, c.advantages)}
+    groups = [[adv[i] for i in range(4 * g, 4 * g + 4) if i in adv] for g in range(5)]
+    return run, groups
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_maxent_frac_zero_std_from_token_advantages(tmp_path, seed):
+    run, groups = _token_adv_run(tmp_path, seed)
+    m = row(grpolens.recompute(run, profile="maxent", write=False), 0)
+    assert m["train/frac_reward_zero_std"] == pytest.approx(maxent_frac_zero_std_groups(groups), rel=1e-12)
+    assert m["train/frac_reward_zero_std"] == pytest.approx(0.5)  # hand count: groups 1 and 2 of 0..3
+    g = row(grpolens.recompute(run, write=False), 0)
+    assert g["advantage/frac_zero_groups"] == pytest.approx(0.5)
+
+
+def test_maxent_frac_zero_std_no_group_is_zero(tmp_path):
+    """No completion has an advantage anywhere: MaxEnt logs 0.0, grpolens null."""
+    run, groups = _token_adv_run(tmp_path, 3, drop_tokens_of=range(20))
+    assert maxent_frac_zero_std_groups(groups) == 0.0
+    m = grpolens.recompute(run, profile="maxent", write=False)
+    assert m["train/frac_reward_zero_std"].to_list() == [0.0]
+    assert grpolens.recompute(run, write=False)["advantage/frac_zero_groups"].to_list() == [None]
+
+
+def test_maxent_frac_zero_std_nan_advantage_is_not_zero(tmp_path):
+    """A group holding a NaN advantage is not a zero group for MaxEnt (abs(nan) < 1e-8 is false);
+    grpolens' own metric judges the group by its finite advantages."""
+    rng = np.random.default_rng(4)
+    s = random_samples(rng, 0, groups=3, generations=4, single_sample_group=False, equal_group=False)
+    s.advantage = np.array([0.0, 0.0, np.nan, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    run = samples_run(tmp_path / "run", [s])
+    groups = [list(s.advantage[s.group_id == g]) for g in np.unique(s.group_id)]
+    m = row(grpolens.recompute(run, profile="maxent", write=False), 0)
+    assert m["train/frac_reward_zero_std"] == pytest.approx(maxent_frac_zero_std_groups(groups)) == pytest.approx(1 / 3)
+    g = row(grpolens.recompute(run, write=False), 0)
+    assert g["advantage/frac_zero_groups"] == pytest.approx(2 / 3)

@@ -152,6 +152,11 @@ def completion(run: Path, step: int, sample_id: int) -> dict[str, Any] | None:
     toks = t.filter(pl.col("sample_id") == sample_id).sort("pos") if t.height else t
     s = step_samples(run, step)
     row = s.filter(pl.col("sample_id") == sample_id).to_dicts() if s.height else []
+    if not row and toks.height:  # trained at this step, generated at an earlier one (rollout reuse)
+        from grpolens.analysis.sidecars import generating_samples
+
+        for _, gen, _found in generating_samples(run, step, [sample_id]):
+            row = gen.filter(pl.col("sample_id") == sample_id).to_dicts()
     if toks.height == 0 and not row:
         return None
     return {"sample": row[0] if row else {"sample_id": sample_id}, "tokens": toks}

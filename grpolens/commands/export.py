@@ -1,0 +1,71 @@
+"""``grpolens export RUN --to TRACKER``: the recomputed metrics into W&B, TensorBoard, MLflow or trackio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def export_cmd(
+    run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
+    to: str = typer.Option(..., "--to", metavar="TRACKER", help="Tracker: wandb, tensorboard, mlflow or trackio."),
+    profile: str = typer.Option("grpolens", "--profile", "-p", metavar="PROFILE",
+                                help="Metric names and reductions exported (as for recompute)."),
+    project: str = typer.Option("grpolens", "--project", metavar="NAME",
+                                help="W&B project, MLflow experiment or trackio project."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                       help="The run's name in the tracker [default: the grpolens run's name]."),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID",
+                                         help="W&B: add the metrics to this existing run (e.g. the trainer's own)."),
+    online: bool = typer.Option(False, "--online", help="W&B: send to the W&B server (default: an offline run "
+                                                         "directory, unless WANDB_MODE is set)."),
+    logdir: Optional[Path] = typer.Option(None, "--logdir", metavar="DIR",
+                                          help="TensorBoard: log directory [default: RUN/grpolens/tensorboard]."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", metavar="URI",
+                                               help="MLflow: tracking store or server [default: MLFLOW_TRACKING_URI, "
+                                                    "else sqlite:///RUN/grpolens/mlflow.db]."),
+    tables: bool = typer.Option(True, "--tables/--no-tables",
+                                help="Also export the completions and top-token tables (where the tracker has a table type)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary line."),
+) -> None:
+    """Export the run's recomputed metrics (recomputing first when stale) to an experiment tracker,
+    as grpolens/<metric> at each training step, with grpolens/step as the x-axis.
+
+    Nothing leaves the machine unless asked: W&B writes an offline run (--online to send), MLflow a
+    local SQLite store, TensorBoard and trackio local files. Re-exporting adds only the steps the
+    destination lacks. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
+    tensorboard, mlflow, trackio). See docs/export.md.
+    """
+    from rich.console import Console
+
+    from grpolens.commands.ui import progress_bar
+    from grpolens.errors import UserError
+    from grpolens.export import ExportOptions, ExportSource, export_run, exporter_class
+
+    cls = exporter_class(to)
+    if resume is not None and to != "wandb":
+        raise UserError("--resume applies to --to wandb only")
+    if online and to != "wandb":
+        raise UserError("--online applies to --to wandb only (the other trackers are local unless given a server)")
+    if logdir is not None and to != "tensorboard":
+        raise UserError("--logdir applies to --to tensorboard only")
+    if tracking_uri is not None and to != "mlflow":
+        raise UserError("--tracking-uri applies to --to mlflow only")
+    console = Console(stderr=True)
+    with progress_bar(console, "recompute", enabled=not quiet) as tick:
+        source = ExportSource.load(run, profile, progress=tick)
+    options = ExportOptions(project=project, name=name, resume=resume, online=online, logdir=logdir,
+                            tracking_uri=tracking_uri, tables=tables)
+    exporter = cls(source, options)
+    with progress_bar(console, f"export to {to}", enabled=not quiet) as tick:
+        out = export_run(source, exporter, progress=tick)
+    if not quiet:
+        tabs = f"; tables: {', '.join(out['tables'])}" if out["tables"] else ""
+        console.print(f"{out['exported']} step(s) exported, {out['skipped']} already there{tabs} -> {out['where']}",
+                      highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_cmd)

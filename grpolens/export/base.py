@@ -1,0 +1,132 @@
+"""What every tracker exporter shares: the data read from a run, the options, the export loop."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from grpolens.errors import UserError
+
+PREFIX = "grpolens/"
+STEP_KEY = PREFIX + "step"
+#: tables exported where the tracker has a table type: name -> file in the profile's output directory
+TABLES = {"completions": "completions.parquet", "top_tokens": "top_tokens.parquet"}
+
+
+@dataclass
+class ExportOptions:
+    project: str = "grpolens"          # W&B project, MLflow experiment, trackio project
+    name: str | None = None            # the run's name in the tracker (default: the grpolens run name)
+    resume: str | None = None          # W&B: add to this existing run id
+    online: bool = False               # W&B: sync to the server instead of an offline run directory
+    logdir: Path | None = None         # TensorBoard: where the event files go
+    tracking_uri: str | None = None    # MLflow: tracking server or store
+    tables: bool = True                # export the completions and top-token tables
+
+
+@dataclass
+class ExportSource:
+    """A run's exportable data: metrics rows (``metrics.jsonl``, finite values only) and tables."""
+
+    run: Path
+    run_name: str
+    profile: str
+    out_dir: Path
+    rows: list[dict[str, Any]]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """A stable id of this run and profile: the same destination run on every re-export."""
+        return hashlib.sha1(f"{self.run.resolve()}|{self.profile}".encode()).hexdigest()[:12]
+
+    def table(self, name: str):
+        """The table as a polars DataFrame, or None when recompute wrote none."""
+        import polars as pl
+
+        path = self.out_dir / TABLES[name]
+        return pl.read_parquet(path) if path.is_file() else None
+
+    @classmethod
+    def load(cls, run: Path, profile: str, progress: Callable[[int, int], None] | None = None) -> "ExportSource":
+        """Recompute (incrementally: cheap when up to date) and read the profile's ``metrics.jsonl``."""
+        from grpolens.analysis.recompute import recompute
+        from grpolens.run import format as fmt
+
+        manifest = fmt.read_manifest(run)
+        res = recompute(run, profile=profile, progress=progress, result=True)
+        path = res.out_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return cls(run, manifest.run_name, profile, res.out_dir, rows, manifest.resolved_config())
+
+
+class Exporter:
+    """One tracker. Subclasses open the destination in ``__init__`` and implement the methods."""
+
+    #: the --to name
+    tracker = ""
+    #: whether the tracker has a table type (log_table does something)
+    has_tables = False
+
+    def __init__(self, source: ExportSource, options: ExportOptions):
+        self.source, self.options = source, options
+
+    def exported_steps(self) -> set[int]:
+        """Steps the destination already has (re-export skips them)."""
+        raise NotImplementedError
+
+    def log_step(self, step: int, values: dict[str, float]) -> None:
+        """One training step's values, keys already prefixed, ``grpolens/step`` included."""
+        raise NotImplementedError
+
+    def log_table(self, name: str, df) -> None:
+        """The rows of the steps just exported (a ``step`` column first); default: the tracker has no table type."""
+
+    def finish(self) -> str:
+        """Close the destination; a line saying where the data is."""
+        raise NotImplementedError
+
+
+def needs(module: str, extra: str):
+    """Import a tracker's client, or a one-line error naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"--to {extra}: the {module} client is not installed; pip install \"grpolens[{extra}]\"") from None
+
+
+def step_values(row: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    step = int(row["step"])
+    values = {PREFIX + k: float(v) for k, v in row.items() if k != "step" and isinstance(v, (int, float))
+              and not isinstance(v, bool)}
+    values[STEP_KEY] = step
+    return step, values
+
+
+def export_run(source: ExportSource, exporter: Exporter, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Log every step the destination lacks, then the tables; returns counts and the destination line."""
+    done = exporter.exported_steps()
+    todo = [r for r in source.rows if int(r["step"]) not in done]
+    for i, row in enumerate(todo, 1):
+        step, values = step_values(row)
+        exporter.log_step(step, values)
+        if progress:
+            progress(i, len(todo))
+    tables = []
+    if exporter.options.tables and exporter.has_tables and todo:
+        import polars as pl
+
+        new = [int(r["step"]) for r in todo]
+        for name in TABLES:
+            df = source.table(name)
+            df = df.filter(pl.col("step").is_in(new)) if df is not None else None
+            if df is not None and df.height:  # the new steps' rows only: appended, never duplicated
+                exporter.log_table(name, df)
+                tables.append(name)
+    where = exporter.finish()
+    return {"exported": len(todo), "skipped": len(source.rows) - len(todo), "tables": tables, "where": where}

@@ -1,0 +1,266 @@
+"""verl's actor metrics (``actor/pg_loss``, ``actor/pg_clipfrac`` ...), as verl 0.9.1 computes and reduces them.
+
+Only for runs recorded from verl (their config has ``verl_actor``, written by
+:func:`grpolens.integrations.verl.verl_config`). Per loss call (one micro-batch on one rank), with
+``m`` the response mask after rollout rejection, ``d = logp − old_logp``, ``r = exp(clip(d, ±20))``,
+``A`` the advantage and ``w`` the rollout IS weight (when ``rollout_is`` is set), the policy loss
+of ``policy_loss.loss_mode`` (``verl/trainer/ppo/core_algos.py``):
+
+    vanilla  L1 = −A·r, L2 = −A·clip(r, 1 − ε_l, 1 + ε_h), Lc = max(L1, L2), L3 = −A·clip_ratio_c
+             L = min(L3, Lc) if A < 0 else Lc;  pg_clipfrac = mm[L2 > L1], pg_clipfrac_lower = mm[Lc > L3 ∧ A < 0]
+    gspo     s = exp(min(Σ_t d·m / max(Σ m, 1), 10)) per sequence, L = max(−A·s, −A·clip(s, ...));
+             pg_clipfrac = mm[L2 > L1]; ppo_kl from the unclamped d
+    cispo    L = −clip(r, 1 − ε_l, 1 + ε_h)·A·logp;  pg_clipfrac = mm[r ≠ clip(r)]
+    sapo     L = −(4/τ)·σ(τ(r − 1))·A, τ = tau_pos if A > 0 else tau_neg; aggregated seq-mean-token-mean
+    ppo_kl = mm(−d) (d clamped except gspo);  L ×= w
+
+``mm`` is verl's masked mean over the call, Σ x·m / (Σ m + 1e-8). Each call's loss terms are
+aggregated by ``agg_loss`` with the engine's global information: ``dp`` ranks, the mini-batch's
+token count ``N`` over all ranks and ``G = ppo_mini_batch_size · rollout_n`` sequences:
+
+    token-mean  Σ L·m / N · dp                 token-sum  Σ L·m · dp
+    seq-mean-token-sum  Σ_{T_b>0} Σ_t L·m / G · dp (…-norm: ÷ loss_scale_factor, default the call's width)
+    seq-mean-token-mean Σ_{T_b>0} (Σ_t L·m / (T_b + 1e-8)) / G · dp
+
+``actor/pg_loss``, ``actor/entropy_loss`` (the forward's entropy, logged when ``calculate_entropy``
+or ``entropy_coeff ≠ 0``) and ``actor/kl_loss`` (``kl_penalty`` of ``kl_loss_type`` against the
+reference, when ``use_kl_loss``) are SUM metrics: per mini-batch the mean over ranks of the sum over
+the rank's calls; ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` and ``actor/ppo_kl`` are MEAN
+metrics: the mean over every call of the mini-batch; ``actor/loss`` is per mini-batch Σ over calls
+of ``pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss``, averaged over ranks. Each is
+then averaged over the step's mini-batches and PPO epochs (verl's ``reduce_metrics``). A rank's
+mini-batch is its next ``rows / mini-batches`` rows of loss calls, in call order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpolens.functional.is_weights import ISConfig, loss_weights
+from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.partials import producer
+from grpolens.metrics.registry import Family, register_family, Metric, register
+from grpolens.metrics.rollout_is import batch_inputs, batch_partials
+
+CLAMP = 20.0
+_COLS = ("va.n", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
+         "va.kld_tm", "va.width")
+_MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
+
+
+def actor_cfg(cfg: dict) -> dict | None:
+    a = cfg.get("verl_actor")
+    return a if isinstance(a, dict) else None
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def kl_penalty(logp: np.ndarray, ref: np.ndarray, kind: str) -> np.ndarray:
+    """verl's ``kl_penalty`` forward value (a ``+`` suffix changes only the gradient)."""
+    kind = kind[:-1] if kind.endswith("+") else kind
+    if kind in ("kl", "k1"):
+        return logp - ref
+    if kind == "abs":
+        return np.abs(logp - ref)
+    if kind in ("mse", "k2"):
+        return 0.5 * (logp - ref) ** 2
+    if kind in ("low_var_kl", "k3"):
+        x = np.clip(ref - logp, -CLAMP, CLAMP)
+        return np.clip(np.expm1(x) - x, -10.0, 10.0)
+    raise ValueError(f"verl kl_loss_type {kind!r} is not supported")
+
+
+def _mode(a: dict) -> str:
+    return str((a.get("policy_loss") or {}).get("loss_mode", "vanilla")) if isinstance(a.get("policy_loss"), dict) \
+        else str(a.get("loss_mode", "vanilla"))
+
+
+@producer("verl_actor", merge=_MERGE)
+def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
+    a = actor_cfg(cfg)
+    if a is None or b.n_seq == 0:
+        return {c: np.zeros(b.n_seq) for c in _COLS}
+    m = b.mask & np.isfinite(b.logp) & np.isfinite(b.old) & np.isfinite(b.adv)
+    mf = m.astype(np.float64)
+    n = b.count(m)
+    A = np.where(m, b.adv, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.where(m, b.logp - b.old, 0.0)
+        dc = np.clip(d, -CLAMP, CLAMP)
+        r = np.exp(dc)
+        el = a.get("clip_ratio_low", a.get("clip_ratio", 0.2))
+        eh = a.get("clip_ratio_high", a.get("clip_ratio", 0.2))
+        el = a.get("clip_ratio", 0.2) if el is None else el
+        eh = a.get("clip_ratio", 0.2) if eh is None else eh
+        mode = _mode(a)
+        low = np.zeros(b.n)
+        kl_tok = -dc
+        if mode == "vanilla":
+            c3 = float(a.get("clip_ratio_c", 3.0))
+            l1, l2 = -A * r, -A * np.clip(r, 1 - el, 1 + eh)
+            lc = np.maximum(l1, l2)
+            l3 = -A * c3
+            L = np.where(A < 0, np.minimum(l3, lc), lc)
+            clip = (l2 > l1).astype(np.float64)
+            low = ((lc > l3) & (A < 0)).astype(np.float64)
+        elif mode == "gspo":
+            s = np.exp(np.minimum(b.broadcast(b.seq_sum(d) / np.maximum(n, 1.0)), 10.0))
+            l1, l2 = -A * s, -A * np.clip(s, 1 - el, 1 + eh)
+            L = np.maximum(l1, l2)
+            clip = (l2 > l1).astype(np.float64)
+            kl_tok = -d
+        elif mode == "cispo":
+            rc = np.clip(r, 1 - el, 1 + eh)
+            L = -rc * A * np.where(m, b.logp, 0.0)
+            clip = (r != rc).astype(np.float64)
+        elif mode == "sapo":
+            tau = np.where(A > 0, float(a.get("tau_pos", 1.0)), float(a.get("tau_neg", 1.05)))
+            L = -(4.0 / tau) * _sigmoid(tau * (r - 1.0)) * A
+            clip = np.zeros(b.n)
+        else:
+            raise ValueError(f"verl policy_loss.loss_mode {mode!r} is not supported by the verl profile")
+        isc = ISConfig.from_cfg(cfg)
+        if isc.configured and b.has("rollout_logp"):
+            w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
+            L = L * w
+        L = np.where(m, L, 0.0)
+        ent = np.where(m, b.cols["entropy"], 0.0) if b.has("entropy") else np.zeros(b.n)
+        if b.has("ref_logp") and a.get("use_kl_loss"):
+            kld = np.where(m, kl_penalty(b.logp, b.cols["ref_logp"], str(a.get("kl_loss_type", "low_var_kl"))), 0.0)
+        else:
+            kld = np.zeros(b.n)
+    per = lambda x: b.seq_sum(x)  # noqa: E731
+    tm = lambda s: s / (n + 1e-8)  # noqa: E731
+    pg, es, ks = per(L), per(ent), per(kld)
+    return {"va.n": n, "va.pg": pg, "va.pg_tm": tm(pg), "va.clip": per(clip * mf), "va.clip_low": per(low * mf),
+            "va.kl": per(np.where(m, kl_tok, 0.0)), "va.ent": es, "va.ent_tm": tm(es), "va.kld": ks,
+            "va.kld_tm": tm(ks), "va.width": b.lengths.astype(np.float64)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+# ---------------------------------------------------------------------------------------------
+
+def _calls(sd):
+    """Per loss call (rank, micro_batch): its mini-batch index and its sequences, or None when the
+    step cannot be split into verl's mini-batches."""
+    a = actor_cfg(sd.cfg)
+    if a is None or not sd.n_seq:
+        return None
+    key = ("verl_actor", "calls")
+    if key in sd.extra:
+        return sd.extra[key]
+    rank, mb, sid = (np.asarray(sd.col(k), dtype=np.int64) for k in ("rank", "micro_batch", "sample_id"))
+    G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
+    ranks = np.unique(rank)
+    rows = {int(r): len(np.unique(sid[rank == r])) for r in ranks}
+    total = sum(rows.values())
+    out = None
+    if G > 0 and total % G == 0:
+        n_mini = total // G
+        calls = []  # (rank, micro_batch, mini index, sequence indices)
+        for r in ranks:
+            if rows[int(r)] % n_mini:
+                break
+            per_mini, seen = rows[int(r)] // n_mini, 0
+            for u in np.unique(mb[rank == r]):
+                idx = np.flatnonzero((rank == r) & (mb == u))
+                calls.append((int(r), int(u), seen // per_mini, idx))
+                seen += len(idx)
+        else:
+            out = calls
+    sd.extra[key] = out
+    return out
+
+
+def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int) -> float:
+    a = actor_cfg(sd.cfg)
+    mode = str(a.get("loss_agg_mode", "token-mean"))
+    n = sd.col("va.n")[idx]
+    if mode == "token-mean":
+        return float(sd.col(s)[idx].sum() / N * dp)
+    if mode == "token-sum":
+        return float(sd.col(s)[idx].sum() * dp)
+    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        v = float(sd.col(s)[idx][n > 0].sum() / G * dp)
+        if mode.endswith("norm"):
+            v /= float(a.get("loss_scale_factor") or sd.col("va.width")[idx].max())
+        return v
+    if mode == "seq-mean-token-mean":
+        return float(sd.col(tm)[idx][n > 0].sum() / G * dp)
+    raise ValueError(f"verl loss_agg_mode {mode!r} is not supported")
+
+
+def _values(sd) -> dict[str, float]:
+    key = ("verl_actor", "values")
+    if key in sd.extra:
+        return sd.extra[key]
+    calls = _calls(sd)
+    out: dict[str, float] = {}
+    if calls:
+        a = actor_cfg(sd.cfg)
+        dp = len({c[0] for c in calls})
+        G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
+        sapo = _mode(a) == "sapo"
+        with_ent = bool(a.get("calculate_entropy")) or float(a.get("entropy_coeff", 0.0) or 0.0) != 0.0
+        with_kl = bool(a.get("use_kl_loss")) and "ref_logp" in sd.present
+        ec, kc = float(a.get("entropy_coeff", 0.0) or 0.0), float(a.get("kl_loss_coef", 0.001))
+        per_mini: dict[int, dict[str, list]] = {}
+        for mini in sorted({c[2] for c in calls}):
+            cs = [c for c in calls if c[2] == mini]
+            N = float(sum(sd.col("va.n")[c[3]].sum() for c in cs))
+            acc: dict[str, list] = {k: [] for k in ("pg", "ent", "kl", "clip", "low", "ppo_kl", "loss")}
+            for _, _, _, idx in cs:
+                nt = sd.col("va.n")[idx].sum()
+                if sapo:  # verl's SAPO always aggregates seq-mean-token-mean
+                    pg = float(sd.col("va.pg_tm")[idx][sd.col("va.n")[idx] > 0].sum() / G * dp)
+                else:
+                    pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G)
+                ent = _agg(sd, idx, "va.ent", "va.ent_tm", N, dp, G)
+                kl = _agg(sd, idx, "va.kld", "va.kld_tm", N, dp, G)
+                acc["pg"].append(pg)
+                acc["ent"].append(ent)
+                acc["kl"].append(kl)
+                for k, col in (("clip", "va.clip"), ("low", "va.clip_low"), ("ppo_kl", "va.kl")):
+                    acc[k].append(float(sd.col(col)[idx].sum() / (nt + 1e-8)))
+                acc["loss"].append(pg - (ec * ent if with_ent else 0.0) + (kc * kl if with_kl else 0.0))
+            per_mini[mini] = {"pg": sum(acc["pg"]) / dp, "ent": sum(acc["ent"]) / dp, "kl": sum(acc["kl"]) / dp,
+                              "loss": sum(acc["loss"]) / dp, "clip": np.mean(acc["clip"]),
+                              "low": np.mean(acc["low"]), "ppo_kl": np.mean(acc["ppo_kl"])}
+        mean = lambda k: float(np.mean([v[k] for v in per_mini.values()]))  # noqa: E731
+        out = {"pg_loss": mean("pg"), "pg_clipfrac": mean("clip"), "pg_clipfrac_lower": mean("low"),
+               "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
+        if with_ent:
+            out["entropy_loss"] = mean("ent")
+        if with_kl:
+            out["kl_loss"] = mean("kl")
+    sd.extra[key] = out
+    return out
+
+
+def _value(name: str):
+    def fn(sd):
+        return _values(sd).get(name)
+    return fn
+
+
+_FAM = "verl_actor"
+_WHEN = lambda cfg: actor_cfg(cfg) is not None  # noqa: E731
+_DOCS = {
+    "pg_loss": "verl's policy loss of the step: per mini-batch the mean over ranks of the sum over the rank's loss calls of agg_loss(L) with the global mini-batch counts, then the mean over mini-batches and epochs.",
+    "pg_clipfrac": "verl's clip fraction (vanilla/gspo: −A·clip(r) > −A·r; cispo: r outside the clip range; sapo 0): masked mean per loss call, mean over calls, mini-batches and epochs.",
+    "pg_clipfrac_lower": "verl's dual-clip fraction (vanilla: max(L1, L2) > −A·clip_ratio_c with A < 0; others 0), reduced like pg_clipfrac.",
+    "ppo_kl": "verl's ppo_kl: masked mean of old_logp − logp (clamped to ±20 except under gspo) per loss call, reduced like pg_clipfrac.",
+    "entropy_loss": "verl's entropy loss: agg_loss of the forward's entropy, reduced like pg_loss (when calculate_entropy or entropy_coeff ≠ 0).",
+    "kl_loss": "verl's KL loss: agg_loss of kl_penalty(logp, ref_logp, kl_loss_type), reduced like pg_loss (when use_kl_loss).",
+    "loss": "verl's actor loss: per mini-batch Σ over a rank's calls of pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss, mean over ranks, then over mini-batches and epochs.",
+}
+for _k, _doc in _DOCS.items():
+    register(Metric(f"verl_actor/{_k}", _FAM, _doc, kind="custom", fn=_value(_k), when=_WHEN,
+                    config=("verl_actor", "rollout_is")))
+
+
+register_family(Family("verl_actor", page="policy"))

@@ -1,0 +1,183 @@
+"""Runs verl's own code on a recorded step and prints the metrics verl would log (JSON).
+
+Executed by the reference venv's interpreter (``tests/reference/refvenv.py``), never by grpolens'
+environment: ``python verl_driver.py CASES.json`` runs each case ``{"in": IN.npz, "config": {...},
+"out": OUT.npz}`` and prints one JSON list, the logged metrics of each case (one import of verl
+for the whole matrix).
+
+What is verl's code and what is replayed here:
+
+* verl's own functions do every computation: ``compute_rollout_correction_and_add_to_batch``
+  (rollout IS weights, rejection, ``rollout_corr/*``), ``compute_grpo_outcome_advantage``,
+  ``agg_loss`` (the driver's ``actor/entropy``), ``workers.utils.losses.ppo_loss`` (policy loss
+  via the registered loss mode, entropy loss, KL loss, their ``Metric`` aggregation types), and the
+  reducers ``append_to_dict``, ``Metric.aggregate_dp``, ``rename_dict``, ``reduce_metrics``.
+* The distributed plumbing around them is replayed in one process, line for line from verl 0.9.1:
+  ``FSDPEngine.forward_backward_batch`` (global ``batch_num_tokens`` = all-reduced SUM of the
+  mini-batch's loss-mask tokens, ``dp_size``), ``postprocess_batch_func`` (per-micro-batch
+  lists), ``TrainingWorker._postprocess_output`` (micro-batch losses summed, then AVG over DP;
+  metrics all-gathered), ``TrainingWorker.train_mini_batch`` (per mini-batch ``aggregate_dp``,
+  appended across mini-batches and epochs) and ``RayPPOTrainer._update_actor`` /
+  ``fit`` (``global_batch_size = ppo_mini_batch_size * rollout.n``, ``rename_dict(..., "actor/")``,
+  ``reduce_metrics``). Which rows go to which rank, mini-batch and micro-batch is the input's
+  schedule (verl shuffles with its own seeds; the metrics only depend on the grouping).
+
+Inputs (``IN.npz``): ``response_mask`` (before rejection), ``old_log_probs``, ``ref_log_prob``,
+``rollout_log_probs`` (optional), ``entropys`` (the old-log-prob pass), ``scores`` (per row),
+``uid`` (group per row), ``prompt_len`` and the schedule ``fw_meta`` (epoch, mini-batch, rank,
+micro-batch per forward), ``fw_offsets``/``fw_rows`` (rows per forward), ``fw_logp``/``fw_ent``
+(the forward's log-probs and entropies, one row per scheduled row). Outputs (``OUT.npz``): the
+response mask after rejection and the advantages, so that the caller records what verl's actor
+was given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from verl.protocol import DataProto
+from verl.utils import tensordict_utils as tu
+from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage
+from verl.utils.metric import Metric, reduce_metrics
+from verl.utils.py_functional import append_to_dict, rename_dict
+from verl.workers.config import FSDPActorConfig
+from verl.workers.config.actor import PolicyLossConfig
+from verl.workers.utils.losses import ppo_loss
+
+
+def actor_config(c: dict) -> FSDPActorConfig:
+    kw = {k: v for k, v in c.items() if k not in ("policy_loss", "ppo_mini_batch_size", "rollout_n")}
+    return FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=c["ppo_mini_batch_size"],
+                           ppo_micro_batch_size_per_gpu=1, rollout_n=c.get("rollout_n", 1),
+                           policy_loss=PolicyLossConfig(**(c.get("policy_loss") or {})), **kw)
+
+
+def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch_num_tokens, global_batch_size):
+    """One micro-batch as ``ppo_loss`` receives it: prompts/responses/attention_mask to slice the
+    model output, the fields it selects padded to the micro-batch's longest response (what
+    ``to_padded_tensor`` of verl's nested tensors gives), and the model output in no-padding layout
+    (one value per prompt + response token, log-prob of response token i at
+    ``seq_end - resp_len - 1 + i``)."""
+    valid = d["response_mask"][rows]  # real response tokens (before rejection)
+    lens = valid.sum(1).astype(np.int64)
+    width = int(lens.max())
+    plen = d["prompt_len"][rows].astype(np.int64)
+    pw = int(plen.max())
+    n = len(rows)
+    attn = np.zeros((n, pw + width), dtype=np.int64)
+    for i in range(n):
+        attn[i, pw - plen[i]:pw] = 1
+        attn[i, pw:pw + lens[i]] = 1
+    flat_lp, flat_ent = [], []
+    for i in range(n):
+        lp = np.zeros(plen[i] + lens[i], dtype=np.float32)
+        en = np.zeros(plen[i] + lens[i], dtype=np.float32)
+        lp[plen[i] - 1:plen[i] - 1 + lens[i]] = logp[i, :lens[i]]
+        en[plen[i] - 1:plen[i] - 1 + lens[i]] = ent[i, :lens[i]]
+        flat_lp.append(lp)
+        flat_ent.append(en)
+    t = lambda x: torch.tensor(np.ascontiguousarray(x[:, :width]))  # noqa: E731
+    fields = {
+        "prompts": torch.zeros(n, pw, dtype=torch.int64), "responses": torch.zeros(n, width, dtype=torch.int64),
+        "attention_mask": torch.tensor(attn), "response_mask": t(resp_mask[rows]),
+        "old_log_probs": t(d["old_log_probs"][rows]), "advantages": t(adv[rows]),
+        "ref_log_prob": t(d["ref_log_prob"][rows]),
+    }
+    if weights is not None:
+        fields["rollout_is_weights"] = t(weights[rows])
+    data = TensorDict(fields, batch_size=[n])
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
+    out = {"log_probs": torch.tensor(np.concatenate(flat_lp)), "entropy": torch.tensor(np.concatenate(flat_ent))}
+    return out, data
+
+
+def run_case(inp: str, c: dict, out_path: str) -> dict:
+    d = dict(np.load(inp, allow_pickle=False))
+    actor = actor_config(c["actor"])
+    corr = c.get("rollout_correction")
+    dp = int(c["dp_size"])
+    metrics: dict = {}
+
+    resp_mask = torch.tensor(d["response_mask"])
+    # RayPPOTrainer.fit: the old-log-prob pass' entropy, aggregated over the whole batch with the
+    # response mask as it is then (before rollout rejection)
+    entropy_agg = agg_loss(loss_mat=torch.tensor(d["entropys"]), loss_mask=resp_mask,
+                           loss_agg_mode=actor.loss_agg_mode, loss_scale_factor=actor.loss_scale_factor)
+    metrics["actor/entropy"] = entropy_agg.detach().item()
+
+    weights = None
+    if corr is not None and "rollout_log_probs" in d:
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+        batch = DataProto.from_dict(tensors={"old_log_probs": torch.tensor(d["old_log_probs"]),
+                                             "rollout_log_probs": torch.tensor(d["rollout_log_probs"]),
+                                             "response_mask": resp_mask.clone()})
+        batch, is_metrics = compute_rollout_correction_and_add_to_batch(batch, corr)
+        metrics.update(is_metrics)
+        resp_mask = batch.batch["response_mask"]
+        if "rollout_is_weights" in batch.batch.keys():
+            weights = batch.batch["rollout_is_weights"].numpy()
+
+    # GRPO advantages on the driver, with the (rejected) response mask
+    rewards = torch.zeros_like(resp_mask, dtype=torch.float32)
+    rewards[:, 0] = torch.tensor(d["scores"], dtype=torch.float32)
+    adv, _ = compute_grpo_outcome_advantage(token_level_rewards=rewards, response_mask=resp_mask,
+                                            index=d["uid"].astype(np.int64))
+    adv = adv.numpy().astype(np.float32)
+    mask_np = resp_mask.numpy().astype(np.float32)
+
+    # Engine path: per (epoch, mini-batch) -> per rank -> per micro-batch forward
+    meta, offs, rows_all = d["fw_meta"], d["fw_offsets"], d["fw_rows"]
+    global_batch_size = int(c["actor"]["ppo_mini_batch_size"]) * int(c["actor"].get("rollout_n", 1))
+    mini_outputs = []
+    for key in sorted({(int(e), int(m)) for e, m, _, _ in meta}):
+        fws = [i for i in range(len(meta)) if (int(meta[i][0]), int(meta[i][1])) == key]
+        mini_rows = np.concatenate([rows_all[offs[i]:offs[i + 1]] for i in fws])
+        batch_num_tokens = int(mask_np[mini_rows].sum())  # all-reduced SUM over the DP group
+        per_rank = []
+        for r in range(dp):
+            outs = []
+            for i in sorted((i for i in fws if int(meta[i][2]) == r), key=lambda i: int(meta[i][3])):
+                rows = rows_all[offs[i]:offs[i + 1]]
+                mo, data = micro_batch_data(rows, d, mask_np, adv, weights, d["fw_logp"][offs[i]:offs[i + 1]],
+                                            d["fw_ent"][offs[i]:offs[i + 1]], dp, batch_num_tokens,
+                                            global_batch_size)
+                if not (actor.calculate_entropy or actor.entropy_coeff != 0):
+                    mo.pop("entropy")
+                loss, m = ppo_loss(actor, mo, data)
+                outs.append({"loss": loss.detach().item(), "metrics": m})
+            # postprocess_batch_func: losses and metrics as per-micro-batch lists
+            agg: dict = {}
+            for o in outs:
+                append_to_dict(agg, o["metrics"])
+            per_rank.append(({"loss": [o["loss"] for o in outs], "metrics": agg}))
+        # _postprocess_output: loss = Σ micro-batch losses, AVG over DP; metrics all-gathered
+        loss = float(np.mean([np.sum(p["loss"]) for p in per_rank]))
+        gathered: dict = {}
+        for p in per_rank:
+            for k, v in p["metrics"].items():
+                gathered.setdefault(k, []).append(v)
+        gathered["loss"] = loss
+        mini_outputs.append(gathered)
+    # train_mini_batch: aggregate_dp per mini-batch, appended across mini-batches and epochs
+    actor_metrics: dict = {}
+    for output in mini_outputs:
+        for k, v in output.items():
+            if isinstance(v, list):
+                output[k] = Metric.aggregate_dp(v) if isinstance(v[0], Metric) else [x for xs in v for x in xs]
+        append_to_dict(actor_metrics, output)
+    actor_metrics = rename_dict(actor_metrics, "actor/")
+    metrics.update(reduce_metrics(actor_metrics))
+    np.savez(out_path, response_mask=mask_np, advantages=adv,
+             **({"rollout_is_weights": weights} if weights is not None else {}))
+    return {k: float(v) for k, v in metrics.items()}
+
+
+if __name__ == "__main__":
+    cases = json.loads(open(sys.argv[1]).read())
+    print(json.dumps([run_case(c["in"], c["config"], c["out"]) for c in cases]))

@@ -1,0 +1,117 @@
+"""Token text in the views: the run's tokenizer.json decodes every id (sample_runs/trl-tiny, recorded
+from real TRL training), a run without one shows ids and says why in one line, and a training
+step that reuses an earlier step's completions shows them, found by sample_id."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from tokenizers import Tokenizer
+
+from grpolens.cli import main
+from grpolens.run.decode import TOKENIZER_FILE, describe, make_decoder
+
+TRL_TINY = Path(__file__).resolve().parents[1] / "sample_runs" / "trl-tiny"
+
+
+def cli(capsys, *args):
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.fixture
+def run(tmp_path):
+    dst = tmp_path / "trl-tiny"
+    # the shards, manifest, tokenizer and TRL's log; no derived files of an earlier recompute
+    shutil.copytree(TRL_TINY, dst, ignore=lambda d, names: [n for n in names if Path(d).name == "grpolens"
+                                                              and n != "trl_log.jsonl"])
+    return dst
+
+
+def _samples(run, step):
+    return pl.read_parquet(run / "samples" / f"step={step:08d}" / "*.parquet")
+
+
+def _tokens(run, step):
+    return pl.read_parquet(run / "tokens" / f"step={step:08d}" / "*.parquet")
+
+
+def test_bundled_tokenizer_is_the_training_one(run):
+    """Decoding the recorded ids of each completion gives back TRL's own completion text."""
+    tok = Tokenizer.from_file(str(run / TOKENIZER_FILE))
+    samples, tokens = _samples(run, 1), _tokens(run, 1)
+    for sid, text in samples.select("sample_id", "completion").iter_rows():
+        rows = tokens.filter(pl.col("sample_id") == sid).sort("rank", "micro_batch", "pos").unique("pos", keep="first")
+        assert tok.decode(rows.sort("pos")["token_id"].to_list(), skip_special_tokens=True) == text
+
+
+def test_tokens_view_shows_text(run, capsys):
+    tok = Tokenizer.from_file(str(run / TOKENIZER_FILE))
+    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 5, "--json")
+    rows = json.loads(out)
+    assert code == 0 and rows
+    assert [r["token"] for r in rows] == [tok.decode([r["token_id"]], skip_special_tokens=False) for r in rows]
+    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 3)
+    assert "decoded with the run's tokenizer.json" in out and "⟨" not in out
+
+
+def test_without_tokenizer_ids_and_why(run, capsys):
+    (run / TOKENIZER_FILE).unlink()
+    decode, source = make_decoder(run, {})
+    assert source == "ids" and decode(5) == "⟨5⟩"
+    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 3)
+    assert code == 0 and "⟨" in out
+    assert " ".join(describe("ids").split()[:6]) in " ".join(out.split())
+    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 3, "--json")
+    assert all(r["token"] is None for r in json.loads(out))
+
+
+def test_unreadable_tokenizer_falls_back_to_ids(run):
+    (run / TOKENIZER_FILE).write_text("{not json")
+    assert make_decoder(run, {})[1] == "ids"
+
+
+def test_completions_of_a_step_that_reuses_rollouts(run, capsys):
+    """trl-tiny generates at odd steps (steps_per_generation = 2); step 2 trains on step 1's
+    completions and must show them, with step 1's group columns and step 2's token columns."""
+    assert not (run / "samples" / "step=00000002").exists()
+    code, out, err = cli(capsys, "completions", run, "--step", 2, "--limit", 0, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    trained = set(_tokens(run, 2)["sample_id"].to_list())
+    assert {r["sample_id"] for r in rows} == trained
+    assert {r["generated_at_step"] for r in rows} == {1} and {r["step"] for r in rows} == {2}
+    texts = dict(_samples(run, 1).select("sample_id", "completion").iter_rows())
+    assert all(r["completion"] == texts[r["sample_id"]] for r in rows)
+    # group columns as at step 1, where the group was generated
+    code, out1, _ = cli(capsys, "completions", run, "--step", 1, "--limit", 0, "--json")
+    at1 = {r["sample_id"]: r for r in json.loads(out1)}
+    for r in rows:
+        for k in ("prompt_index", "completion_index", "reward_rank_desc", "reward_total", "advantage"):
+            assert r[k] == at1[r["sample_id"]][k], k
+    # the token columns are step 2's own (the policy moved: KL differs from step 1's for some)
+    assert all(r["loss_calls"] >= 1 for r in rows)
+    # and the same rows come out of completions.parquet after a recompute
+    main(["recompute", str(run), "-q"])
+    table = pl.read_parquet(run / "grpolens" / "completions.parquet").filter(pl.col("step") == 2)
+    assert sorted(table["sample_id"].to_list()) == sorted(r["sample_id"] for r in rows)
+    assert (table["generated_at_step"] == 1).all()
+
+
+def test_dashboard_completion_of_a_reused_rollout(run):
+    """The dashboard's completion view at step 2 shows the text generated at step 1."""
+    from grpolens.serve import data
+
+    sid = int(_tokens(run, 2)["sample_id"][0])
+    got = data.completion(run, 2, sid)
+    texts = dict(_samples(run, 1).select("sample_id", "completion").iter_rows())
+    assert got is not None and got["sample"]["completion"] == texts[sid]
