@@ -407,6 +407,8 @@ def test_caches_follow_file_changes(tmp_path, serve_runs):
     before = data.series(run).height
     shutil.rmtree(run / "tokens" / "step=00000013")
     shutil.rmtree(run / "samples" / "step=00000013")
+    for marker in (run / "complete").glob("step=00000013.rank=*.json"):  # the step is gone whole
+        marker.unlink()
     shutil.rmtree(run / "grpolens")
     grpolens.recompute(run, write=True)
     assert data.series(run).height == before - 1
