@@ -279,7 +279,11 @@ def test_sequence_table_against_numpy(serve_runs, tmp_path, source):
     s = raw_step(run, "samples", step)
     tab = data.sequence_table(run, step)
     assert tab.height == len(s["sample_id"])
-    assert list(tab.columns[:5]) == ["sample_id", "rank", "group_id", "reward_rank_desc", "reward_total"]
+    # text first: prompt and completion before the numeric columns; reward/<name> after reward_total
+    assert list(tab.columns[:7]) == ["sample_id", "prompt", "completion", "rank", "group_id", "reward_rank_desc",
+                                     "reward_total"]
+    rewards = [c for c in tab.columns if c.startswith("reward/")]
+    assert list(tab.columns[7:7 + len(rewards)]) == rewards
     cfg = {"epsilon": 0.2, "epsilon_high": 0.28}  # the synthetic runs' config
     for row in tab.iter_rows(named=True):
         sel = t["sample_id"] == row["sample_id"]
