@@ -44,6 +44,10 @@ def run_color(idx: int) -> str:
     return PALETTE[idx % len(PALETTE)]
 
 
+#: Right margin of a figure (px): room for plotly's vertical mode bar (about 30 px wide).
+MODEBAR_MARGIN = 36
+
+
 def _axis(**extra) -> dict:
     return {"gridcolor": "#eceff4", "zeroline": False, "linecolor": "#d0d7de", "exponentformat": "e",
             "showexponent": "all", **extra}
@@ -52,7 +56,8 @@ def _axis(**extra) -> dict:
 def _layout(title: str, height: int = 260, ytitle: str | None = None, **extra) -> dict:
     return {
         "title": {"text": title, "x": 0.01, "font": {"size": 13}},
-        "height": height, "margin": {"l": 55, "r": 10, "t": 34, "b": 32},
+        # the right margin holds the vertical mode bar, so it covers neither the legend nor the plot
+        "height": height, "margin": {"l": 55, "r": MODEBAR_MARGIN, "t": 34, "b": 32},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 11, "color": "#2a3f5f"},
         "hovermode": "x unified", "uirevision": "keep", "modebar": {"orientation": "v"},
         "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right", "font": {"size": 10}},

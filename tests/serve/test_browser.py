@@ -301,3 +301,17 @@ def test_log_y_toggle_switches_the_rendered_axes(server, browser):
     css(browser, "#y-scale input[value='log']")[0].click()
     wait(browser, lambda d: (t := d.execute_script(axis_types)) and "log" not in t, what="linear y axes again")
     assert severe_logs(browser) == []
+
+
+def test_mode_bar_does_not_cover_the_legend(server, browser):
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    boxes = browser.execute_script("""
+        return Array.from(document.querySelectorAll('#page-overview .js-plotly-plot')).map(g => {
+            const l = g.querySelector('.legend'), m = g.querySelector('.modebar');
+            return l && m ? [l.getBoundingClientRect().toJSON(), m.getBoundingClientRect().toJSON()] : null;
+        }).filter(b => b)""")
+    assert boxes
+    for legend, bar in boxes:
+        assert legend["right"] <= bar["left"] or bar["bottom"] <= legend["top"] or legend["bottom"] <= bar["top"], \
+            (legend, bar)
