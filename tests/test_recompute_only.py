@@ -13,7 +13,7 @@ import pytest
 
 from grpolens.analysis.recompute import recompute
 from grpolens.errors import UserError
-from grpolens.metrics.registry import PROFILES, REGISTRY, load_builtins
+from grpolens.metrics.registry import PLACEHOLDER, PROFILES, REGISTRY, load_builtins
 from grpolens.adapters.synth import synth_run
 
 SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
@@ -30,14 +30,20 @@ def synth(tmp_path_factory):
 
 def _families(df: pl.DataFrame, profile: str) -> dict[str, list[str]]:
     load_builtins()
-    by_name = {}
+    by_name, templates = {}, []
     for m in REGISTRY.values():
-        by_name[m.name_in(profile)] = m.family
+        name = m.name_in(profile)
+        if m.per_column is not None and name:  # rewards/<name>/mean, train/<name>_reward_std, ...
+            head, _, tail = name.partition(PLACEHOLDER)
+            templates.append((head, tail, m.family))
+        by_name[name] = m.family
     fams: dict[str, list[str]] = {}
     for c in df.columns[1:]:
         fam = by_name.get(c)
-        if fam is None:  # an expanded template (rewards/<name>/...): its family is rewards
-            fam = "rewards"
+        if fam is None:  # an expanded template: the template whose name pattern fits, most specific first
+            fits = [(len(h) + len(t), f) for h, t, f in templates
+                    if c.startswith(h) and c.endswith(t) and len(c) > len(h) + len(t)]
+            fam = max(fits)[1]
         fams.setdefault(fam, []).append(c)
     return fams
 
@@ -45,8 +51,11 @@ def _families(df: pl.DataFrame, profile: str) -> dict[str, list[str]]:
 def _check_every_family(run: Path, profile: str, overrides=None) -> None:
     full = recompute(run, profile=profile, write=False, incremental=False, overrides=overrides)
     fams = _families(full, profile)
-    if profile == "grpolens":  # grpolens names every metric: every family is checked there
-        assert set(fams) == {m.family for m in REGISTRY.values()}
+    if profile == "grpolens":  # grpolens names every metric: every family that applies is checked there
+        from grpolens.run.reader import RunReader
+
+        cfg = RunReader(run).config(overrides)
+        assert set(fams) == {m.family for m in REGISTRY.values() if m.applies(cfg)}
     assert fams
     for fam, cols in fams.items():
         sub = recompute(run, profile=profile, write=False, only=[fam], overrides=overrides)

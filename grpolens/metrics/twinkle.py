@@ -207,7 +207,7 @@ register(Metric(
 ))
 
 
-@producer("twinkle_loss", merge={"tw_loss.sum": "sum", "tw_loss.n": "sum"})
+@producer("twinkle_loss", merge={"tw_loss.sum": "sum", "tw_loss.n": "sum"}, families=("twinkle_kit",))
 def _twinkle_loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Per sequence Σ L and its tokens, L as Twinkle's loss classes compute it (see the module doc)."""
     from grpolens.metrics.loss import per_token_loss

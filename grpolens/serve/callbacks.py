@@ -125,11 +125,13 @@ def _verdicts(runs: RunSet, names: list[str], column: str) -> list[dict]:
 
 
 def curve_graph(runs: RunSet, page: str, names: list[str], column: str, title: str, lo=None, hi=None,
-                smoothing: float = 0.0, with_baseline: bool = True):
+                smoothing: float = 0.0, with_baseline: bool = True, y_scale: frozenset = frozenset()):
+    """``y_scale``: the chosen y options, "log" and/or "robust" (see :func:`figures.y_axis_scale`)."""
     lines = _lines(runs, names, column, lo, hi, smoothing, with_baseline)
     if not lines:
         return None
-    return _graph(f"{page}:{column}", figures.curve_figure(title, lines, _verdicts(runs, names, column)))
+    return _graph(f"{page}:{column}", figures.curve_figure(title, lines, _verdicts(runs, names, column),
+                                                           log_y="log" in y_scale, robust_y="robust" in y_scale))
 
 
 def _titled(column: str, docs: dict[str, str]) -> str:
@@ -171,9 +173,10 @@ def _matches(column: str, pattern: str | None) -> bool:
 
 
 def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: float = 0.0, rng=None,
-                        with_baseline: bool = True, pattern: str | None = None) -> list:
+                        with_baseline: bool = True, pattern: str | None = None, y_scale=()) -> list:
     """The graphs of a curve page (overview, policy, mismatch, rewards) for the selected runs;
-    ``pattern``: only metrics whose name contains each of its words."""
+    ``pattern``: only metrics whose name contains each of its words; ``y_scale``: "log", "robust"."""
+    y_scale = frozenset(y_scale or ())
     names = runs.check(names)
     if not names:
         return [error_box("select at least one run")]
@@ -184,13 +187,13 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
     if page == "overview":
         for label, col in data.overview_metrics(frames):
             g = curve_graph(runs, page, names, col, f"{label} <span style='font-size:10px;color:#888'>{col}</span>",
-                            lo, hi, smoothing, with_baseline)
+                            lo, hi, smoothing, with_baseline, y_scale)
             if g is not None:
                 out.append(g)
     elif page == "rewards":
         out += reward_graphs(runs, names, frames, lo, hi)
         for col in (f"{data.SAMPLES_PREFIX}zero_std_group_frac", f"{data.SAMPLES_PREFIX}truncated_frac"):
-            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline)
+            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline, y_scale)
             if g is not None:
                 out.append(g)
     pages = data.page_families()
@@ -199,7 +202,7 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
         cols = [c for c in data.family_metrics(frames, pages[page]) if c not in banded]
         cols = prioritised(page, [c for c in cols if _matches(c, pattern)])
         for col in cols[:MAX_GRAPHS]:
-            g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline)
+            g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline, y_scale)
             if g is not None:
                 out.append(g)
         if len(cols) > MAX_GRAPHS:
@@ -547,12 +550,12 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
             @app.callback(Output(f"{page}-graphs", "children"),
                           Input("url", "pathname"), Input("runs", "value"), Input("smoothing", "value"),
                           Input("range", "value"), Input("show-baseline", "value"), Input("metric-filter", "value"),
-                          Input("version", "data"))
-            def render(pathname, names, smoothing, rng, baseline, pattern, _version):
+                          Input("y-scale", "value"), Input("version", "data"))
+            def render(pathname, names, smoothing, rng, baseline, pattern, y_scale, _version):
                 if (pathname or "/") != path:
                     return no_update
                 return _guard(curve_page_children, 1)(runs, page, names, float(smoothing or 0), rng,
-                                                      bool(baseline), pattern)
+                                                      bool(baseline), pattern, y_scale)
         make()
 
     @app.callback(Output("mismatch-step", "children"),

@@ -44,6 +44,10 @@ def run_color(idx: int) -> str:
     return PALETTE[idx % len(PALETTE)]
 
 
+#: Right margin of a figure (px): room for plotly's vertical mode bar (about 30 px wide).
+MODEBAR_MARGIN = 36
+
+
 def _axis(**extra) -> dict:
     return {"gridcolor": "#eceff4", "zeroline": False, "linecolor": "#d0d7de", "exponentformat": "e",
             "showexponent": "all", **extra}
@@ -52,7 +56,8 @@ def _axis(**extra) -> dict:
 def _layout(title: str, height: int = 260, ytitle: str | None = None, **extra) -> dict:
     return {
         "title": {"text": title, "x": 0.01, "font": {"size": 13}},
-        "height": height, "margin": {"l": 55, "r": 10, "t": 34, "b": 32},
+        # the right margin holds the vertical mode bar, so it covers neither the legend nor the plot
+        "height": height, "margin": {"l": 55, "r": MODEBAR_MARGIN, "t": 34, "b": 32},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 11, "color": "#2a3f5f"},
         "hovermode": "x unified", "uirevision": "keep", "modebar": {"orientation": "v"},
         "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right", "font": {"size": 10}},
@@ -65,9 +70,47 @@ def _kind(n: int) -> str:
     return "scattergl" if n > GL_THRESHOLD else "scatter"
 
 
-def curve_figure(title: str, lines: list[dict[str, Any]], verdicts: list[dict] | None = None) -> dict:
+#: The share of the visible values the robust y range leaves out at each end (p1 to p99).
+ROBUST_QUANTILES = (0.01, 0.99)
+
+
+def y_axis_scale(values: np.ndarray, log: bool = False, robust: bool = False) -> tuple[dict, str]:
+    """The y axis settings for the values a figure shows, and a note for its title (or "").
+
+    ``log``: a log axis. Plotly cannot place a value <= 0 on it and leaves such points out, so the
+    note says how many are hidden; with no positive value at all the axis stays linear.
+    ``robust``: the range spans only p1-p99 of the visible values (of the positive ones on a log
+    axis), so one spike cannot flatten the rest of the curve; the points outside are cut off."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    axis: dict = {}
+    note = ""
+    if log:
+        pos = v[v > 0]
+        if pos.size == 0:
+            note = "no positive value: linear y" if v.size else ""
+            log = False
+        else:
+            axis["type"] = "log"
+            if pos.size < v.size:
+                note = f"{v.size - pos.size} value(s) ≤ 0 not drawn on log y"
+            v = pos
+    if robust and v.size:
+        lo, hi = np.quantile(v, ROBUST_QUANTILES)
+        if log:
+            lo, hi = np.log10(lo), np.log10(hi)
+        if hi > lo:
+            pad = 0.05 * (hi - lo)
+            axis["range"] = [float(lo - pad), float(hi + pad)]
+            axis["autorange"] = False
+    return axis, note
+
+
+def curve_figure(title: str, lines: list[dict[str, Any]], verdicts: list[dict] | None = None,
+                 log_y: bool = False, robust_y: bool = False) -> dict:
     """One metric for several runs. ``lines``: dicts with ``run``, ``idx`` (run index),
-    ``x``, ``y``, ``smooth`` (or None) and ``baseline`` (drawn dashed grey)."""
+    ``x``, ``y``, ``smooth`` (or None) and ``baseline`` (drawn dashed grey). ``log_y`` and
+    ``robust_y``: see :func:`y_axis_scale` (applied to the drawn values: smoothed when smoothing)."""
     traces = []
     for ln in lines:
         x, y, smooth = ln["x"], ln["y"], ln.get("smooth")
@@ -90,7 +133,14 @@ def curve_figure(title: str, lines: list[dict[str, Any]], verdicts: list[dict] |
                        "line": {"color": "#d62728", "width": 1, "dash": "dot"}})
         notes.append({"x": v["step"], "y": 1, "xref": "x", "yref": "paper", "text": v.get("status") or "check",
                       "showarrow": False, "font": {"size": 9, "color": "#d62728"}, "yanchor": "bottom"})
-    return {"data": traces, "layout": _layout(title, shapes=shapes, annotations=notes)}
+    layout = _layout(title, shapes=shapes, annotations=notes)
+    shown = [np.asarray(ln["y"] if ln.get("smooth") is None else ln["smooth"], dtype=np.float64) for ln in lines]
+    axis, note = y_axis_scale(np.concatenate(shown) if shown else np.zeros(0), log_y, robust_y)
+    # one uirevision per scale, so that switching it drops a zoom kept from the other scale
+    layout["yaxis"].update(axis, uirevision=f"log={log_y},robust={robust_y}")
+    if note:
+        layout["title"]["text"] += f" <span style='font-size:10px;color:#b54708'>({note})</span>"
+    return {"data": traces, "layout": layout}
 
 
 def band_figure(title: str, bands: list[dict[str, Any]]) -> dict:

@@ -285,3 +285,33 @@ def test_no_chart_can_be_sent_to_the_cloud(server, browser, serve_runs, tmp_path
     wait(browser, lambda d: css(d, ".modebar-btn"), what="the sweep chart")
     titles = modebar_titles(browser)
     assert not [t for t in titles if any(w in t.lower() for w in UPLOAD_TITLES)], titles
+
+
+def test_log_y_toggle_switches_the_rendered_axes(server, browser):
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    axis_types = ("return Array.from(document.querySelectorAll('#page-overview .js-plotly-plot'))"
+                  ".filter(g => g._fullLayout).map(g => g._fullLayout.yaxis.type)")
+    assert "log" not in browser.execute_script(axis_types)
+    css(browser, "#y-scale input[value='log']")[0].click()
+    # every curve with a positive value is drawn on a log axis by plotly itself
+    types = wait(browser, lambda d: (t := d.execute_script(axis_types)) and "log" in t and t, what="log y axes")
+    assert types.count("log") >= 3, types
+    shot(browser, "overview-log-y")
+    css(browser, "#y-scale input[value='log']")[0].click()
+    wait(browser, lambda d: (t := d.execute_script(axis_types)) and "log" not in t, what="linear y axes again")
+    assert severe_logs(browser) == []
+
+
+def test_mode_bar_does_not_cover_the_legend(server, browser):
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    boxes = browser.execute_script("""
+        return Array.from(document.querySelectorAll('#page-overview .js-plotly-plot')).map(g => {
+            const l = g.querySelector('.legend'), m = g.querySelector('.modebar');
+            return l && m ? [l.getBoundingClientRect().toJSON(), m.getBoundingClientRect().toJSON()] : null;
+        }).filter(b => b)""")
+    assert boxes
+    for legend, bar in boxes:
+        assert legend["right"] <= bar["left"] or bar["bottom"] <= legend["top"] or legend["bottom"] <= bar["top"], \
+            (legend, bar)

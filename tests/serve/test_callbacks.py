@@ -209,6 +209,7 @@ def test_server_refuses_forged_run_paths(runset, serve_runs):
                {"id": "range", "property": "value", "value": None},
                {"id": "show-baseline", "property": "value", "value": []},
                {"id": "metric-filter", "property": "value", "value": None},
+               {"id": "y-scale", "property": "value", "value": []},
                {"id": "version", "property": "data", "value": None}])
     assert "unknown run" in r.get_data(as_text=True) and "scatter" not in r.get_data(as_text=True)
 
@@ -234,3 +235,12 @@ def test_watch_poll_reports_new_data_only(serve_runs, tmp_path):
     shutil.copytree(run / "tokens" / "step=00000013", run / "tokens" / "step=00000014")
     again = poll(seen)
     assert again.status_code == 200 and again.get_json()["response"]["version"]["data"] != seen
+
+
+def test_y_scale_reaches_every_curve_graph(runset):
+    gs = graphs(cb.curve_page_children(runset, "overview", ["alpha"], y_scale=["log", "robust"]))
+    assert gs
+    for g in gs:
+        ax = g.figure["layout"]["yaxis"]
+        assert ax["uirevision"] == "log=True,robust=True"
+        assert ax.get("type") == "log" or "no positive value" in g.figure["layout"]["title"]["text"]

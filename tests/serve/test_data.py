@@ -76,30 +76,49 @@ def test_duplicate_run_names_get_suffixes(tmp_path):
 # Curves
 # ---------------------------------------------------------------------------------------------
 
-def ema_reference(y, w):
-    """Debiased EMA written as an explicit weighted mean over the finite points seen so far."""
-    out = []
-    seen = []
-    for v in y:
-        if math.isfinite(v):
-            seen.append(v)
-            k = len(seen)
-            weights = np.array([(1 - w) * w ** (k - 1 - i) for i in range(k)])
-            out.append(float((weights * np.array(seen)).sum() / weights.sum()))
+def ema_reference(x, y, w):
+    """Time-weighted EMA as a plain recurrence over the finite points: across a gap of ``d`` steps
+    the previous average keeps the share ``w ** d``; the first finite point starts the average."""
+    out = np.full(len(y), np.nan)
+    avg, last = None, None
+    for i, (s, v) in enumerate(zip(x, y)):
+        if not math.isfinite(v):
+            continue
+        if avg is None:
+            avg = v
         else:
-            out.append(float("nan"))
-    return np.array(out)
+            keep = w ** (s - last)
+            avg = keep * avg + (1 - keep) * v
+        last = s
+        out[i] = avg
+    return out
 
 
-@pytest.mark.parametrize("w", [0.0, 0.3, 0.9])
-def test_ema_matches_weighted_mean(w):
+@pytest.mark.parametrize("w", [0.0, 0.3, 0.9, 0.99])
+def test_ema_time_weighted_over_gaps(w):
     rng = np.random.default_rng(1)
+    x = np.sort(rng.choice(np.arange(200), size=40, replace=False))  # ragged step gaps
     y = rng.normal(size=40)
     y[[3, 17, 18]] = np.nan
     y[25] = np.inf
-    got = data.ema(y.copy(), w)
-    want = y if w == 0 else ema_reference(y, w)  # weight 0: no smoothing at all
-    np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True)
+    got = data.ema(x, y.copy(), w)
+    want = y if w == 0 else ema_reference(x, y, w)  # weight 0: no smoothing at all
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
+
+
+def test_ema_every_other_step_equals_every_step_at_squared_weight():
+    # hand-worked: logged at steps 0, 2 with weight 0.5 keeps 0.25 of the old average
+    got = data.ema(np.array([0, 2]), np.array([1.0, 5.0]), 0.5)
+    np.testing.assert_allclose(got, [1.0, 0.25 * 1 + 0.75 * 5], rtol=1e-6)
+
+
+def test_curve_drops_unlogged_steps_so_lines_connect():
+    # a metric logged every other step: the null steps are not points (no isolated dots)
+    df = pl.DataFrame({"step": np.arange(6), "m": [1.0, None, 3.0, None, 5.0, float("nan")]})
+    c = data.curve(df, "m", smoothing=0.5)
+    np.testing.assert_array_equal(c["x"], [0, 2, 4, 5])
+    assert np.isnan(c["y"][-1])  # a logged NaN stays a visible gap
+    np.testing.assert_allclose(c["smooth"][:3], ema_reference([0, 2, 4], [1.0, 3.0, 5.0], 0.5), rtol=1e-6)
 
 
 def test_downsample_keeps_spikes_and_bounds():
@@ -260,7 +279,11 @@ def test_sequence_table_against_numpy(serve_runs, tmp_path, source):
     s = raw_step(run, "samples", step)
     tab = data.sequence_table(run, step)
     assert tab.height == len(s["sample_id"])
-    assert list(tab.columns[:5]) == ["sample_id", "rank", "group_id", "reward_rank_desc", "reward_total"]
+    # text first: prompt and completion before the numeric columns; reward/<name> after reward_total
+    assert list(tab.columns[:7]) == ["sample_id", "prompt", "completion", "rank", "group_id", "reward_rank_desc",
+                                     "reward_total"]
+    rewards = [c for c in tab.columns if c.startswith("reward/")]
+    assert list(tab.columns[7:7 + len(rewards)]) == rewards
     cfg = {"epsilon": 0.2, "epsilon_high": 0.28}  # the synthetic runs' config
     for row in tab.iter_rows(named=True):
         sel = t["sample_id"] == row["sample_id"]

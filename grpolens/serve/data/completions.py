@@ -16,10 +16,12 @@ from grpolens.serve.data.tokens import DIVERGING, _run_config, step_samples, ste
 
 
 #: Columns of the completions table, in display order (the sidecar table's names, see
-#: :mod:`grpolens.analysis.sidecars`); ``reward/<name>`` columns follow ``reward_total``.
-COMPLETION_COLUMNS = ("sample_id", "rank", "group_id", "reward_rank_desc", "reward_total", "advantage",
-                      "completion_len", "truncated", "tokens", "masked_tokens", "kl_mean", "kl_max", "mismatch_mean",
-                      "is_weight_max", "entropy_mean", "clip_frac", "is_vetoed", "prompt", "completion")
+#: :mod:`grpolens.analysis.sidecars`); ``reward/<name>`` columns follow ``reward_total``. Text
+#: first: what a completion says is read before its numbers.
+COMPLETION_COLUMNS = ("sample_id", "prompt", "completion", "rank", "group_id", "reward_rank_desc", "reward_total",
+                      "advantage", "completion_len", "truncated", "tokens", "masked_tokens", "kl_mean", "kl_max",
+                      "mismatch_mean", "is_weight_max", "entropy_mean", "clip_frac", "is_vetoed")
+_AFTER_REWARDS = COMPLETION_COLUMNS.index("reward_total") + 1
 #: Characters of prompt/completion text shown in the table (the completion view shows all).
 PREVIEW_CHARS = 80
 
@@ -43,8 +45,8 @@ def sequence_table(run: Path, step: int) -> pl.DataFrame:
         if out.height == 0:
             return out
         rewards = sorted(c for c in out.columns if c.startswith(fmt.REWARD_PREFIX))
-        order = [c for c in COMPLETION_COLUMNS[:5] if c in out.columns] + rewards + \
-                [c for c in COMPLETION_COLUMNS[5:] if c in out.columns]
+        order = [c for c in COMPLETION_COLUMNS[:_AFTER_REWARDS] if c in out.columns] + rewards + \
+                [c for c in COMPLETION_COLUMNS[_AFTER_REWARDS:] if c in out.columns]
         out = out.select(order)
         for c in ("prompt", "completion"):
             if c in out.columns:

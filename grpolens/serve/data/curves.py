@@ -169,19 +169,27 @@ def overview_metrics(frames: list[pl.DataFrame]) -> list[tuple[str, str]]:
     return out
 
 
-def ema(y: np.ndarray, weight: float) -> np.ndarray:
-    """Debiased exponential moving average (TensorBoard/W&B style); NaNs are skipped, not spread."""
+def ema(x: np.ndarray, y: np.ndarray, weight: float) -> np.ndarray:
+    """Time-weighted exponential moving average (W&B's default smoothing), by polars.
+
+    ``weight`` is the share of the previous average kept across *one* step, so a gap of ``d`` steps
+    keeps ``weight ** d``: a metric logged every other step smooths like one logged every step.
+    Non-finite values are skipped (their output is NaN) and do not spread to later points.
+    """
+    y = np.asarray(y, dtype=np.float64)
     if weight <= 0 or len(y) == 0:
         return y
-    out = np.full(len(y), np.nan)
-    acc, norm = 0.0, 0.0
-    for i, v in enumerate(y):
-        if not math.isfinite(v):
-            continue
-        acc = weight * acc + (1 - weight) * v
-        norm = weight * norm + (1 - weight)
-        out[i] = acc / norm
-    return out
+    # polars wants an integer half-life over an integer ``by`` column: express steps in units of
+    # 1e-9 half-lives (fewer only if the steps are huge), so rounding the step gaps moves them by
+    # under 1e-9 of a half-life.
+    half_life = math.log(0.5) / math.log(weight)
+    xf = np.asarray(x, dtype=np.float64)
+    top = float(np.abs(xf).max()) / half_life
+    scale = int(min(1e9, 2.0 ** 60 / max(top, 1.0)))
+    by = np.rint(xf * (scale / half_life)).astype(np.int64)
+    d = pl.DataFrame({"by": by, "y": np.where(np.isfinite(y), y, np.nan)})
+    out = d.select(pl.col("y").fill_nan(None).ewm_mean_by("by", half_life=f"{scale}i"))["y"]
+    return out.cast(pl.Float64).fill_null(float("nan")).to_numpy()
 
 
 def downsample_minmax(n: int, y: np.ndarray, max_points: int = CURVE_POINTS) -> np.ndarray:
@@ -209,7 +217,9 @@ def curve(df: pl.DataFrame, column: str, lo: int | None = None, hi: int | None =
     """One curve of one run: ``x`` (steps), ``y`` (raw), ``smooth`` (EMA, or None), downsampled."""
     if column not in df.columns:
         return {"x": np.zeros(0, np.int64), "y": np.zeros(0), "smooth": None}
-    d = df.select("step", column)
+    # a step where the metric was not logged (null) is dropped, so a metric logged every other step
+    # draws as a line; a logged non-finite value stays as NaN and shows as a gap
+    d = df.select("step", column).filter(pl.col(column).is_not_null())
     if lo is not None:
         d = d.filter(pl.col("step") >= lo)
     if hi is not None:
@@ -217,7 +227,7 @@ def curve(df: pl.DataFrame, column: str, lo: int | None = None, hi: int | None =
     x = d["step"].to_numpy().astype(np.int64)
     y = d[column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
     y = np.where(np.isfinite(y), y, np.nan)
-    smooth = ema(y, smoothing) if smoothing > 0 else None
+    smooth = ema(x, y, smoothing) if smoothing > 0 else None
     idx = downsample_minmax(len(x), y if smooth is None else smooth, max_points)
     return {"x": x[idx], "y": y[idx], "smooth": None if smooth is None else smooth[idx]}
 
