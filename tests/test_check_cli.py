@@ -46,6 +46,8 @@ def runs(tmp_path_factory):
         if int(d.name.split("=")[1]) >= 12:
             shutil.rmtree(d)
             shutil.rmtree(short / "samples" / d.name, ignore_errors=True)
+            for marker in (short / "complete").glob(f"{d.name}.rank=*.json"):  # the step is gone whole
+                marker.unlink()
     out["short"] = short
     return out
 
