@@ -32,7 +32,8 @@ def test_example_runs(script, tmp_path):
         import re
 
         port = int(re.search(r"--port (\d+)", script.read_text()).group(1))
-        proc = subprocess.Popen(["bash", "-eu", str(script)], cwd=tmp_path, env=env,
+        # its own process group: terminating bash alone would leave the server it started holding the port
+        proc = subprocess.Popen(["bash", "-eu", str(script)], cwd=tmp_path, env=env, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             import time, urllib.request
@@ -48,8 +49,14 @@ def test_example_runs(script, tmp_path):
             else:
                 pytest.fail("the serve example did not start listening within 90 s")
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+            import signal
+
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=20)
         return
     r = subprocess.run(["bash", "-eu", "-o", "pipefail", str(script)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -197,8 +198,16 @@ def _locked_when_writing(fn):
         if not kwargs.get("write", True) or "://" in str(run):  # nothing written, or a remote run
             return fn(run, **kwargs)
         fmt.read_manifest(Path(run))  # a precise error for a path that is not a run, before creating the lock's directory
-        with recompute_lock(Path(run)):
-            return fn(run, **kwargs)
+        derived = fmt.derived_dir(Path(run))
+        fresh = not derived.exists()
+        try:
+            with recompute_lock(Path(run)):
+                return fn(run, **kwargs)
+        except BaseException:
+            # a recompute that failed before writing anything leaves no trace: not even the lock's folder
+            if fresh and derived.is_dir() and {p.name for p in derived.iterdir()} <= {"recompute.lock"}:
+                shutil.rmtree(derived, ignore_errors=True)
+            raise
 
     return wrapper
 
