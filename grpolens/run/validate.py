@@ -199,6 +199,9 @@ class _NonFinite:
 
 
 class _Validator:
+    #: name steps that lack a rank's completion marker (``validate`` does; readers skip them instead)
+    reports_incomplete_steps = True
+
     def __init__(self, run: Path):
         self.root = run
         self.report = Report(run)
@@ -534,6 +537,8 @@ class _Validator:
                 key = (step, rank)
                 where = fmt.marker_relpath(step, rank)
                 if key not in marked:
+                    if not self.reports_incomplete_steps:
+                        continue
                     if key in on_disk:
                         self.add(ERROR, where, f"step {step} rank {rank}: shards without a completion marker (its "
                                  f"writer stopped before the step ended); readers skip step {step}")
@@ -629,6 +634,9 @@ class _FooterValidator(_Validator):
     the full row checks, so the message (with its counts) is validate's own. The samples' sample_id
     column (one integer per completion) is read for the run-wide uniqueness check. Warnings that
     need the rows (non-finite values, token rows without a samples row) are validate's alone."""
+
+    #: an incomplete step is no reason to refuse the run: readers leave it out, with their own line
+    reports_incomplete_steps = False
 
     def check_file(self, shard: fmt.Shard, table: str) -> None:
         import pyarrow.parquet as pq
