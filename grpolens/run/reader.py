@@ -150,7 +150,7 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
             from grpolens.run.storage import describe
 
             raise RunFormatError(path, f"unreadable: {describe(e)}") from None
-        raise RunFormatError(path, f"unreadable Parquet file: {e}") from None
+        raise RunFormatError(path, f"unreadable or truncated Parquet file: {e}") from None
     problems = key_order_problems(*(table.column(c).to_numpy() for c in _KEYS))
     if problems:
         raise RunFormatError(path, problems[0])
@@ -175,7 +175,7 @@ def read_samples(run: os.PathLike | str, step: int):
         except UserError:  # a storage error (bucket, credentials, object gone): its own line
             raise
         except Exception as e:  # noqa: BLE001
-            raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
+            raise RunFormatError(sh.path, f"unreadable or truncated Parquet file: {e}") from None
         # text that is not UTF-8 (a foreign writer's) is refused or replaced, never handed to polars
         frames.append(pl.from_arrow(checked_text(table, sh.path)))
     return pl.concat(frames, how="diagonal_relaxed")
@@ -192,7 +192,7 @@ def sample_columns(run: os.PathLike | str) -> set[str]:
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise RunFormatError(sh.path, f"unreadable Parquet file: {e}") from None
+            raise RunFormatError(sh.path, f"unreadable or truncated Parquet file: {e}") from None
     return cols
 
 

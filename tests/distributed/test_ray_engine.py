@@ -100,7 +100,7 @@ def test_unreadable_shard_names_it_and_writes_nothing(ray_local, synth_small, tm
     bad.write_bytes(b"PAR1 this is not a parquet file")
     with pytest.raises(RunFormatError) as e:
         recompute(run, engine=_engine())
-    assert e.value.path == str(bad) and "unreadable Parquet file" in e.value.message
+    assert e.value.path == str(bad) and "unreadable or truncated Parquet file" in e.value.message
     assert not (run / fmt.DERIVED_DIR / "metrics.parquet").exists()
 
 

@@ -86,8 +86,9 @@ def build(case: Case) -> tuple[dict, dict, list]:
         labels[i, PRE:PRE + lens[i]] = rng.integers(5, 100, lens[i])
     m = labels != -100
     old = np.where(m, -rng.exponential(1.0, (n, W)), 0.0).astype(np.float32)
-    logps = np.where(m, old + rng.normal(0, case.drift, (n, W)), 0.0).astype(np.float32)
-    ref = np.where(m, logps + rng.normal(0, 0.1, (n, W)), 0.0).astype(np.float32)
+    # log-probabilities are <= 0 (grpolens refuses a run that stores positive ones), so perturb then clamp
+    logps = np.where(m, np.minimum(old + rng.normal(0, case.drift, (n, W)), 0.0), 0.0).astype(np.float32)
+    ref = np.where(m, np.minimum(logps + rng.normal(0, 0.1, (n, W)), 0.0), 0.0).astype(np.float32)
     ent = np.where(m, rng.uniform(0.2, 3.0, (n, W)), 0.0).astype(np.float32)
     adv = rng.normal(0, 1, n).astype(np.float32)
     adv[rng.random(n) < 0.15] = 0.0

@@ -89,8 +89,9 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
     noise = rng.normal(0, 0.05, (B, T)) + case.wild * rng.standard_t(2, (B, T)) * (rng.random((B, T)) < 0.15)
     arrays = {
         "response_mask": valid, "old_log_probs": old,
-        "ref_log_prob": (old + rng.normal(0, 0.1, (B, T)) * valid).astype(np.float32),
-        "rollout_log_probs": (old + noise * valid).astype(np.float32),
+        # log-probabilities are <= 0 (grpolens refuses a run that stores positive ones): perturb, then clamp
+        "ref_log_prob": np.minimum(old + rng.normal(0, 0.1, (B, T)) * valid, 0.0).astype(np.float32),
+        "rollout_log_probs": np.minimum(old + noise * valid, 0.0).astype(np.float32),
         "entropys": (rng.uniform(0.2, 3.0, (B, T)) * valid).astype(np.float32),
         "scores": rng.integers(0, 2, B).astype(np.float32) + rng.normal(0, 0.1, B).astype(np.float32),
         "uid": np.repeat(np.arange(case.prompts), case.n), "prompt_len": rng.integers(1, 6, B),
@@ -112,7 +113,7 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
                     rows.append(rr)
                     offs.append(offs[-1] + len(rr))
                     drift = 0.04 * (1 + e + m)
-                    lp.append((old[rr] + rng.normal(0, drift, (len(rr), T)) * valid[rr]).astype(np.float32))
+                    lp.append(np.minimum(old[rr] + rng.normal(0, drift, (len(rr), T)) * valid[rr], 0.0).astype(np.float32))
                     en.append((rng.uniform(0.2, 3.0, (len(rr), T)) * valid[rr]).astype(np.float32))
     arrays.update(fw_meta=np.array(meta), fw_rows=np.concatenate(rows), fw_offsets=np.array(offs),
                   fw_logp=np.concatenate(lp), fw_ent=np.concatenate(en))

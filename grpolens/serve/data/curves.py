@@ -32,7 +32,7 @@ def read_metrics(run: Path) -> pl.DataFrame:
         try:
             return pl.read_parquet(p)
         except Exception as e:  # noqa: BLE001 - a damaged file is the user's to fix
-            raise fmt.RunFormatError(p, f"unreadable Parquet file: {e}") from None
+            raise fmt.RunFormatError(p, f"unreadable or truncated Parquet file: {e}") from None
 
     return _RUN_MEMO.get(("metrics", str(run), _stat(p)), make)
 
