@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 # the engine's list, spelled out so that this process imports no grpolens (a test checks they agree)
 TOKEN_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "pos", "token_id", "logp", "old_logp", "ref_logp",
-                 "rollout_logp", "advantage", "mask", "entropy")
+                 "rollout_logp", "advantage", "mask", "entropy", "old_entropy", "rollout_rejected")
 
 
 def reduce_table(t: pa.Table) -> float:

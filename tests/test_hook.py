@@ -150,6 +150,36 @@ def test_advantages_per_token_equal_per_sequence(tmp_path):
     assert shard_bytes(tmp_path / "seq") == shard_bytes(tmp_path / "tok") == shard_bytes(tmp_path / "packed_tok")
 
 
+def test_old_entropy_and_rollout_rejected_follow_their_tokens(tmp_path):
+    """The two optional verl columns, padded and packed: each stored token keeps its own value; a
+    rejected token is a real token outside the mask."""
+    d = make_batch(9, min_len=1)
+    g = torch.Generator().manual_seed(9)
+    d["old_entropy"] = torch.where(d["valid"], torch.rand(d["logp"].shape, generator=g) * 3, torch.full_like(d["logp"], 777))
+    d["rollout_rejected"] = d["valid"] & ~d["mask"] & (torch.rand(d["logp"].shape, generator=g) < 0.5)
+    assert d["rollout_rejected"].any()
+    extra = ("old_entropy", "rollout_rejected")
+    with GRPOLensHook(tmp_path / "padded") as hook:
+        log(hook, d, old_entropy=d["old_entropy"], rollout_rejected=d["rollout_rejected"])
+    per_token = {**d, "old_entropy": d["old_entropy"], "rollout_rejected": d["rollout_rejected"]}
+    cols = {k: torch.cat([per_token[k][b, :n] for b, n in enumerate(d["lens"].tolist())])[None, :] for k in (*PER_TOKEN, *extra)}
+    cu = torch.tensor([0, *np.cumsum(d["lens"].tolist())])
+    with GRPOLensHook(tmp_path / "packed") as hook:
+        log(hook, d, **cols, cu_seqlens=cu)
+    assert shard_bytes(tmp_path / "padded") == shard_bytes(tmp_path / "packed")
+    t = pq.read_table(fmt.list_shards(tmp_path / "padded")[0].path)
+    want = sorted((int(d["sample_ids"][b]), i, float(d["old_entropy"][b, i]), bool(d["rollout_rejected"][b, i]))
+                  for b in range(len(d["lens"])) for i in range(int(d["lens"][b])))
+    got = list(zip(*(t.column(n).to_pylist() for n in ("sample_id", "pos", *extra))))
+    assert got == want
+    # without a mask (every valid token counts) the rejected flags still land on their rows
+    with GRPOLensHook(tmp_path / "nomask") as hook:
+        hook.log_loss_call(step=0, logp=d["logp"], advantages=d["advantages"], sample_ids=d["sample_ids"],
+                           valid=d["valid"], rollout_rejected=torch.zeros_like(d["valid"]))
+    t = pq.read_table(fmt.list_shards(tmp_path / "nomask")[0].path)
+    assert t.num_rows == int(d["valid"].sum()) and not any(t.column("rollout_rejected").to_pylist())
+
+
 def test_dtypes_are_converted_to_the_format_and_optional_columns_absent(tmp_path):
     d = make_batch(4)
     with GRPOLensHook(tmp_path) as hook:

@@ -129,6 +129,29 @@ def test_nulls_in_non_nullable_column(run, table, column):
     assert len(nulls) == 1 and (nulls[0].path, nulls[0].column) == (table, column) and "2 null" in nulls[0].message
 
 
+@pytest.mark.parametrize("column, to", [("old_entropy", pa.float64()), ("rollout_rejected", pa.int8())])
+def test_mistyped_optional_verl_column(run, column, to):
+    _rewrite(run / TOK, lambda t: t.append_column(column, pa.array(np.zeros(t.num_rows)).cast(to)))
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (TOK, column) and f"type {to}" in p.message
+
+
+def test_rollout_rejected_token_in_the_loss(run):
+    """rollout_rejected marks tokens the trainer took out of the loss: with mask true it is an error
+    (two such rows here); rejected rows with mask false and nulls are fine."""
+    def add(t):
+        mask = t.column("mask").to_numpy(zero_copy_only=False)
+        inside, outside = np.flatnonzero(mask)[:2], np.flatnonzero(~mask)[:3]
+        rej = np.zeros(t.num_rows, bool)
+        rej[inside] = rej[outside] = True
+        nulls = np.zeros(t.num_rows, bool)
+        nulls[np.flatnonzero(mask)[2]] = True
+        return t.append_column(pa.field("rollout_rejected", pa.bool_()), pa.array(rej, mask=nulls))
+    _rewrite(run / TOK, add)
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (TOK, "rollout_rejected") and p.message.startswith("2 rows are rollout_rejected")
+
+
 # -- keys and order -----------------------------------------------------------------------------
 
 def test_duplicate_keys_in_sorted_file(run):

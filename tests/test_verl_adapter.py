@@ -18,6 +18,7 @@ import torch
 
 import grpolens
 from grpolens.integrations.verl import VerlCapture, group_id_of, verl_config
+from grpolens.run.validate import validate_run
 
 EOS, PAD = 2, 0
 
@@ -228,3 +229,68 @@ def test_module_does_not_import_verl(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", [NoVerl(), *sys.meta_path])
     importlib.reload(mod)
     assert not any(m == "verl" or m.startswith("verl.") for m in sys.modules)
+
+
+def test_pre_rejection_mask_and_old_entropy_are_kept(tmp_path):
+    """The two optional batch keys verl's driver does not keep: the response mask before rollout
+    rejection (stored as ``rollout_rejected`` = before & ~after) and the old-log-prob pass'
+    entropies (``old_entropy``), each token from its own row whatever the shuffle."""
+    rng = np.random.default_rng(4)
+    data = make_batch(rng, rejected_row=1)
+    b = data.batch
+    W = b["responses"].shape[1]
+    before = b["attention_mask"][:, -W:].clone()
+    b[VerlCapture.PRE_REJECTION_MASK_KEY] = before
+    b[VerlCapture.OLD_ENTROPY_KEY] = torch.tensor(rng.uniform(0.1, 2.0, (len(before), W)), dtype=torch.float32) * before
+    run = tmp_path / "run"
+    cap = VerlCapture(run, config=verl_config({}, {"rollout_correction": {"rollout_is": "token"}}), rank=0, world_size=1)
+    update_policy(cap, data, rng)
+    cap.close()
+    t = _read(run, "tokens")
+    for row in range(len(before)):
+        r = t.filter(t["sample_id"] == 7 * 1_000_000 + row).sort("micro_batch", "pos")
+        n = int(before[row].sum())
+        want = (before[row, :n].bool() & ~b["response_mask"][row, :n].bool()).numpy()
+        assert (r["rollout_rejected"].to_numpy() == want).all()
+        np.testing.assert_array_equal(r["old_entropy"].to_numpy(), b[VerlCapture.OLD_ENTROPY_KEY][row, :n].numpy())
+    assert t.filter(t["sample_id"] == 7 * 1_000_000 + 1)["rollout_rejected"].all()  # the rejected row
+    report = validate_run(run)
+    assert report.ok, report.problems
+    # the rollout-correction metrics count the tokens before rejection: every real token here
+    row = grpolens.recompute(run, write=False).row(0, named=True)
+    assert row["rollout_is/valid_tokens"] == before.sum().item()
+    assert row["rollout_is/valid_tokens"] > b["response_mask"].sum().item()
+
+
+def test_without_the_optional_keys_nothing_is_invented(recorded):
+    run, data, _ = recorded
+    t = _read(run, "tokens")
+    assert "rollout_rejected" not in t.columns and "old_entropy" not in t.columns
+    row = grpolens.recompute(run, write=False).row(0, named=True)
+    assert row["rollout_is/valid_tokens"] == data.batch["response_mask"].sum().item()
+
+
+def test_optional_key_of_the_wrong_shape_is_a_clear_error(tmp_path):
+    rng = np.random.default_rng(5)
+    data = make_batch(rng)
+    data.batch[VerlCapture.PRE_REJECTION_MASK_KEY] = torch.ones(3, 2)
+    cap = VerlCapture(tmp_path / "run", rank=0, world_size=1)
+    with pytest.raises(ValueError, match=VerlCapture.PRE_REJECTION_MASK_KEY):
+        cap.begin_step(data)
+    cap.close()
+
+
+@pytest.mark.parametrize("keep_mask", [False, True])
+def test_rejection_without_the_mask_before_it_says_so(tmp_path, keep_mask):
+    rng = np.random.default_rng(6)
+    data = make_batch(rng)
+    if keep_mask:
+        W = data.batch["responses"].shape[1]
+        data.batch[VerlCapture.PRE_REJECTION_MASK_KEY] = data.batch["attention_mask"][:, -W:].clone()
+    corr = {"rollout_is": "token", "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}
+    cap = VerlCapture(tmp_path / "run", config=verl_config({}, {"rollout_correction": corr}), rank=0, world_size=1)
+    update_policy(cap, data, rng)
+    cap.close()
+    notes = grpolens.recompute(tmp_path / "run", profile="verl", write=False, result=True).notes
+    said = [n for n in notes if n.startswith("no rollout_rejected in this run")]
+    assert len(said) == (0 if keep_mask else 1)

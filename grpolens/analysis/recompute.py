@@ -371,7 +371,7 @@ def recompute(
     if schedule is not None and not per_step:
         final = schedule.log_view(final, raw, metrics)
 
-    notes = _absent_notes(run, metrics, raw, present_any, computed)
+    notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
     from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
 
     notes += offset_notes(raw)
@@ -451,12 +451,24 @@ def to_jsonl(df: pl.DataFrame) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
+    """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
+    verl's rejection, so the rollout-correction values cannot be verl's (said once)."""
+    from grpolens.functional.is_weights import ISConfig
+
+    if not computed or "rollout_rejected" in present or "verl_algorithm" not in cfg or not ISConfig.from_cfg(cfg).rs:
+        return []
+    return ["no rollout_rejected in this run: verl's rollout_rs is re-applied to the mask after its rejection "
+            "(rejection fractions 0, IS and mismatch values over the kept tokens; verl computes them before "
+            "rejection: docs/integrations/verl.md)"]
+
+
 def _absent_notes(run, metrics, raw, present, computed) -> list[str]:
     """One line per optional column the run lacks, naming the metrics that are therefore empty."""
     if not computed:
         return []
     notes = []
-    for col in ("old_logp", "ref_logp", "rollout_logp", "entropy"):
+    for col in ("old_logp", "ref_logp", "rollout_logp", "entropy", "old_entropy"):
         if col in present:
             continue
         hit = [m.name for m in metrics if col in m.requires]

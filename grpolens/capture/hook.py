@@ -155,11 +155,12 @@ def _segments(layout: tuple, n_seq: int, valid: np.ndarray) -> tuple[np.ndarray,
 
 def token_rows(floats: np.ndarray, float_names: list[str], valid: np.ndarray, mask: np.ndarray,
                ints: Mapping[str, np.ndarray], sample_ids: np.ndarray, seq_advantage: np.ndarray | None,
-               layout: tuple) -> dict[str, np.ndarray]:
+               layout: tuple, bools: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Flat token columns (one row per stored token, in sequence order) from flattened per-token arrays.
 
     ``floats`` is a (C, L) block whose rows are ``float_names``; ``layout`` is ``("padded", T)``,
-    ``("cu_seqlens", cu)`` or ``("position_ids", pid)``. A token is stored when ``valid`` is true
+    ``("cu_seqlens", cu)`` or ``("position_ids", pid)``; ``bools`` are further boolean token
+    columns (``rollout_rejected``), flattened like ``mask``. A token is stored when ``valid`` is true
     and it lies inside a sequence; ``pos`` counts the stored tokens of its sequence from 0, so padded
     and packed layouts of the same data give the same rows. Every returned array is a fresh copy.
     """
@@ -177,6 +178,8 @@ def token_rows(floats: np.ndarray, float_names: list[str], valid: np.ndarray, ma
     cols["sample_id"] = sample_ids[seq]
     cols["pos"] = (np.arange(len(idx), dtype=np.int64) - kept_before[seq]).astype(np.int32)
     cols["mask"] = mask[idx]
+    for name, values in (bools or {}).items():
+        cols[name] = values[idx]
     if seq_advantage is not None:
         cols["advantage"] = seq_advantage[seq]
     if "token_ids" in ints:
@@ -226,7 +229,8 @@ class GRPOLensHook:
 
     def log_loss_call(self, *, step: int, logp, advantages, sample_ids, mask=None, valid=None, old_logp=None,
                       ref_logp=None, rollout_logp=None, entropy=None, token_ids=None, cu_seqlens=None,
-                      position_ids=None, micro_batch: int | None = None) -> None:
+                      position_ids=None, micro_batch: int | None = None, old_entropy=None,
+                      rollout_rejected=None) -> None:
         """Record one loss call. Never modifies its inputs, never builds a graph, never waits for the device.
 
         Padded: per-token tensors are ``(B, T)``; ``sample_ids`` is ``(B,)``; ``advantages`` is ``(B,)``
@@ -235,7 +239,10 @@ class GRPOLensHook:
         ``advantages`` is ``(B,)`` per sequence or per token. ``mask``: the token counts in the loss.
         ``valid``: the token is a real completion token (default: ``mask``); tokens that are not valid
         are padding and are not stored, valid tokens outside the mask are stored with ``mask=False``.
-        ``micro_batch`` defaults to a counter per step.
+        ``micro_batch`` defaults to a counter per step. ``old_entropy``: the behaviour policy's entropy
+        per token (verl's old-log-prob pass). ``rollout_rejected``: the tokens the trainer's rollout
+        correction took out of the loss mask (they must be ``valid``, and ``mask`` false for them), so
+        that the mask before rejection is kept: ``mask | rollout_rejected``.
         """
         if not self.enabled:
             return
@@ -243,10 +250,12 @@ class GRPOLensHook:
             raise ValueError("log_loss_call: pass cu_seqlens or position_ids, not both")
         with torch.no_grad():
             self._log_loss_call(step, logp, advantages, sample_ids, mask, valid, old_logp, ref_logp, rollout_logp,
-                                entropy, token_ids, cu_seqlens, position_ids, micro_batch)
+                                entropy, token_ids, cu_seqlens, position_ids, micro_batch, old_entropy,
+                                rollout_rejected)
 
     def _log_loss_call(self, step, logp, advantages, sample_ids, mask, valid, old_logp, ref_logp, rollout_logp,
-                       entropy, token_ids, cu_seqlens, position_ids, micro_batch) -> None:
+                       entropy, token_ids, cu_seqlens, position_ids, micro_batch, old_entropy=None,
+                       rollout_rejected=None) -> None:
         logp = _as_tensor(logp, "logp")
         sample_ids_t = _as_tensor(sample_ids, "sample_ids")
         if sample_ids_t.dim() != 1:
@@ -284,13 +293,14 @@ class GRPOLensHook:
             adv = adv.reshape(shape)
         floats = {"logp": logp}
         for name, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp),
-                        ("entropy", entropy)):
+                        ("entropy", entropy), ("old_entropy", old_entropy)):
             if x is not None:
                 floats[name] = per_token(x, name)
         if not seq_adv:
             floats["advantage"] = adv
         mask_t = per_token(mask, "mask") if mask is not None else None
         valid_t = per_token(valid, "valid") if valid is not None else mask_t
+        rejected_t = per_token(rollout_rejected, "rollout_rejected") if rollout_rejected is not None else None
         ints = {"token_ids": per_token(token_ids, "token_ids")} if token_ids is not None else {}
         if cu_seqlens is not None:
             cu_t = _as_tensor(cu_seqlens, "cu_seqlens")
@@ -306,6 +316,10 @@ class GRPOLensHook:
         names = list(floats)
         pool = self._pool
         bools = ([mask_t] if mask_t is not None else []) + ([valid_t] if valid is not None else [])
+        rejected_row = None
+        if rejected_t is not None:
+            rejected_row = len(bools)
+            bools.append(rejected_t)
         blocks = [_stack([floats[n] for n in names], torch.float32, device, pool),
                   _stack(bools, torch.bool, device, pool) if bools else None,
                   _stack(list(ints.values()), torch.int32, device, pool) if ints else None]
@@ -315,7 +329,7 @@ class GRPOLensHook:
         reusable = [b for b in blocks if b is not None] if device.type == "cpu" else []
         del blocks
         mask_row = 0 if mask_t is not None else None
-        valid_row = len(bools) - 1 if valid is not None else mask_row
+        valid_row = (1 if mask_t is not None else 0) if valid is not None else mask_row
         sids = host.copy(sample_ids_t, torch.int64, "sample_ids")
         adv_np = host.copy(adv, torch.float32, "advantages") if seq_adv else None
         cu = host.copy(cu_t, torch.int64, "cu_seqlens") if cu_seqlens is not None else None
@@ -334,7 +348,8 @@ class GRPOLensHook:
                 layout = ("position_ids", int_cols["position_ids"])
             else:
                 layout = ("padded", shape[1])
-            rows = token_rows(fblock, names, valid_np, mask_np, int_cols, sids, adv_np, layout)
+            extra = {"rollout_rejected": bblock[rejected_row]} if rejected_row is not None else None
+            rows = token_rows(fblock, names, valid_np, mask_np, int_cols, sids, adv_np, layout, extra)
             for b in reusable:  # read and copied: the blocks can serve a later call
                 pool.give(b)
             return rows

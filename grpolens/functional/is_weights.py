@@ -26,7 +26,8 @@ k2 = δs²/2, k3 = e^δs − 1 − δs, per token (``token_kX``) or per sequence
 max (``seq_sum_kX``, ``seq_mean_kX``, ``seq_max_kX``); k1 keeps ``log lower ≤ stat ≤ log upper``
 (note: a band on π_rollout/π_train, the inverse of the IS ratio), k2/k3 keep ``stat ≤ upper``.
 
-Valid tokens: ``mask`` and δ not NaN. ±inf log-ratios stay in: their weight saturates at e^±20 and
+Valid tokens: ``mask`` (before the trainer's own rejection, when the run records it:
+``rollout_rejected``) and δ not NaN. ±inf log-ratios stay in: their weight saturates at e^±20 and
 the veto catches them, which is what a trainer does with them. A sequence holding both +inf and
 −inf has no defined Σδ and is left out whole; both kinds are counted as *undefined* tokens.
 
@@ -251,7 +252,8 @@ def inputs(b) -> Inputs:
     """δ and the valid set of a :class:`~grpolens.metrics.batch.TokenBatch` (needs ``rollout_logp``)."""
     with np.errstate(invalid="ignore"):
         delta = b.old - b.cols["rollout_logp"]
-    valid = b.mask & ~np.isnan(delta)
+    # the mask the trainer's rollout correction saw: before its own rejection (``rollout_rejected``)
+    valid = b.pre_rejection_mask & ~np.isnan(delta)
     pinf, ninf = valid & (delta == np.inf), valid & (delta == -np.inf)
     if pinf.any() and ninf.any():
         both = b.seq_any(pinf) & b.seq_any(ninf)
@@ -317,7 +319,7 @@ def sequence_partials(b, x: Inputs, c: ISConfig, t: TokenDecisions | None = None
     t = t or token_decisions(x, c)
     zeros = np.zeros(len(s.n))
     out = {
-        "ris.n": s.n, "ris.undef": b.count(b.mask) - s.n, "ris.L": s.sum(d),
+        "ris.n": s.n, "ris.undef": b.count(b.pre_rejection_mask) - s.n, "ris.L": s.sum(d),
         "ris.bound": s.sum(np.abs(d) > SAFETY_BOUND), "ris.cat": s.sum(t.cat) if c.veto else zeros,
         "ris.adv": s.sum(x.av),
         "ris.tw": s.sum(t.w), "ris.tw2": s.sum(t.w * t.w), "ris.twmax": s.max(t.w), "ris.twmin": s.min(t.w),

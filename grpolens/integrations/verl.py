@@ -20,7 +20,10 @@ rejection), ``attention_mask`` (its last ``T`` columns mark the real response to
 columns the prompt), ``old_log_probs``, ``ref_log_prob``, ``rollout_log_probs``, ``advantages``
 (per token); non-tensor ``uid`` (the prompt group), the reward scores (``token_level_scores``,
 else ``token_level_rewards``, summed over the response) and numeric reward-info arrays;
-``meta_info["global_steps"]`` for the step.
+``meta_info["global_steps"]`` for the step. Two optional keys that verl's driver does not keep,
+set there with one line each (``docs/integrations/verl.md``): ``PRE_REJECTION_MASK_KEY`` (the
+response mask before rollout rejection: stored as ``rollout_rejected``) and ``OLD_ENTROPY_KEY``
+(the old-log-prob pass' entropies: ``old_entropy``).
 """
 
 from __future__ import annotations
@@ -137,6 +140,12 @@ class VerlCapture:
     """
 
     SAMPLE_ID_KEY = "grpolens_sample_id"
+    #: Optional batch key: verl's ``response_mask`` as it was *before* its rollout rejection
+    #: sampling (set on the driver before ``compute_rollout_correction_and_add_to_batch``).
+    PRE_REJECTION_MASK_KEY = "grpolens_response_mask_before_rejection"
+    #: Optional batch key: the old-log-prob pass' per-token entropy (verl's ``entropys``, which its
+    #: driver aggregates into ``actor/entropy`` and then drops from the batch).
+    OLD_ENTROPY_KEY = "grpolens_old_entropys"
 
     def __init__(self, run_dir, *, config: dict | None = None, rank: int | None = None,
                  world_size: int | None = None, eos_token_id: int | Iterable[int] | None = None,
@@ -153,6 +162,9 @@ class VerlCapture:
         self.step: int | None = None
         self._last_step = 0
         self._micro_batch = 0
+        #: this step's optional per-row tensors (by row of the rank's batch), looked up per micro-batch
+        #: through the sample ids, so that only SAMPLE_ID_KEY has to travel through verl's select
+        self._rows: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ once per training step
     def begin_step(self, data: Any, step: int | None = None) -> int:
@@ -173,6 +185,14 @@ class VerlCapture:
         t[self.SAMPLE_ID_KEY] = sample_ids.to(responses.device)
         if not self.enabled:
             return step
+        self._rows = {}
+        for name, key in (("pre_mask", self.PRE_REJECTION_MASK_KEY), ("old_entropy", self.OLD_ENTROPY_KEY)):
+            x = _get(t, key, False)
+            if x is not None:
+                if tuple(x.shape) != (n, width):
+                    raise ValueError(f"VerlCapture: {key!r} has shape {tuple(x.shape)}, expected that of "
+                                     f"'responses' {(n, width)}")
+                self._rows[name] = x
 
         attn = _get(t, "attention_mask")
         valid = attn[:, -width:].bool()
@@ -236,12 +256,26 @@ class VerlCapture:
         width = responses.shape[1]
         mb = self._micro_batch if micro_batch_index is None else micro_batch_index
         self._micro_batch = mb + 1
+        sample_ids = t[self.SAMPLE_ID_KEY]
+        mask = _get(t, "response_mask").bool()
+        per_row = {name: self._of_rows(x, sample_ids, width) for name, x in self._rows.items()}
+        rejected = per_row["pre_mask"].bool() & ~mask if "pre_mask" in per_row else None
         self.hook.log_loss_call(
-            step=step, micro_batch=mb, sample_ids=t[self.SAMPLE_ID_KEY], logp=log_prob,
+            step=step, micro_batch=mb, sample_ids=sample_ids, logp=log_prob,
             entropy=entropy if entropy is not None else entropys, advantages=_get(t, "advantages"),
-            mask=_get(t, "response_mask").bool(), valid=_get(t, "attention_mask")[:, -width:].bool(),
+            mask=mask, valid=_get(t, "attention_mask")[:, -width:].bool(),
             old_logp=_get(t, "old_log_probs", False), ref_logp=_get(t, "ref_log_prob", False),
-            rollout_logp=_get(t, "rollout_log_probs", False), token_ids=responses)
+            rollout_logp=_get(t, "rollout_log_probs", False), token_ids=responses,
+            old_entropy=per_row.get("old_entropy"), rollout_rejected=rejected)
+
+    @staticmethod
+    def _of_rows(x, sample_ids, width: int):
+        """The rows of a step-level tensor that a micro-batch holds (its row = sample_id mod stride)."""
+        rows = (sample_ids % SAMPLE_ID_STRIDE).to(x.device)
+        if x.shape[1] != width:
+            raise ValueError(f"VerlCapture: micro-batch responses are {width} wide but the batch at begin_step "
+                             f"was {x.shape[1]} wide")
+        return x[rows]
 
     def end_step(self, step: int | None = None) -> None:
         """The step's loss calls are done on this rank: its shards are written in the background."""

@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-FLOAT_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy")
+FLOAT_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy", "old_entropy")
 KEY_COLUMNS = ("step", "rank", "micro_batch", "sample_id")
 
 
@@ -87,6 +87,10 @@ class TokenBatch:
                 cols[k] = _to_float64(table.column(k)) if k in names else np.full(len(table), np.nan)
         mask = table.column("mask")
         cols["mask"] = _to_numpy(mask.fill_null(False) if mask.null_count else mask, bool)
+        if "rollout_rejected" in names and table.column("rollout_rejected").null_count < len(table):
+            rej = table.column("rollout_rejected")
+            cols["rollout_rejected"] = _to_numpy(rej.fill_null(False) if rej.null_count else rej, bool)
+            present.add("rollout_rejected")
         if "token_id" in names and table.column("token_id").null_count < len(table):
             tid = table.column("token_id")
             cols["token_id"] = _to_numpy(tid.fill_null(-1) if tid.null_count else tid, np.int64)
@@ -139,6 +143,15 @@ class TokenBatch:
     @cached_property
     def mask(self) -> np.ndarray:
         return self.cols["mask"]
+
+    @cached_property
+    def pre_rejection_mask(self) -> np.ndarray:
+        """The mask the trainer's rollout correction (IS weights, rejection filters, mismatch
+        metrics) was computed on: ``mask`` plus the tokens it rejected (``rollout_rejected``); the
+        loss mask itself when the run does not say which tokens were rejected."""
+        if "rollout_rejected" in self.present:
+            return self.mask | self.cols["rollout_rejected"]
+        return self.mask
 
     @cached_property
     def logp(self) -> np.ndarray:

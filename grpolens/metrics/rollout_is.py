@@ -85,10 +85,10 @@ MM_MERGE = {"mm.n": "sum", "mm.old": "sum", "mm.roll": "sum", "mm.d": "sum", "mm
 
 @producer("mismatch", merge=MM_MERGE, requires=REQ, families=(FAMILY,))
 def _mismatch_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    """Over masked tokens whose two log-probs are finite: Σ log π_train, Σ log π_rollout, Σδ, Σ|δ|,
+    """Over masked tokens (before the trainer's rejection: :attr:`TokenBatch.pre_rejection_mask`) whose two log-probs are finite: Σ log π_train, Σ log π_rollout, Σδ, Σ|δ|,
     max|δ|, Σ(e^δ − δ − 1) (k3, unbounded as in the reference) and Σ e^(2·clip(δ, ±20)) (χ²)."""
     old, roll = b.old, b.cols["rollout_logp"]
-    s = ris.Segments(b, b.mask & np.isfinite(old) & np.isfinite(roll))
+    s = ris.Segments(b, b.pre_rejection_mask & np.isfinite(old) & np.isfinite(roll))
     o, r = old[s.idx], roll[s.idx]
     d = o - r
     ad = np.abs(d)

@@ -41,7 +41,7 @@ class DeltaQuantiles:
         if not b.has("rollout_logp"):
             return None
         old, roll = b.old, b.cols["rollout_logp"]
-        f = b.mask & np.isfinite(old) & np.isfinite(roll)
+        f = b.pre_rejection_mask & np.isfinite(old) & np.isfinite(roll)
         d = old[f] - roll[f]
         return LogHistogram.of(d), int((d < 0).sum()), int((d > 0).sum())
 

@@ -22,6 +22,8 @@ token count ``N`` over all ranks and ``G = ppo_mini_batch_size · rollout_n`` se
     seq-mean-token-sum  Σ_{T_b>0} Σ_t L·m / G · dp (…-norm: ÷ loss_scale_factor, default the call's width)
     seq-mean-token-mean Σ_{T_b>0} (Σ_t L·m / (T_b + 1e-8)) / G · dp
 
+``actor/entropy`` is verl's driver's: the old-log-prob pass' entropy (``old_entropy``), aggregated
+over the whole step with ``agg_loss`` on the mask before rollout rejection.
 ``actor/pg_loss``, ``actor/entropy_loss`` (the forward's entropy, logged when ``calculate_entropy``
 or ``entropy_coeff ≠ 0``) and ``actor/kl_loss`` (``kl_penalty`` of ``kl_loss_type`` against the
 reference, when ``use_kl_loss``) are SUM metrics: per mini-batch the mean over ranks of the sum over
@@ -44,7 +46,7 @@ from grpolens.metrics.rollout_is import batch_inputs, batch_partials
 
 CLAMP = 20.0
 _COLS = ("va.n", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
-         "va.kld_tm", "va.width")
+         "va.kld_tm", "va.width", "va.old_n", "va.old_ent")
 _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
 
 
@@ -135,9 +137,13 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     per = lambda x: b.seq_sum(x)  # noqa: E731
     tm = lambda s: s / (n + 1e-8)  # noqa: E731
     pg, es, ks = per(L), per(ent), per(kld)
+    # the old-log-prob pass' entropy, on the response mask before rollout rejection (verl's driver)
+    pre = b.pre_rejection_mask
+    old_ent = per(np.where(pre, b.cols["old_entropy"], 0.0)) if b.has("old_entropy") else np.zeros(b.n_seq)
     return {"va.n": n, "va.pg": pg, "va.pg_tm": tm(pg), "va.clip": per(clip * mf), "va.clip_low": per(low * mf),
             "va.kl": per(np.where(m, kl_tok, 0.0)), "va.ent": es, "va.ent_tm": tm(es), "va.kld": ks,
-            "va.kld_tm": tm(ks), "va.width": b.lengths.astype(np.float64)}
+            "va.kld_tm": tm(ks), "va.width": b.lengths.astype(np.float64), "va.old_n": b.count(pre),
+            "va.old_ent": old_ent}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +247,35 @@ def _values(sd) -> dict[str, float]:
     return out
 
 
+def _old_entropy(sd) -> float | None:
+    """``actor/entropy``: verl's driver aggregates the old-log-prob pass' entropy over the whole
+    batch (every rank's rows, each completion once) with ``agg_loss`` on one process: the response
+    mask before rollout rejection, ``dp_size`` 1, the global sequence count of sequences with a
+    token, and for ``seq-mean-token-sum-norm`` ``loss_scale_factor``, else the batch's response
+    width (here: the longest stored response of the step)."""
+    a = actor_cfg(sd.cfg)
+    if a is None or not sd.n_seq or "old_entropy" not in sd.present:
+        return None
+    _, first = np.unique(np.asarray(sd.col("sample_id"), dtype=np.int64), return_index=True)
+    n, s = sd.col("va.old_n")[first], sd.col("va.old_ent")[first]
+    has = n > 0
+    mode = str(a.get("loss_agg_mode", "token-mean"))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if mode == "token-mean":
+            v = s.sum() / n.sum()
+        elif mode == "token-sum":
+            v = s.sum()
+        elif mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+            v = s[has].sum() / has.sum()
+            if mode.endswith("norm"):
+                v /= float(a.get("loss_scale_factor") or sd.col("va.width").max())
+        elif mode == "seq-mean-token-mean":
+            v = (s[has] / (n[has] + 1e-8)).sum() / has.sum()
+        else:
+            raise ValueError(f"verl loss_agg_mode {mode!r} is not supported")
+    return None if np.isnan(v) else float(v)
+
+
 def _value(name: str):
     def fn(sd):
         return _values(sd).get(name)
@@ -261,6 +296,13 @@ _DOCS = {
 for _k, _doc in _DOCS.items():
     register(Metric(f"verl_actor/{_k}", _FAM, _doc, kind="custom", fn=_value(_k), when=_WHEN,
                     config=("verl_actor", "rollout_is")))
+_ENTROPY_DOC = (
+    "verl's actor/entropy: the old-log-prob pass' entropy (old_entropy), agg_loss over the whole step on one "
+    "process (each completion once, the mask before rollout rejection, loss_agg_mode; seq-mean modes over the "
+    "sequences with a token; -norm: loss_scale_factor, else the step's longest response)."
+)
+register(Metric("verl_actor/entropy", _FAM, _ENTROPY_DOC, kind="custom", fn=_old_entropy, when=_WHEN,
+                requires=("old_entropy",), config=("verl_actor",)))
 
 
 register_family(Family("verl_actor", page="policy"))

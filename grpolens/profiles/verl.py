@@ -47,7 +47,7 @@ _RS = {m: "rollout_rs_" + m[len("rollout_rs/"):].replace("/", "_")
 
 NAMES = {k: PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()}
 NAMES.update({f"verl_actor/{k}": f"actor/{k}" for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
-                                                         "entropy_loss", "kl_loss", "loss")})
+                                                         "entropy_loss", "kl_loss", "loss", "entropy")})
 
 PROFILE = register_profile(Profile(
     "verl", "verl's rollout_corr and actor keys", reference="verl 0.9.1 (its own code, tests/reference)",

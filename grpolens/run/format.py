@@ -72,6 +72,11 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("advantage", pa.float32(), False, "advantage applied to this token"),
     Column("mask", pa.bool_(), False, "the token counts in the loss"),
     Column("entropy", pa.float32(), True, "policy entropy at this position"),
+    Column("old_entropy", pa.float32(), True,
+           "behaviour (old) policy entropy at this position (verl: the old-log-prob pass', its actor/entropy)"),
+    Column("rollout_rejected", pa.bool_(), True,
+           "the trainer's rollout correction removed this token from the loss (mask is false); "
+           "mask OR rollout_rejected is the mask before rejection"),
 )
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (

@@ -25,13 +25,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from grpolens.run import format as fmt
 
 ERROR, WARNING = "error", "warning"
 _BATCH_ROWS = 1 << 20
 _TMP_RE = re.compile(r"^\..+\.tmp$")  # what format.atomic_write_* leaves behind when killed
-_FLOAT_TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy")
+_FLOAT_TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy", "old_entropy")
 _LOGP_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp")
 #: A log-probability above this is an error (float32 log_softmax can round a near-certain token a
 #: hair above 0; +1e-3 is already a probability of 1.001).
@@ -43,6 +44,16 @@ _TEXT_COLUMNS = ("prompt", "completion")
 def positive_logp_message(n: int) -> str:
     return (f"{n:,} positive log-probabilities (> {POSITIVE_LOGP_TOLERANCE:g}); a log-probability is <= 0: "
             f"was a probability, a logit or a negated value stored?")
+
+
+def rejected_in_loss_message(n: int) -> str:
+    return (f"{n:,} rows are rollout_rejected and still in the loss (mask true); a token the rollout "
+            f"correction rejected has mask false")
+
+
+def _count_rejected_in_loss(rejected: pa.Array, mask: pa.Array) -> int:
+    both = pc.and_(rejected.fill_null(False), mask.fill_null(False))
+    return int(pc.sum(both).as_py() or 0)
 
 
 def unsorted_message(row: int) -> str:
@@ -380,7 +391,7 @@ class _Validator:
     def check_token_rows(self, rel: str, shard: fmt.Shard, pf, usable: set[str]) -> None:
         wanted = [c for c in ("step", "rank", *_ORDER) if c in usable]
         floats = [c for c in _FLOAT_TOKEN_COLUMNS if c in usable]
-        others = [c for c in ("advantage", "mask") if c in usable and c not in floats]
+        others = [c for c in ("advantage", "mask", "rollout_rejected") if c in usable and c not in floats]
         columns = wanted + floats + others
         nulls: dict[str, int] = {}
         bad_path: dict[str, list] = {}
@@ -392,6 +403,7 @@ class _Validator:
         micro_batches: set[int] = set()
         negatives: set[str] = set()
         positive: dict[str, int] = {}
+        rejected_in_loss = 0
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
             self._null_checks(rel, batch, fmt.TOKENS, nulls)
             vals = {c: _ints(batch.column(c)) for c in wanted}
@@ -403,6 +415,8 @@ class _Validator:
                 self.nonfinite.add(c, batch.column(c), rel)
                 if c in _LOGP_COLUMNS:
                     positive[c] = positive.get(c, 0) + _count_positive(batch.column(c))
+            if "rollout_rejected" in batch.schema.names and "mask" in batch.schema.names:
+                rejected_in_loss += _count_rejected_in_loss(batch.column("rollout_rejected"), batch.column("mask"))
             if "micro_batch" in vals:
                 mb = vals["micro_batch"]
                 heads = np.flatnonzero(np.r_[True, mb[1:] != mb[:-1]]) if len(mb) else mb
@@ -426,6 +440,8 @@ class _Validator:
         for c, n in positive.items():
             if n:
                 self.add(ERROR, rel, positive_logp_message(n), column=c)
+        if rejected_in_loss:
+            self.add(ERROR, rel, rejected_in_loss_message(rejected_in_loss), column="rollout_rejected")
         if unsorted_at is not None:
             self.add(ERROR, rel, unsorted_message(unsorted_at))
             dups = _count_duplicates(pf, list(_ORDER))  # adjacent comparison undercounts when unsorted

@@ -23,7 +23,7 @@ import torch
 import grpolens
 from grpolens.capture.hook import GRPOLensHook
 from tests.reference import refvenv
-from tests.reference.conftest import TALLY
+from tests.reference.conftest import TALLY, check_quoted_tally
 
 # slow, and the first test builds the reference venv (minutes; see refvenv.py): beyond the suite's 600 s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -170,3 +170,9 @@ def test_twinkle_profile_reproduces_twinkle(case, twinkle_logged, tmp_path):
     bad = [f"{k}: twinkle {v!r}, grpolens {g!r}" for k, v, g, ok in rows if not ok] + [f"{k}: only grpolens" for k in extra]
     assert rows
     assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
+
+
+def test_docs_quote_the_count():
+    """Runs after the comparisons above (module order): the figure docs/profiles.md quotes."""
+    check_quoted_tally("twinkle-kit 0.5.1", {c.name for c in CASES},
+                       "Twinkle 0.5.1, {got} of {total} over {configs}")

@@ -24,7 +24,7 @@ import torch
 import grpolens
 from grpolens.integrations.verl import VerlCapture, verl_config
 from tests.reference import refvenv
-from tests.reference.conftest import TALLY
+from tests.reference.conftest import TALLY, check_quoted_tally
 
 # slow, and the first test builds the reference venv (minutes; see refvenv.py): beyond the suite's 600 s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -52,6 +52,8 @@ class Case:
     seed: int = 0
     #: rollout noise: a few tokens far off so that rejection filters reject some
     wild: float = 0.0
+    #: one response fills the width (else every response may be shorter than the padded width)
+    full: bool = True
 
 
 CASES = [
@@ -75,6 +77,12 @@ CASES = [
     Case("dual_clip_seq_mean_token_sum_norm_kl_abs_dp2",
          actor={"clip_ratio_c": 1.5, "loss_agg_mode": "seq-mean-token-sum-norm", "use_kl_loss": True,
                 "kl_loss_type": "abs", "clip_ratio_high": 0.28}, dp=2, mini_batches=2, epochs=2, seed=7, wild=0.2),
+    Case("token_sum_kl_k3_dp2_rs_seq_max_k2", actor={"loss_agg_mode": "token-sum", "use_kl_loss": True, "kl_loss_type": "k3"},
+         corr={**YAML_CORR, "rollout_rs": "seq_max_k2", "rollout_rs_threshold": "0.02"}, dp=2, seed=8, wild=0.3),
+    # the padded width is wider than every response: -norm divides by loss_scale_factor
+    Case("seq_mean_token_sum_norm_scale_factor", actor={"loss_agg_mode": "seq-mean-token-sum-norm",
+                                                        "loss_scale_factor": 16, "entropy_coeff": 0.001},
+         mini_batches=2, seed=9, full=False, width=12),
 ]
 
 
@@ -83,7 +91,10 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
     rng = np.random.default_rng(case.seed)
     B, T = case.prompts * case.n, case.width
     lens = rng.integers(1, T + 1, B)
-    lens[0] = T
+    if case.full:
+        lens[0] = T
+    else:
+        lens = np.minimum(lens, T - 2)
     valid = (np.arange(T)[None] < lens[:, None]).astype(np.float32)
     old = (-rng.exponential(1.0, (B, T)) * valid).astype(np.float32)
     noise = rng.normal(0, 0.05, (B, T)) + case.wild * rng.standard_t(2, (B, T)) * (rng.random((B, T)) < 0.15)
@@ -162,7 +173,12 @@ def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
                  "ref_log_prob": t(arrays["ref_log_prob"][chunk]),
                  "rollout_log_probs": t(arrays["rollout_log_probs"][chunk]),
                  "advantages": t(out["advantages"][chunk]),
-                 "token_level_scores": t(np.where(np.arange(T)[None] == 0, arrays["scores"][chunk, None], 0.0))}
+                 "token_level_scores": t(np.where(np.arange(T)[None] == 0, arrays["scores"][chunk, None], 0.0)),
+                 # what the driver lines of docs/integrations/verl.md keep: the response mask before
+                 # verl's rollout rejection
+                 VerlCapture.PRE_REJECTION_MASK_KEY: t(arrays["response_mask"][chunk]),
+                 # and the old-log-prob pass' entropies, which verl's driver drops after logging actor/entropy
+                 VerlCapture.OLD_ENTROPY_KEY: t(arrays["entropys"][chunk])}
         data = SimpleNamespace(batch=batch, non_tensor_batch={"uid": arrays["uid"][chunk].astype(str).astype(object)},
                                meta_info={"global_steps": 1})
         cap = VerlCapture(run, config=cfg, rank=r, world_size=case.dp)
@@ -196,16 +212,8 @@ GROUPS = {
     "actor": lambda k: k.startswith("actor/") and k != "actor/entropy",
     "actor_entropy": lambda k: k == "actor/entropy",
 }
-PRE_REJECTION = ("the run keeps only the response mask after verl's rejection; verl computes rollout_corr/* "
-                 "and its sequence IS weights on the mask before it")
 #: Known gaps (issue #13), each an xfail-strict marker naming it; removed as they are fixed.
-GAPS = {
-    ("tis_token_rs_token_k1_dp2", "rollout_corr"): PRE_REJECTION,
-    ("ppo_epochs2_seq_is_rs_seq_mean_k1", "rollout_corr"): PRE_REJECTION,
-    ("ppo_epochs2_seq_is_rs_seq_mean_k1", "actor"): PRE_REJECTION,
-    **{(c.name, "actor_entropy"): "actor/entropy is the old-log-prob pass' entropy, which the run does not keep"
-       for c in CASES},
-}
+GAPS: dict = {}
 PARAMS = [pytest.param(c, g, id=f"{g}-{c.name}",
                        marks=[pytest.mark.xfail(strict=True, reason=GAPS[c.name, g])] if (c.name, g) in GAPS else [])
           for g in GROUPS for c in CASES]
@@ -228,3 +236,9 @@ def test_verl_profile_reproduces_verl(case, group, verl_logged, tmp_path):
     bad = [f"{k}: verl {v!r}, grpolens {g!r}" for k, v, g, ok in rows if not ok] + [f"{k}: only grpolens" for k in extra]
     assert rows or (group == "rollout_corr" and case.corr is None), "verl logged nothing in this group"
     assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
+
+
+def test_docs_quote_the_count():
+    """Runs after the comparisons above (module order): the figure docs/profiles.md quotes."""
+    check_quoted_tally("verl 0.9.1", {f"{c.name} [{g}]" for g in GROUPS for c in CASES},
+                       "verl 0.9.1, {got} of {total} values over {configs} configurations")
