@@ -65,12 +65,16 @@ def test_example_runs(script, tmp_path):
 
 PY_EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 #: the page that shows each Python example verbatim
-SHOWN_IN = {"readme_hook.py": "README.md", "hook_loop.py": "docs/hook.md"}
+SHOWN_IN = {"readme_hook.py": "README.md", "hook_loop.py": "docs/hook.md",
+            "token_metrics.py": "docs/token-metrics.md"}
+#: examples whose page also shows what they print (a ```text block right after the snippet)
+SHOWS_OUTPUT = {"token_metrics.py"}
 
 
 @pytest.mark.parametrize("script", PY_EXAMPLES, ids=lambda p: p.name)
 def test_python_example_prints_its_output(script, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shutil.copytree(ROOT / "sample_runs", tmp_path / "sample_runs")  # the examples read the bundled runs
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{script.name} failed:\n{r.stderr[-3000:]}"
     assert r.stdout == script.with_suffix(".out").read_text(), r.stdout
@@ -81,3 +85,11 @@ def test_python_examples_are_the_docs_snippets():
     for name, page in SHOWN_IN.items():
         blocks = [b.split("```", 1)[0] for b in (ROOT / page).read_text().split("```python\n")[1:]]
         assert (ROOT / "docs" / "examples" / name).read_text() in blocks, f"{page} does not show docs/examples/{name}"
+        if name in SHOWS_OUTPUT:
+            text = (ROOT / page).read_text()
+            code = (ROOT / "docs" / "examples" / name).read_text()
+            after = text.split("```python\n" + code + "```", 1)[1]
+            shown = after.split("```text\n", 1)[1].split("```", 1)[0]
+            assert "```" not in after.split("```text\n", 1)[0], f"{page}: no output block right after {name}"
+            assert shown == (ROOT / "docs" / "examples" / name).with_suffix(".out").read_text(), \
+                f"{page} shows another output than docs/examples/{name} prints"

@@ -55,6 +55,10 @@ def check_cmd(
     out_fmt = output_format(as_json, as_csv)
     if out_fmt and github:
         raise UserError(f"--github and --{out_fmt} both write to stdout: choose one")
+    if summary_md is not None and summary_md.is_dir():
+        # typically `--summary-md "$GITHUB_STEP_SUMMARY"` outside GitHub Actions (an empty path is ".");
+        # said before the check runs, so no report is half-written
+        raise UserError(f"--summary-md: {summary_md} is a directory; give a file to append to")
     overrides = parse_overrides(set_)
     from grpolens.metrics.engine import make_engine
 
