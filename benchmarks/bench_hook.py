@@ -1,6 +1,6 @@
 """Cost of GRPOLensHook on CPU, and writer throughput.
 
-    python benchmarks/bench_hook.py [--batch 64] [--seq 2048] [--calls 32] [--valid 0.7]
+    python benchmarks/bench_hook.py [--batch 64] [--seq 2048] [--calls 32] [--valid 0.7] [--write-doc]
 
 Measures, for a padded (B, T) batch with ~`valid` real tokens:
   * a loss-like step alone (clipped ratio surrogate + k3 KL, masked mean, backward): the baseline;
@@ -8,11 +8,14 @@ Measures, for a padded (B, T) batch with ~`valid` real tokens:
   * end-to-end hook throughput: stored rows / (first call .. close() returned);
   * ShardWriter throughput on ready numpy columns (conversion, sort check, zstd Parquet, fsync).
 The writer thread runs concurrently with the timed steps, as it would in training.
+``--write-doc`` writes the report, with the machine and the date, into docs/hook.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import sys
 import os
 import statistics
 import tempfile
@@ -21,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by the tests
+from doc_block import header, shown_command, write_block  # noqa: E402
 
 from grpolens.run import format as fmt
 from grpolens.hook import GRPOLensHook
@@ -85,7 +91,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1: on a busy 2-core machine a 2-thread copy waits for a "
                          "descheduled worker and the timings become noise)")
+    ap.add_argument("--write-doc", action="store_true", help="write the report into docs/hook.md")
     args = ap.parse_args()
+    started = dt.datetime.now(dt.timezone.utc)
     torch.set_num_threads(args.threads)
     d = make_batch(args.batch, args.seq, args.valid)
     rows_per_call = int(d["mask"].sum())
@@ -140,21 +148,29 @@ def main() -> None:
         writer_s = time.perf_counter() - t0
         writer_alone_cpu = (time.process_time() - p0) - (time.thread_time() - m0)
 
-    print(f"batch {args.batch} x {args.seq}, {rows_per_call} real tokens per call "
-          f"({rows_per_call / d['mask'].numel():.0%}), {args.calls} calls, {args.calls_per_step} per step, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'per call (ms)':40s} {'wall med':>9s} {'wall min':>9s} {'CPU med':>9s}")
-    print(row("loss step, no hook", *base))
-    print(row("loss step + log_loss_call", *hooked))
-    print(row("log_loss_call alone (training thread)", call_wall, call_cpu))
-    print(row("writer thread CPU per call", [writer_cpu / args.calls]))
-    print(f"{'close() after the last call':40s} {1e3 * (t_end - t_calls_done):9.0f} ms")
-    print(f"{'hook end to end, stored rows/s':40s} {stored / (t_end - t_start) / 1e6:9.2f} M")
-    print(f"{'hook writer thread, rows per CPU-second':40s} {stored / writer_cpu / 1e6:9.2f} M")
-    print(f"{'ShardWriter alone, rows/s (wall)':40s} {stored / writer_s / 1e6:9.2f} M")
-    print(f"{'ShardWriter alone, rows per CPU-second':40s} {stored / writer_alone_cpu / 1e6:9.2f} M")
-    print(f"{'on disk per stored token (9 columns)':40s} {disk / stored:9.2f} bytes ({len(shards)} shards)")
+    report: list[str] = []
+    report.append(f"batch {args.batch} x {args.seq}, {rows_per_call} real tokens per call "
+                  f"({rows_per_call / d['mask'].numel():.0%}), {args.calls} calls, {args.calls_per_step} per step, "
+                  f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    report.append(f"{'per call (ms)':40s} {'wall med':>9s} {'wall min':>9s} {'CPU med':>9s}")
+    report.append(row("loss step, no hook", *base))
+    report.append(row("loss step + log_loss_call", *hooked))
+    report.append(row("log_loss_call alone (training thread)", call_wall, call_cpu))
+    report.append(row("writer thread CPU per call", [writer_cpu / args.calls]))
+    report.append(f"{'close() after the last call':40s} {1e3 * (t_end - t_calls_done):9.0f} ms")
+    report.append(f"{'hook end to end, stored rows/s':40s} {stored / (t_end - t_start) / 1e6:9.2f} M")
+    report.append(f"{'hook writer thread, rows per CPU-second':40s} {stored / writer_cpu / 1e6:9.2f} M")
+    report.append(f"{'ShardWriter alone, rows/s (wall)':40s} {stored / writer_s / 1e6:9.2f} M")
+    report.append(f"{'ShardWriter alone, rows per CPU-second':40s} {stored / writer_alone_cpu / 1e6:9.2f} M")
+    report.append(f"{'on disk per stored token (9 columns)':40s} {disk / stored:9.2f} bytes ({len(shards)} shards)")
+    print("\n".join(report))
+    if args.write_doc:
+        script = "benchmarks/bench_hook.py"
+        write_block("docs/hook.md", "bench_hook", script,
+                    header(shown_command(script, sys.argv[1:]), started) + "\n\n```text\n"
+                    + "\n".join(line.rstrip() for line in report) + "\n```")
+        print("docs/hook.md updated")
 
 
 if __name__ == "__main__":

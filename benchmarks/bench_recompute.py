@@ -33,7 +33,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -41,6 +40,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by the tests
+from doc_block import header as doc_header, shown_command, write_block  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,8 +52,6 @@ SUBSET = ("clip/low,clip/high,kl/k3,entropy,rollout_is/applied/mean,rollout_is/a
 #: synth's shape: 2 ranks x 4 micro-batches x 16 groups x 8 completions, ~127 stored tokens each
 SHAPE = ("--ranks", "2", "--micro-batches", "4", "--groups", "16", "--generations", "8", "--max-len", "1024")
 PER_STEP = 2 * 4 * 16 * 8 * 127
-README_BEGIN = "<!-- bench_recompute: begin (written by benchmarks/bench_recompute.py --write-readme) -->"
-README_END = "<!-- bench_recompute: end -->"
 
 
 def env(threads: int | None = None) -> dict[str, str]:
@@ -216,40 +216,9 @@ def rerun_table(base: Path, n: int, keep: bool) -> list[str]:
             f"| that one step alone (`--only '*' --steps {n}`, for scale) | {alone['wall']:.2f} | {alone['rss']:.0f} |"]
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        mem = f", {kb / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
-
-
 def write_readme(text: str) -> None:
-    path = ROOT / "README.md"
-    doc = path.read_text()
-    block = f"{README_BEGIN}\n{text}\n{README_END}"
-    if README_BEGIN in doc:
-        head, rest = doc.split(README_BEGIN, 1)
-        doc = head + block + rest.split(README_END, 1)[1]
-    else:
-        marker = "## Performance\n"
-        if marker not in doc:
-            sys.exit("README.md has no '## Performance' section")
-        head, rest = doc.split(marker, 1)
-        doc = head + marker + "\n" + block + "\n" + rest
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(doc)
-    tmp.replace(path)
+    write_block("README.md", "bench_recompute", "benchmarks/bench_recompute.py", text, flag="--write-readme",
+                after="## Performance\n")
 
 
 def main() -> None:
@@ -293,18 +262,7 @@ def main() -> None:
         out += ["", *t]
     if args.dir is None and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
-    shown, skip = [], False
-    for a in sys.argv[1:]:  # where the runs were put is this machine's business, not the reader's
-        if skip or a in ("--write-readme", "--keep") or a.startswith("--dir="):
-            skip = False
-            continue
-        if a == "--dir":
-            skip = True
-            continue
-        shown.append(a)
-    cmd = "python benchmarks/bench_recompute.py " + " ".join(shown)
-    header = (f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, with `{cmd.strip()}` "
-              f"(load average at the end {os.getloadavg()[0]:.1f}):")
+    header = doc_header(shown_command("benchmarks/bench_recompute.py", sys.argv[1:]), started)
     if args.write_readme:
         write_readme(header + "\n\n" + "\n".join(out))
         print("README.md updated")

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_serve.py --steps 2000 --tokens 20e6          # builds the run in a temp dir
     python benchmarks/bench_serve.py --run /path/to/run                  # an existing run
+    python benchmarks/bench_serve.py --steps 20 --tokens 1e6 --write-doc # its row of docs/serve.md's table
 
 Each response is a real HTTP request to the Dash callback endpoint of a server running in this
 process (what the browser sends), timed from request to the last byte of the JSON answer.
@@ -12,13 +13,23 @@ again); "warm" repeats the request. Browser-side drawing is not included.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import sys
 import shutil
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by the tests
+from doc_block import measured_cell, shown_command, upsert_row  # noqa: E402
+
+SCRIPT = "benchmarks/bench_serve.py"
+DOC_COLUMNS = ["command", "run", "Overview, first response", "Tokens page, one step", "Completions page", "measured"]
+DOC_INTRO = ("Written by `python benchmarks/bench_serve.py ... --write-doc` (one row per command; "
+             "first response after start, and its size):")
 
 
 def post(base: str, outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object]],
@@ -57,11 +68,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=float, default=20e6, help="approximate token rows of the built run")
     ap.add_argument("--run", type=Path, default=None, help="use this run instead of building one")
     ap.add_argument("--keep", action="store_true", help="keep the built run")
+    ap.add_argument("--write-doc", action="store_true", help="write this command's row of docs/serve.md's table")
     args = ap.parse_args()
 
     import grpolens
     from grpolens.run import format as fmt
 
+    started = dt.datetime.now(dt.timezone.utc)
+    firsts: dict[str, str] = {}
     tmp = None
     run = args.run
     if run is None:
@@ -95,7 +109,7 @@ def main() -> None:
             return post(base, [("overview-graphs", "children")],
                         [("url", "pathname", "/"), ("runs", "value", [name]), ("smoothing", "value", 0.6),
                          ("range", "value", None), ("show-baseline", "value", []),
-                         ("metric-filter", "value", None), ("version", "data", None)])
+                         ("metric-filter", "value", None), ("y-scale", "value", []), ("version", "data", None)])
 
         step = steps[len(steps) // 2]
 
@@ -126,7 +140,13 @@ def main() -> None:
             cold = fn()
             print(f"{label}: first {first[0] * 1e3:.0f} ms, warm {again[0] * 1e3:.0f} ms, "
                   f"cold caches {cold[0] * 1e3:.0f} ms; {first[1] / 1e3:.0f} kB")
+            firsts[label] = f"{first[0] * 1e3:.0f} ms ({first[1] / 1e3:.0f} kB)"
         srv.shutdown()
+        if args.write_doc:
+            upsert_row("docs/serve.md", "bench_serve", SCRIPT, DOC_INTRO, DOC_COLUMNS,
+                       shown_command(SCRIPT, sys.argv[1:]),
+                       [f"{len(steps):,} steps, {n_tokens / 1e6:.1f} M tokens", *firsts.values(), measured_cell(started)])
+            print("docs/serve.md updated")
     finally:
         if tmp is not None and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -30,3 +30,22 @@ def test_subset_is_a_valid_only_selection():
     cfg = check_config(fmt.read_manifest(BENCH.parent / "sample_runs" / "tiny").resolved_config())
     picked = select_metrics(metrics_for("grpolens", cfg), [subset])
     assert [m.name for m in picked] and len(picked) == len(subset.split(","))
+
+
+def test_doc_blocks_are_replaced_whole_and_rows_by_their_command(tmp_path, monkeypatch):
+    block = _load("doc_block")
+    monkeypatch.setattr(block, "ROOT", tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text("# Speed\n\nbefore\n\nafter\n")
+    block.write_block("page.md", "b", "benchmarks/x.py", "one", after="before\n")
+    block.write_block("page.md", "b", "benchmarks/x.py", "two\nlines")
+    assert page.read_text() == ("# Speed\n\nbefore\n\n<!-- b: begin (written by benchmarks/x.py --write-doc) -->\n"
+                                "two\nlines\n<!-- b: end -->\n\nafter\n")
+    cols = ["command", "figure"]
+    block.upsert_row("page.md", "b", "benchmarks/x.py", "intro", cols, "python benchmarks/x.py --n 1", ["1 ms"])
+    block.upsert_row("page.md", "b", "benchmarks/x.py", "intro", cols, "python benchmarks/x.py --n 2", ["2 ms"])
+    block.upsert_row("page.md", "b", "benchmarks/x.py", "intro", cols, "python benchmarks/x.py --n 1", ["3 ms"])
+    rows = [ln for ln in page.read_text().splitlines() if ln.startswith("| `python")]
+    assert rows == ["| `python benchmarks/x.py --n 2` | 2 ms |", "| `python benchmarks/x.py --n 1` | 3 ms |"]
+    assert (block.shown_command("benchmarks/x.py", ["--tokens", "1e6", "--dir", "/tmp/x", "--write-doc", "--keep"])
+            == "python benchmarks/x.py --tokens 1e6")

@@ -1,15 +1,17 @@
 """What GRPOLensTrainer costs per optimizer step on CPU: the tiny TRL run with and without it.
 
-    python tests/integration/bench_trl.py [--steps 20] [--repeats 3] [--max-completion-length 32]
+    python tests/integration/bench_trl.py [--steps 20] [--repeats 3] [--max-completion-length 32] [--write-doc]
 
 Alternates runs with and without grpolens in one process (same seed, same work) and prints the
 median ``train()`` wall time per optimizer step of each, their difference, and the run's size.
-Not a test: timings depend on the machine and its load.
+Not a test: timings depend on the machine and its load. ``--write-doc`` writes the table, with the
+machine and the date, into docs/integrations/trl.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import statistics
 import sys
@@ -22,7 +24,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-completion-length", type=int, default=32)
+    p.add_argument("--write-doc", action="store_true", help="write the table into docs/integrations/trl.md")
     a = p.parse_args()
+    started = dt.datetime.now(dt.timezone.utc)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import time
 
@@ -72,6 +76,23 @@ def main() -> None:
                       "training_thread_cpu_ms_per_step": {k: round(1000 * v / n_steps, 3) for k, v in spent.items()},
                       "all_with": [round(x, 4) for x in times["with"]],
                       "all_without": [round(x, 4) for x in times["without"]]}))
+    if a.write_doc:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+        from doc_block import header, shown_command, write_block
+
+        script = "tests/integration/bench_trl.py"
+        cw, cwo = statistics.median(cpu["with"]), statistics.median(cpu["without"])
+        thread = {k: 1000 * v / n_steps for k, v in spent.items()}
+        table = ["| | per optimizer step |", "|---|---|",
+                 f"| training thread inside grpolens (loss calls + generation records) | **{sum(thread.values()):.1f} ms** "
+                 f"CPU ({thread['loss_call']:.1f} + {thread['generation']:.1f}) |",
+                 f"| whole process CPU, with vs without | {cw:.3f} s vs {cwo:.3f} s ({100 * (cw - cwo) / cwo:+.1f} %, "
+                 "writer thread included) |",
+                 f"| wall time, with vs without | {w:.2f} s vs {wo:.2f} s |",
+                 f"| disk | {size / 1e3:.0f} kB for {a.steps} steps with text (Parquet, zstd) |"]
+        write_block("docs/integrations/trl.md", "bench_trl", script,
+                    header(shown_command(script, sys.argv[1:]), started) + "\n\n" + "\n".join(table))
+        print("docs/integrations/trl.md updated")
 
 
 if __name__ == "__main__":
