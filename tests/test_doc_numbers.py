@@ -35,3 +35,16 @@ def test_tests_the_docs_call_slow_are_marked_slow():
     wrong = [f"{page}: {path}" for page, path in claims
              if "mark.slow" not in (ROOT / path).read_text(encoding="utf-8")]
     assert not wrong, f"the docs call these tests slow, but they are not marked slow: {wrong}"
+
+
+def test_step_count_of_the_bundled_run_is_the_one_the_docs_quote():
+    steps = len(list((TRL_TINY / "tokens").glob("step=*")))
+    quoted = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+        # "sample_runs/trl-tiny (real TRL training, 24 steps", "... bundled run (24 steps recorded ..."
+        for m in re.finditer(r"trl-tiny[^.;]{0,80}?\b(\d+) steps (?:of real TRL|recorded)|trl-tiny`? \(real TRL "
+                             r"training, (\d+) steps|bundled run \((\d+) steps recorded", text):
+            quoted.append((page.relative_to(ROOT), int(next(g for g in m.groups() if g))))
+    assert len(quoted) >= 3, quoted  # README, check.md and the TRL page say it
+    assert all(n == steps for _, n in quoted), f"sample_runs/trl-tiny has {steps} steps; the docs say {quoted}"
