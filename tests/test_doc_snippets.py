@@ -238,6 +238,38 @@ def test_every_snippet_is_run_or_listed():
         assert not set(table) - pages, f"{name} names pages without snippets: {set(table) - pages}"
 
 
+def test_every_grpolens_command_shown_names_real_commands_and_options():
+    """Fast, and for the commands that are not run too: a renamed option fails here at once."""
+    import shlex
+
+    from grpolens.cli import command
+
+    wrong = []
+    for s in snippets():
+        if s.lang not in SHELLS:
+            continue
+        for c in commands(s):
+            code = c.text.split(" #", 1)[0]
+            try:
+                words = shlex.split(code)
+            except ValueError:
+                words = code.split()
+            if not words or words[0] != "grpolens":
+                continue
+            cmd, rest = command(), words[1:]
+            while hasattr(cmd, "commands") and rest and not rest[0].startswith("-"):
+                sub = cmd.commands.get(rest[0])
+                if sub is None:
+                    if rest[0] not in ("RUN", "RUN/"):
+                        wrong.append(f"{s.id}: `{code}`: no command {rest[0]!r}")
+                    break
+                cmd, rest = sub, rest[1:]
+            known = {o for prm in cmd.params for o in (*prm.opts, *prm.secondary_opts)} | {"--help"}
+            wrong += [f"{s.id}: `{code}`: {cmd.name} has no option {w.split('=')[0]}" for w in rest
+                      if w.startswith("--") and w.split("=")[0] not in known]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_code_block_says_its_language():
     # an untagged block would hide a shell snippet from the tests above
     assert not untagged_blocks(), f"tag these blocks (```text for listings): {untagged_blocks()}"
