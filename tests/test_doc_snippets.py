@@ -65,6 +65,12 @@ NOT_RUN = {
     ("docs/integrations/verl.md", "from grpolens.integrations.verl import VerlCapture"):
         "lines inside verl's actor class (needs verl and a GPU); tests/test_verl_adapter.py "
         "drives VerlCapture with verl-shaped batches",
+    ("docs/integrations/verl.md", "batch.batch[VerlCapture.PRE_REJECTION_MASK_KEY]"):
+        "a line inside verl's driver (RayPPOTrainer.fit: verl, Ray, GPUs); tests/test_verl_adapter.py "
+        "sets the key on verl-shaped batches",
+    ("docs/integrations/verl.md", "batch.batch[VerlCapture.OLD_ENTROPY_KEY]"):
+        "a line inside verl's driver (RayPPOTrainer.fit: verl, Ray, GPUs); tests/test_verl_adapter.py "
+        "sets the key on verl-shaped batches",
     ("docs/mutation-testing.md", 'pip install -e ".[dev,mutation]"'): "installs an extra",
     ("docs/mutation-testing.md", "mutmut"): "a mutation run takes hours",
     ("docs/profiles.md", "python -m pytest tests/reference"): "runs part of the test suite itself "
