@@ -127,8 +127,8 @@ def _output_dirs(reader: RunReader, out, profile: str) -> tuple[Path, Path, Any]
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes((remote_out / rel).read_bytes())
         return staging, staging, remote_out
-    if fmt.is_remote_run(reader.path):
-        root = Path(out) if out is not None else Path(f"{reader.manifest.run_name}.grpolens")
+    if fmt.is_remote_run(reader.path):  # the local fmt.derived_dir of the run (./<run name>.grpolens)
+        root = Path(out) if out is not None else fmt.derived_dir(reader.path)
         return (root if out is not None or profile == "grpolens" else root / profile), root, None
     return (Path(out) if out is not None else reader.out_dir(profile)), fmt.derived_dir(reader.path), None
 

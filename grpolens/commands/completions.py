@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION
 
 #: --sort choice -> (column, descending)
 SORTS = {
@@ -30,7 +31,7 @@ VIEW = (
 
 
 def completions_cmd(
-    run: Path = typer.Argument(..., help="Run directory, or a directory of rich-completion sidecar JSON files."),
+    run: str = typer.Argument(..., help="Run directory, s3://bucket/prefix, or a directory of rich-completion sidecar JSON files."),
     step: int = typer.Option(..., "--step", "-s", help="Step to show."),
     sort: str = typer.Option("group", "--sort", help="Order: group, reward, kl, mismatch, entropy, length (largest first)."),
     group: Optional[int] = typer.Option(None, "--group", "-g", help="Only this prompt group: a group_id, else the prompt_index shown."),
@@ -38,6 +39,7 @@ def completions_cmd(
     chars: int = typer.Option(60, "--chars", help="Characters of each completion shown."),
     as_json: bool = JSON_OPTION,
     as_csv: bool = CSV_OPTION,
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """Show the completions generated at a step: rewards, ranks, update mass and, from the tokens,
     KL to the reference, train–rollout mismatch, IS weight, entropy and clipping per completion.
@@ -101,7 +103,7 @@ def _load(run: Path, step: int):
     from grpolens.analysis import sidecars
     from grpolens.errors import UserError
 
-    if not fmt.is_run(run) and sidecars.sidecar_files(run):
+    if not fmt.is_remote_run(run) and not fmt.is_run(run) and sidecars.sidecar_files(run):
         df = sidecars.read_sidecars(run, steps=[step])
         if df.height == 0:
             have = [int(sidecars._STEP_FILE.search(p.name).group(1)) for p in sidecars.sidecar_files(run)]

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from grpolens.commands.storage_option import STORAGE_OPTION
 from grpolens.profiles import profile_help
 
 
@@ -23,7 +24,7 @@ def recompute_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
     engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="For s3:// runs: key=value, key one of endpoint_url, region, anonymous, profile (over the AWS_* variables). Repeatable."),
+    storage_option: List[str] = STORAGE_OPTION,
     only: List[str] = typer.Option([], "--only", help="Compute only these metrics: families (clip, kl, ...), metric names or globs ('rollout_is/applied/*'), comma-separated or repeated. Only the work they need runs; no cache, no other outputs; written to --out [default: RUN/grpolens/only]."),
     per_step: bool = typer.Option(False, "--per-step", help="--profile trl: one row per optimizer step (what TRL logs with logging_steps=1) instead of one per TRL log (its logging windows, from the manifest)."),
     is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
@@ -44,15 +45,8 @@ def recompute_cmd(
 
     console = Console(stderr=True)
     overrides = parse_overrides(set_)
-    from grpolens.run.storage import is_remote, parse_storage_options
-
     runner = make_engine(engine, ray_address)
-    storage = parse_storage_options(storage_option)
     extra = None
-    if is_weights and is_remote(run):
-        from grpolens.errors import UserError
-
-        raise UserError("--is-weights writes beside the run's shards; it is not available for s3:// runs")
     if is_weights:
         from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
@@ -60,7 +54,6 @@ def recompute_cmd(
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
                         incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
-                        storage_options=storage,
                         only=only or None, per_step=per_step)
     if quiet:
         return

@@ -43,11 +43,7 @@ def sweep_cmd(
                    mode=mode, progress=tick, engine=runner)
     if out is not None:
         path = out
-    elif fmt.is_remote_run(run):  # outputs of a run on object storage go to a local directory
-        from grpolens.run.reader import RunReader
-
-        path = Path(f"{RunReader(run).manifest.run_name}.grpolens") / "sweep.parquet"
-    else:
+    else:  # RUN/grpolens/, or ./<run name>.grpolens/ for a run on object storage
         path = fmt.derived_dir(run) / "sweep.parquet"
     fmt.atomic_write_table(path, df.to_arrow())
     if html is not None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION
 
 
 #: the score column's header where the score's name would repeat another column's ("ratio")
@@ -15,7 +15,7 @@ SCORE_HEADERS = {"ratio": "|log ratio|", "adv_ratio": "|adv|·|ratio−1|"}
 
 
 def tokens_cmd(
-    run: Path = typer.Argument(..., help="Run directory."),
+    run: str = typer.Argument(..., help="Run directory, or s3://bucket/prefix."),
     step: int = typer.Option(..., "--step", "-s", help="Step to inspect (only its shards are read)."),
     sample: Optional[int] = typer.Option(None, "--sample", help="Show this completion (sample_id) token by token."),
     by: str = typer.Option("kl", "--by", help="Score: kl, mismatch, ratio, entropy, adv_ratio."),
@@ -23,6 +23,7 @@ def tokens_cmd(
     context: int = typer.Option(3, "--context", help="Completions shown in full, in order of their worst token."),
     as_json: bool = JSON_OPTION,
     as_csv: bool = CSV_OPTION,
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """List a step's worst tokens by a score, then show their completions token by token.
 

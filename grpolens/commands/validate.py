@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import List
 
 import typer
 
+from grpolens.commands.storage_option import STORAGE_OPTION
+
 
 def validate_cmd(
-    run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
+    run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (docs/distributed.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the problems as JSON lines instead of a table."),
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """Check a run's manifest, layout, schemas and keys; report every problem, naming file and column.
 

@@ -35,14 +35,15 @@ def describe(source: str) -> str:
 def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
     """A function id -> text and a word saying where it comes from ("tokenizer.json", "vocab",
     "tokenizer", "ids"); see :func:`describe`."""
-    from grpolens.run.format import referenced_path_problem, run_file
+    from grpolens.run.format import as_run, is_remote_run, referenced_path_problem, run_file
 
-    path = Path(run) / TOKENIZER_FILE
+    run = as_run(run)  # a local directory, or a run on object storage (its files read as objects)
+    path = run / TOKENIZER_FILE
     if path.is_file():
         try:
             from tokenizers import Tokenizer
 
-            tok = Tokenizer.from_file(str(path))
+            tok = Tokenizer.from_str(path.read_text()) if is_remote_run(run) else Tokenizer.from_file(str(path))
             # one id at a time, special tokens kept: the views show every token the loss saw
             return (lambda i: tok.decode([int(i)], skip_special_tokens=False)), "tokenizer.json"
         except Exception:  # noqa: BLE001 - an unreadable tokenizer.json (validate names it): ids
@@ -63,8 +64,8 @@ def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
             from grpolens.run.format import MANIFEST_NAME, RunFormatError
 
             raise RunFormatError(run / MANIFEST_NAME, problem)
-        if (run / str(name)).is_dir():
-            name = run / str(name)  # a tokenizer directory inside the run
+        if not is_remote_run(run) and (run / str(name)).is_dir():
+            name = run / str(name)  # a tokenizer directory inside the run (local runs only)
         try:
             from transformers import AutoTokenizer  # optional
 

@@ -246,6 +246,7 @@ def _remote_shards(root, table: str) -> list[Shard]:
 def forget_listings() -> None:
     """Drop cached remote listings (after this process wrote shards, or in tests)."""
     _REMOTE_LISTINGS.clear()
+    _REMOTE_NAMES.clear()
 
 
 def parquet_source(path):
@@ -313,7 +314,23 @@ def list_steps(run: os.PathLike | str, table: str = TOKENS, *, complete_only: bo
 
 
 def derived_dir(run: os.PathLike | str) -> Path:
+    """Where grpolens keeps what it derives from ``run``: ``RUN/grpolens/``; for a run on object
+    storage the local directory ``./<run name>.grpolens/`` (nothing is written to the bucket unless
+    asked: ``recompute --out s3://...``), so every command finds a remote run's outputs there."""
+    if is_remote_run(run):
+        return Path(f"{_remote_run_name(as_run(run))}.grpolens")
     return as_run(run) / DERIVED_DIR
+
+
+_REMOTE_NAMES: dict[str, str] = {}
+
+
+def _remote_run_name(root) -> str:
+    """The manifest's run name of a remote run (read once per process: one GET)."""
+    name = _REMOTE_NAMES.get(root.url)
+    if name is None:
+        name = _REMOTE_NAMES[root.url] = read_manifest(root).run_name
+    return name
 
 
 #: Columns worth dictionary-encoding: few distinct values per file. Dictionary-encoding random
@@ -474,6 +491,8 @@ def referenced_path_problem(run: os.PathLike | str, key: str, value: Any) -> str
     if p.is_absolute() or ".." in p.parts:
         return (f"config.{key} = {value!r} points outside the run directory; files a run references "
                 f"must be inside it (a path relative to the run)")
+    if is_remote_run(run):
+        return None  # object storage has no symbolic links: a relative key stays under the run
     root = Path(run).resolve()
     target = (root / p).resolve()
     if target != root and root not in target.parents:
@@ -485,12 +504,12 @@ def run_file(run: os.PathLike | str, key: str, value: Any) -> Path:
     """The path of a file the manifest references, checked to be inside the run directory."""
     problem = referenced_path_problem(run, key, value)
     if problem:
-        raise RunFormatError(Path(run) / MANIFEST_NAME, problem)
-    return Path(run) / value
+        raise RunFormatError(as_run(run) / MANIFEST_NAME, problem)
+    return as_run(run) / value
 
 
 def is_run(path: os.PathLike | str) -> bool:
-    return (Path(path) / MANIFEST_NAME).is_file()
+    return (as_run(path) / MANIFEST_NAME).is_file()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,6 +59,18 @@ def is_remote(path: os.PathLike | str) -> bool:
     return isinstance(path, str) and path.startswith(S3_SCHEME)
 
 
+#: The parsed ``--storage-option`` pairs of the running command (see :func:`set_default_options`).
+_DEFAULT_OPTIONS: dict[str, str] = {}
+
+
+def set_default_options(options: dict[str, str] | None) -> None:
+    """Make ``options`` the settings of every ``s3://`` location opened without options of its
+    own in this process: the command's ``--storage-option`` pairs, set once by the shared option
+    (``grpolens/commands/options.py``) so that every reader below the command sees them."""
+    _DEFAULT_OPTIONS.clear()
+    _DEFAULT_OPTIONS.update(options or {})
+
+
 def parse_storage_options(items: list[str] | None) -> dict[str, str]:
     """``--storage-option key=value`` pairs, keys checked against :data:`OPTION_KEYS`."""
     out: dict[str, str] = {}
@@ -175,6 +187,14 @@ class Entry:
     size: int
     mtime_ns: int | None
 
+    @property
+    def st_size(self) -> int:  # the os.stat_result fields readers compare
+        return self.size
+
+    @property
+    def st_mtime_ns(self) -> int:
+        return self.mtime_ns or 0
+
     def fingerprint(self) -> list:
         return [self.name, self.size, self.mtime_ns]
 
@@ -184,10 +204,12 @@ class Location:
     """A file or directory of a run: ``fs`` and the filesystem ``path`` in it; ``url`` is how the
     user wrote it (every message names that)."""
 
-    fs: pafs.FileSystem = field(repr=False)
+    fs: pafs.FileSystem = field(repr=False, compare=False)
     path: str
     url: str
-    settings: S3Settings | None = field(default=None, repr=False)
+    settings: S3Settings | None = field(default=None, repr=False, compare=False)
+    #: "file" or "dir" when a listing already said which (saves a request per entry)
+    kind: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def remote(self) -> bool:
@@ -204,6 +226,14 @@ class Location:
     def __str__(self) -> str:
         return self.url
 
+    def __lt__(self, other: "Location") -> bool:  # sorted() listings, as sorted(Path.iterdir())
+        return self.path < other.path
+
+    def relative_to(self, root: "Location") -> str:
+        """This location's path below ``root``, with ``/`` (what messages name)."""
+        base = root.path.rstrip("/")
+        return self.path[len(base) + 1:] if self.path.startswith(base + "/") else self.path
+
     def __reduce__(self):
         # pyarrow filesystems pickle, but the settings are enough to rebuild one on a worker
         # (and keep one per process there)
@@ -216,12 +246,39 @@ class Location:
             return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
 
     def is_file(self) -> bool:
+        if self.kind is not None:
+            return self.kind == "file"
         with storage_errors(self):
             return self.fs.get_file_info(self.path).type == pafs.FileType.File
 
     def is_dir(self) -> bool:
+        if self.kind is not None:
+            return self.kind == "dir"
         with storage_errors(self):
             return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
+
+    def stat(self) -> Entry:
+        """Size and modification time (``st_size``, ``st_mtime_ns``, as :meth:`pathlib.Path.stat`);
+        FileNotFoundError when there is no such object."""
+        with storage_errors(self):
+            info = self.fs.get_file_info(self.path)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(self.url)
+        return Entry(info.base_name, info.size or 0, info.mtime_ns)
+
+    def iterdir(self) -> list["Location"]:
+        """Direct children, files and sub-directories, temporary keys of interrupted writes
+        included (``grpolens validate`` reports them), each knowing its kind. One LIST request
+        per 1,000 keys on S3."""
+        sel = pafs.FileSelector(self.path, allow_not_found=True, recursive=False)
+        with storage_errors(self):
+            infos = self.fs.get_file_info(sel)
+        kinds = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir"}
+        return [Location(self.fs, i.path, f"{self.url.rstrip('/')}/{i.base_name}", self.settings, kinds.get(i.type))
+                for i in infos if i.type in kinds]
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode("utf-8")
 
     def list_dir(self, dirs: bool = False) -> list[Entry]:
         """Direct children (files, or sub-directories with ``dirs``); [] when there is no such
@@ -311,7 +368,7 @@ def location(path: os.PathLike | str | Location, options: dict[str, str] | None 
         rest = str(path)[len(S3_SCHEME):].strip("/")
         if not rest or rest.startswith("/"):
             raise StorageError(f"{path}: expected s3://bucket[/prefix]")
-        settings = S3Settings.resolve(options)
+        settings = S3Settings.resolve(_DEFAULT_OPTIONS if options is None else options)
         return Location(s3_filesystem(settings), rest, f"{S3_SCHEME}{rest}", settings)
     if options:
         raise UserError(f"--storage-option applies to s3:// locations only, not {path}")

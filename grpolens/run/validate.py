@@ -28,10 +28,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from grpolens.run import format as fmt
+from grpolens.run.storage import StorageError as _StorageError
 
 ERROR, WARNING = "error", "warning"
 _BATCH_ROWS = 1 << 20
-_TMP_RE = re.compile(r"^\..+\.tmp$")  # what format.atomic_write_* leaves behind when killed
+# what format.atomic_write_* leaves behind when killed; on object storage, a temporary key of an atomic upload
+_TMP_RE = re.compile(r"^(\..+\.tmp|\.grpolens-tmp-.+)$")
 _FLOAT_TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy", "old_entropy")
 _LOGP_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp")
 #: A log-probability above this is an error (float32 log_softmax can round a near-certain token a
@@ -144,8 +146,11 @@ class Report:
 
 
 def validate_run(run: os.PathLike | str) -> Report:
-    """Check ``run``; a path that is not a directory raises :class:`~grpolens.run.format.RunFormatError`."""
-    run = Path(run)
+    """Check ``run`` (a directory or an ``s3://`` prefix: the same checks, through the storage
+    layer); a path that is not a directory raises :class:`~grpolens.run.format.RunFormatError`."""
+    run = fmt.as_run(run)
+    if fmt.is_remote_run(run):
+        return _Validator(run).run()  # a prefix always "exists": a missing manifest says what is wrong
     if not run.exists():
         raise fmt.RunFormatError(run, "run directory does not exist")
     if not run.is_dir():
@@ -229,8 +234,16 @@ class _Validator:
         self.markers: bool | None = None  # the manifest says the writer leaves completion markers
 
     def add(self, severity: str, path: Path | str, message: str, column: str | None = None) -> None:
-        rel = path if isinstance(path, str) else (os.path.relpath(path, self.root) if path != self.root else ".")
+        rel = path if isinstance(path, str) else self.rel(path)
         self.report.problems.append(Problem(severity, str(rel).replace(os.sep, "/"), column, message))
+
+    def rel(self, path) -> str:
+        """``path`` (a local path or a storage location) relative to the run, with ``/``."""
+        if path == self.root:
+            return "."
+        if fmt.is_remote_run(self.root):
+            return path.relative_to(self.root)
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
 
     # -- the whole run -------------------------------------------------------------------------
     def run(self) -> Report:
@@ -263,7 +276,7 @@ class _Validator:
         try:
             manifest = fmt.read_manifest(self.root)
         except fmt.RunFormatError as e:
-            self.add(ERROR, Path(e.path), e.message, e.column)
+            self.add(ERROR, e.path if fmt.is_remote_run(self.root) else Path(e.path), e.message, e.column)
             return
         self.world_size = manifest.world_size
         for key in (*fmt.CONFIG_FILE_KEYS, *fmt.CONFIG_PATH_OR_NAME_KEYS):
@@ -277,7 +290,10 @@ class _Validator:
         try:
             from tokenizers import Tokenizer
 
-            Tokenizer.from_file(str(path))
+            if fmt.is_remote_run(self.root):
+                Tokenizer.from_str(path.read_text())
+            else:
+                Tokenizer.from_file(str(path))
         except Exception as e:  # noqa: BLE001 - any failure to load is the finding
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             self.add(WARNING, path, f"not a tokenizers JSON file ({first}): views show token ids instead of text")
@@ -320,13 +336,15 @@ class _Validator:
     def check_file(self, shard: fmt.Shard, table: str) -> None:
         import pyarrow.parquet as pq
 
-        rel = os.path.relpath(shard.path, self.root).replace(os.sep, "/")
+        rel = self.rel(shard.path)
         self.report.files[table] += 1
         if self.world_size is not None and shard.rank >= self.world_size:
             self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
         try:
-            pf = pq.ParquetFile(shard.path)
+            pf = pq.ParquetFile(fmt.parquet_source(shard.path))
             schema = pf.schema_arrow
+        except _StorageError:  # the bucket, credentials or permissions: one line, not a line per file
+            raise
         except Exception as e:  # pyarrow raises several types for truncated/garbage files
             self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
             self.samples_incomplete |= table == fmt.SAMPLES
@@ -533,7 +551,7 @@ class _Validator:
             return
         on_disk: dict[tuple[int, int], set[str]] = {}
         for sh in shards:
-            on_disk.setdefault((sh.step, sh.rank), set()).add(os.path.relpath(sh.path, self.root).replace(os.sep, "/"))
+            on_disk.setdefault((sh.step, sh.rank), set()).add(self.rel(sh.path))
         marked: dict[tuple[int, int], Path] = {}
         finished: set[int] = set()
         cdir = self.root / fmt.COMPLETE_DIR
@@ -575,7 +593,7 @@ class _Validator:
         import json
 
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text())  # a local file or an object
             listed = set(data["files"])
             if not all(isinstance(f, str) for f in listed):
                 raise TypeError("files must be strings")
@@ -612,7 +630,8 @@ class _Validator:
         keys, owner = [], []
         for i, rel in enumerate(files):
             try:
-                t = pq.read_table(self.root / rel, columns=list(_ORDER), filters=[("micro_batch", "in", mbs)])
+                t = pq.read_table(fmt.parquet_source(self.root / rel), columns=list(_ORDER),
+                                  filters=[("micro_batch", "in", mbs)])
             except Exception:
                 continue  # already reported as unreadable or mistyped
             keys.append([_ints(t.column(c)) for c in _ORDER])
@@ -657,12 +676,12 @@ class _FooterValidator(_Validator):
     def check_file(self, shard: fmt.Shard, table: str) -> None:
         import pyarrow.parquet as pq
 
-        rel = os.path.relpath(shard.path, self.root).replace(os.sep, "/")
+        rel = self.rel(shard.path)
         self.report.files[table] += 1
         if self.world_size is not None and shard.rank >= self.world_size:
             self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
         try:
-            pf = pq.ParquetFile(shard.path)
+            pf = pq.ParquetFile(fmt.parquet_source(shard.path))
             schema = pf.schema_arrow
             self.report.rows[table] += pf.metadata.num_rows
             usable = self.check_schema(rel, schema, table)
@@ -695,7 +714,7 @@ class _FooterValidator(_Validator):
             if any(b[0] <= a[1] for a, b in zip(spans, spans[1:])):
                 exact = []
                 for rel, _, part in parts:
-                    col = pq.read_table(self.root / rel, columns=["micro_batch"]).column(0)
+                    col = pq.read_table(fmt.parquet_source(self.root / rel), columns=["micro_batch"]).column(0)
                     exact.append((rel, set(np.unique(_ints(col)).tolist()), part))
                 self.parts[key] = exact
         super().check_parts()

@@ -97,8 +97,30 @@ def s3_env(s3, monkeypatch):
     from grpolens.run import storage
 
     storage._FS_CACHE.clear()
+    storage.set_default_options(None)
     yield s3
     storage._FS_CACHE.clear()
+    storage.set_default_options(None)  # a command's --storage-option must not outlive its test
+
+
+def upload(s3, run: Path, prefix: str) -> str:
+    """Every file of the local ``run`` (its derived outputs excepted) to ``s3://runs/<prefix>``."""
+    from grpolens.run import format as fmt
+
+    client = s3.client()
+    for f in sorted(run.rglob("*")):
+        if f.is_file() and fmt.DERIVED_DIR not in f.relative_to(run).parts:
+            client.put_object(Bucket="runs", Key=f"{prefix}/{f.relative_to(run).as_posix()}", Body=f.read_bytes())
+    fmt.forget_listings()
+    return f"s3://runs/{prefix}"
+
+
+@pytest.fixture
+def remote(s3_env, synth_small, monkeypatch, tmp_path):
+    """``synth_small`` uploaded under a prefix of its own; the test runs in ``tmp_path``, where the
+    outputs of an s3:// run go by default (``./<run name>.grpolens``)."""
+    monkeypatch.chdir(tmp_path)
+    return upload(s3_env, synth_small, f"r-{tmp_path.name}")
 
 
 @pytest.fixture(scope="session")

@@ -18,21 +18,6 @@ from grpolens.run.storage import StorageError
 pytestmark = pytest.mark.slow  # the S3 server subprocess and a synthetic run, once per session
 
 
-def upload(s3, run: Path, prefix: str) -> str:
-    client = s3.client()
-    for f in sorted(run.rglob("*")):
-        if f.is_file() and fmt.DERIVED_DIR not in f.relative_to(run).parts:
-            client.put_object(Bucket="runs", Key=f"{prefix}/{f.relative_to(run).as_posix()}", Body=f.read_bytes())
-    fmt.forget_listings()
-    return f"s3://runs/{prefix}"
-
-
-@pytest.fixture
-def remote(s3_env, synth_small, monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)  # default outputs of an s3:// run go to ./<run name>.grpolens
-    return upload(s3_env, synth_small, f"r-{tmp_path.name}")
-
-
 def test_same_metrics_as_local_and_cache_reads_no_shard(s3_env, synth_small, remote, tmp_path):
     local = recompute(synth_small, write=False, incremental=False)
     s3_env.reset_counts()
