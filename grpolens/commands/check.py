@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from grpolens.commands.storage_option import STORAGE_OPTION
+
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
 
 
@@ -28,6 +30,7 @@ def check_cmd(
                                     "for your own), or with --rules check that file and list its rules; then exit."),
     engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
+    storage_option: List[str] = STORAGE_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
     as_json: bool = JSON_OPTION,
     as_csv: bool = CSV_OPTION,

@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from grpolens.commands.storage_option import STORAGE_OPTION
+
 
 def sweep_cmd(
     run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix."),
@@ -20,6 +22,7 @@ def sweep_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a plotly chart (one line per grid point) to this HTML file."),
     engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
+    storage_option: List[str] = STORAGE_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
 ) -> None:
     """Evaluate rollout-IS thresholds on a grid: veto and rejection rates, ESS, IS weights and the
