@@ -61,7 +61,9 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
     """Step -> the values logged at that step (lines without a step are skipped). TRL's end-of-
     training summary (``train_runtime``...) is kept: it carries the metrics of the last, unfinished
     logging window."""
-    path = Path(path)
+    from grpolens.run.format import as_run
+
+    path = as_run(path)  # a local file, or an object (s3://...: a run's own log lives with it)
     if not path.is_file():
         raise UserError(f"--log: no such file {path}")
     out: dict[int, dict] = {}
@@ -91,7 +93,9 @@ def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, pro
     from grpolens import plugins
     from grpolens.analysis.recompute import recompute
 
-    run = Path(run)
+    from grpolens.run.format import as_run
+
+    run = as_run(run)
     prof = plugins.get(profile)
     if log is None:
         if prof.log_file is None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
+from grpolens.commands.storage_option import STORAGE_OPTION
+
 
 def export_cmd(
-    run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
+    run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (local files go to ./<run name>.grpolens/)."),
     to: str = typer.Option(..., "--to", metavar="TRACKER", help="Tracker: wandb, tensorboard, mlflow or trackio."),
     profile: str = typer.Option("grpolens", "--profile", "-p", metavar="PROFILE",
                                 help="Metric names and reductions exported (as for recompute)."),
@@ -29,6 +31,7 @@ def export_cmd(
     tables: bool = typer.Option(True, "--tables/--no-tables",
                                 help="Also export the completions and top-token tables (where the tracker has a table type)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary line."),
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """Export the run's recomputed metrics (recomputing first when stale) to an experiment tracker,
     as grpolens/<metric> at each training step, with grpolens/step as the x-axis.

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from grpolens.profiles import profile_help
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION
 
 
 def parity_cmd(
-    run: Path = typer.Argument(..., help="Run directory."),
-    log: Optional[Path] = typer.Option(None, "--log", help="The trainer's JSONL log [default: RUN/grpolens/trl_log.jsonl for --profile trl]."),
+    run: str = typer.Argument(..., help="Run directory, or s3://bucket/prefix."),
+    log: Optional[str] = typer.Option(None, "--log", help="The trainer's JSONL log, a file or s3://... [default: RUN/grpolens/trl_log.jsonl for --profile trl]."),
     profile: str = typer.Option("trl", "--profile", "-p", help=profile_help("Profile whose names and reductions the log uses")),
     rtol: float = typer.Option(1e-5, "--rtol", help="Relative tolerance."),
     atol: float = typer.Option(1e-8, "--atol", help="Absolute tolerance (TRL's float32 kl and loss get floors, see docs)."),
@@ -21,6 +21,7 @@ def parity_cmd(
     show: int = typer.Option(20, "--show", help="Disagreements listed at most."),
     as_json: bool = JSON_OPTION,
     as_csv: bool = CSV_OPTION,
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """Check that recompute reproduces every value the trainer logged (exit 1 if any differs).
 

@@ -27,7 +27,7 @@ def recompute_cmd(
     storage_option: List[str] = STORAGE_OPTION,
     only: List[str] = typer.Option([], "--only", help="Compute only these metrics: families (clip, kl, ...), metric names or globs ('rollout_is/applied/*'), comma-separated or repeated. Only the work they need runs; no cache, no other outputs; written to --out [default: RUN/grpolens/only]."),
     per_step: bool = typer.Option(False, "--per-step", help="--profile trl: one row per optimizer step (what TRL logs with logging_steps=1) instead of one per TRL log (its logging windows, from the manifest)."),
-    is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (see docs/rollout-is.md)."),
+    is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (./<run name>.grpolens/is_weights/ for an s3:// run; see docs/rollout-is.md)."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
 

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from grpolens.commands.storage_option import STORAGE_OPTION
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def serve_cmd(
-    paths: List[Path] = typer.Argument(None, help="Runs, or directories holding runs (searched 3 levels deep). [default: .]"),
+    paths: List[str] = typer.Argument(None, help="Runs, directories holding runs (searched 3 levels deep), or s3://bucket/prefix runs. [default: .]"),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on. Anything but loopback exposes the runs' texts to the network."),
     port: int = typer.Option(8050, "--port", help="TCP port."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A run drawn dashed on every curve, for comparison."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="A run drawn dashed on every curve, for comparison (a directory or s3://...)."),
     watch: bool = typer.Option(False, "--watch", help="Pick up new steps of runs that are still training (recomputes every few seconds)."),
     no_recompute: bool = typer.Option(False, "--no-recompute", help="Serve the metrics as they are; do not recompute missing or stale ones first."),
     debug: bool = typer.Option(False, "--debug", help="Dash debug mode (reloader and error pop-ups; for development)."),
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """Serve the dashboard: curves of every metric, and the tokens behind each step.
 
@@ -32,7 +34,7 @@ def serve_cmd(
     console = Console(stderr=True)
     if not 0 < port < 65536:
         raise UserError(f"--port must be in 1..65535, got {port}")
-    runs = resolve_runs(paths or [Path(".")], baseline)
+    runs = resolve_runs(paths or ["."], baseline)
     _check_port(host, port)
     if not no_recompute:
         _recompute_all(runs, console)

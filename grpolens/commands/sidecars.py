@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
+from grpolens.commands.storage_option import STORAGE_OPTION
+
 
 def sidecars_cmd(
-    run: Path = typer.Argument(..., help="Run directory (contains grpolens.json)."),
+    run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (files go to ./<run name>.grpolens/)."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Step range A:B (inclusive; either end optional) or one step N."),
     nan_literals: bool = typer.Option(False, "--nan-literals", help="Write missing numbers as bare NaN (and ±inf as Infinity), "
                                       "byte for byte what the reference's json.dump writes; default: strict JSON with null."),
     key: str = typer.Option("rich_completions", "--key", help="File name prefix: <key>_step_<step:06d>.json (the reference's rich_log_completions_key)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary."),
+    storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
     """Write RUN/grpolens/rich_completions/<key>_step_<step>.json for every step with samples.
 

@@ -41,7 +41,14 @@ class ExportSource:
     @property
     def key(self) -> str:
         """A stable id of this run and profile: the same destination run on every re-export."""
-        return hashlib.sha1(f"{self.run.resolve()}|{self.profile}".encode()).hexdigest()[:12]
+        return hashlib.sha1(f"{self.where}|{self.profile}".encode()).hexdigest()[:12]
+
+    @property
+    def where(self) -> str:
+        """The run's absolute path, or its ``s3://`` URL."""
+        from grpolens.run import format as fmt
+
+        return str(self.run) if fmt.is_remote_run(self.run) else str(Path(self.run).resolve())
 
     def table(self, name: str):
         """The table as a polars DataFrame, or None when recompute wrote none."""
@@ -56,6 +63,7 @@ class ExportSource:
         from grpolens.analysis.recompute import recompute
         from grpolens.run import format as fmt
 
+        run = fmt.as_run(run)
         manifest = fmt.read_manifest(run)
         res = recompute(run, profile=profile, progress=progress, result=True)
         path = res.out_dir / "metrics.jsonl"

@@ -50,7 +50,7 @@ class MLflowExporter(Exporter):
         else:
             run = self.client.create_run(exp_id, run_name=options.name or source.run_name,
                                          tags={TAG: source.key, "grpolens.profile": source.profile,
-                                               "grpolens.path": str(source.run.resolve())})
+                                               "grpolens.path": source.where})
             self.run_id = run.info.run_id
 
     def exported_steps(self) -> set[int]:

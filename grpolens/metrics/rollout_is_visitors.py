@@ -295,12 +295,12 @@ def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path
     """The ``--is-weights`` visitor for ``recompute`` (fails early when the run has no rollout_logp)."""
     from grpolens.errors import UserError
 
-    run = Path(run)
+    run = fmt.as_run(run)  # a run on object storage: the weights go to its local ./<run name>.grpolens/
     shards = fmt.list_shards(run, fmt.TOKENS)
     if shards:
         import pyarrow.parquet as pq
 
-        if "rollout_logp" not in pq.ParquetFile(shards[0].path).schema_arrow.names:
+        if "rollout_logp" not in pq.ParquetFile(fmt.parquet_source(shards[0].path)).schema_arrow.names:
             raise UserError(f"--is-weights: {shards[0].path} has no rollout_logp column, so there are no IS weights")
     w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)))
     w.write_config()

@@ -102,10 +102,13 @@ STATE_NAME = "trl_state.json"
 def read_state(run) -> dict:
     """The run's recorded Trainer schedule (empty when the run has none or it is unreadable: the
     logging schedule then comes from ``trl_args`` alone)."""
-    path = Path(run) / "grpolens" / STATE_NAME
+    from grpolens.errors import UserError
+    from grpolens.run.format import as_run
+
+    path = as_run(run) / "grpolens" / STATE_NAME  # the trainer's record, in the run (on disk or in the bucket)
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, UserError):  # UserError: no such object in the bucket
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -216,15 +219,20 @@ def read_round_tokens(run, cfg: dict, rules: Rules) -> tuple[np.ndarray, np.ndar
     at later steps too: hence a table of the whole run. None without the ``generation`` column."""
     from grpolens.run import format as fmt
 
-    shards = fmt.list_shards(Path(run), fmt.SAMPLES)
+    import pyarrow.parquet as pq
+
+    shards = fmt.list_shards(run, fmt.SAMPLES)
     if not shards:
         return None
     frames = []
-    for sh in shards:
-        df = pl.read_parquet(sh.path)
-        if "generation" not in df.columns or df["generation"].null_count():
+    for sh in shards:  # four columns of each shard, on disk or on object storage
+        pf = pq.ParquetFile(fmt.parquet_source(sh.path))
+        if "generation" not in pf.schema_arrow.names:
             return None
-        frames.append(df.select("sample_id", "generation", "completion_len", "truncated"))
+        df = pl.from_arrow(pf.read(columns=["sample_id", "generation", "completion_len", "truncated"]))
+        if df["generation"].null_count():
+            return None
+        frames.append(df)
     df = pl.concat(frames)
     drop = bool(cfg.get("mask_truncated_completions")) and not rules.rank_means
     df = df.with_columns(tokens=pl.when(pl.lit(drop) & pl.col("truncated").fill_null(False)).then(0)

@@ -80,6 +80,19 @@ def _unique_name(base: str, taken: set[str]) -> str:
     return name
 
 
+def _remote_run(url, what: str):
+    """An ``s3://`` run as a storage location; one line when it is not a run (or not reachable)."""
+    run = fmt.as_run(url)
+    if not (run / fmt.MANIFEST_NAME).is_file():
+        fmt.read_manifest(run)  # says why: no such bucket, credentials, permission ...
+        raise UserError(f"{what}{url}: not a grpolens run (no {fmt.MANIFEST_NAME})")
+    return run
+
+
+def _resolved(p):
+    return p if fmt.is_remote_run(p) else p.resolve()
+
+
 def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str | None = None) -> RunSet:
     """Runs named on the command line (each a run or a directory holding runs) and the baseline.
 
@@ -87,6 +100,9 @@ def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str 
     """
     paths: list[Path] = []
     for a in args:
+        if fmt.is_remote_run(a):  # s3://...: the run itself (object storage is not searched for runs)
+            paths.append(_remote_run(a, ""))
+            continue
         p = Path(a)
         if not p.exists():
             raise UserError(f"{p}: no such run or directory")
@@ -95,7 +111,10 @@ def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str 
             raise UserError(f"{p}: no grpolens run here (a run is a directory with {fmt.MANIFEST_NAME})")
         paths += hits
     base_path = None
-    if baseline is not None:
+    if baseline is not None and fmt.is_remote_run(baseline):
+        base_path = _remote_run(baseline, "--baseline ")
+        paths.append(base_path)
+    elif baseline is not None:
         base_path = Path(baseline)
         if not fmt.is_run(base_path):
             raise UserError(f"--baseline {base_path}: not a grpolens run (no {fmt.MANIFEST_NAME})")
@@ -104,16 +123,16 @@ def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str 
     seen: set[Path] = set()
     base_name = None
     for p in paths:
-        rp = p.resolve()
+        rp = _resolved(p)
         if rp in seen:
-            if base_path is not None and rp == base_path.resolve():
+            if base_path is not None and rp == _resolved(base_path):
                 base_name = next(n for n, q in runs.items() if q == rp)
             continue
         seen.add(rp)
         name = _unique_name(fmt.read_manifest(rp).run_name or rp.name, set(runs))
         RunReader(rp).check()
         runs[name] = rp
-        if base_path is not None and rp == base_path.resolve():
+        if base_path is not None and rp == _resolved(base_path):
             base_name = name
     if not runs:
         raise UserError("no runs to serve")

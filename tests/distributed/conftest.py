@@ -103,13 +103,15 @@ def s3_env(s3, monkeypatch):
     storage.set_default_options(None)  # a command's --storage-option must not outlive its test
 
 
-def upload(s3, run: Path, prefix: str) -> str:
-    """Every file of the local ``run`` (its derived outputs excepted) to ``s3://runs/<prefix>``."""
+def upload(s3, run: Path, prefix: str, keep: tuple[str, ...] = ("trl_log.jsonl", "trl_state.json")) -> str:
+    """Every file of the local ``run`` to ``s3://runs/<prefix>``, less grpolens' outputs in
+    ``RUN/grpolens/`` (the trainer's own records there, ``keep``, go up with the run)."""
     from grpolens.run import format as fmt
 
     client = s3.client()
     for f in sorted(run.rglob("*")):
-        if f.is_file() and fmt.DERIVED_DIR not in f.relative_to(run).parts:
+        rel = f.relative_to(run)
+        if f.is_file() and (rel.parts[0] != fmt.DERIVED_DIR or (len(rel.parts) == 2 and rel.name in keep)):
             client.put_object(Bucket="runs", Key=f"{prefix}/{f.relative_to(run).as_posix()}", Body=f.read_bytes())
     fmt.forget_listings()
     return f"s3://runs/{prefix}"

@@ -34,9 +34,10 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def trl_remote(s3_env, tmp_path, monkeypatch):
-    """sample_runs/trl-tiny (a TRL run with its tokenizer.json) on the server and a local copy."""
+    """sample_runs/trl-tiny (a TRL run with its tokenizer.json, and its trainer's log and state in
+    RUN/grpolens/) on the server, and a local copy."""
     local = tmp_path / "trl-tiny"
-    shutil.copytree(TRL_TINY, local, ignore=shutil.ignore_patterns("grpolens"))
+    shutil.copytree(TRL_TINY, local)
     monkeypatch.chdir(tmp_path)
     return local, upload(s3_env, local, f"trl-{tmp_path.name}")
 
@@ -99,3 +100,82 @@ def test_completions(capsys, synth_small, remote):
     code, out, _ = run_cli(capsys, "completions", remote, "--step", "3")
     assert code == 0 and "— completions.parquet" in out
     assert run_cli(capsys, "completions", remote, "--step", "3", "--json", "-n", "0")[1] == out_l
+
+
+@pytest.fixture
+def local_copy(synth_small, tmp_path):
+    """A copy of ``synth_small`` for commands that write beside the run (RUN/grpolens/)."""
+    dst = tmp_path / "local" / "run"
+    shutil.copytree(synth_small, dst, ignore=shutil.ignore_patterns("grpolens"))
+    return dst
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_sidecars(capsys, local_copy, remote):
+    assert run_cli(capsys, "sidecars", str(local_copy), "-q")[0] == 0
+    assert run_cli(capsys, "sidecars", remote, "-q")[0] == 0
+    want = _files(local_copy / "grpolens" / "rich_completions")
+    assert want and _files(Path("run.grpolens", "rich_completions")) == want
+
+
+def test_recompute_is_weights(capsys, local_copy, remote):
+    import polars as pl
+
+    assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
+    assert run_cli(capsys, "recompute", remote, "--is-weights", "-q")[0] == 0
+    local_dir, remote_dir = local_copy / "grpolens" / "is_weights", Path("run.grpolens", "is_weights")
+    names = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*.parquet"))
+    assert names and names == sorted(p.relative_to(remote_dir).as_posix() for p in remote_dir.rglob("*.parquet"))
+    for n in names:
+        assert pl.read_parquet(remote_dir / n).equals(pl.read_parquet(local_dir / n)), n
+    assert (remote_dir / "config.json").read_bytes() == (local_dir / "config.json").read_bytes()
+
+
+def test_parity_reads_the_trainers_log_from_the_bucket(capsys, s3_env, trl_remote):
+    local, remote = trl_remote
+    code_l, out_l, _ = run_cli(capsys, "parity", str(local), "--json")
+    code_r, out_r, _ = run_cli(capsys, "parity", remote, "--json")
+    assert code_l == 0 and (code_r, out_r) == (code_l, out_l) and len(json.loads(out_r)) > 50
+
+
+def test_export(capsys, trl_remote):
+    pytest.importorskip("tensorboard")
+    from tests.export.readers import tensorboard_scalars
+
+    local, remote = trl_remote
+    assert run_cli(capsys, "export", str(local), "--to", "tensorboard", "-q")[0] == 0
+    assert run_cli(capsys, "export", remote, "--to", "tensorboard", "-q")[0] == 0
+    want = tensorboard_scalars(local / "grpolens" / "tensorboard" / "trl-tiny")
+    assert want and tensorboard_scalars(Path("trl-tiny.grpolens", "tensorboard", "trl-tiny")) == want
+
+
+def test_serve_draws_an_s3_run_as_the_local_one(local_copy, remote):
+    """The dashboard's pages (curves, IS detail, top tokens, one completion, the completions table)
+    built from the s3:// run are the ones built from the same run on disk."""
+    from plotly.utils import PlotlyJSONEncoder
+    from rich.console import Console
+
+    from grpolens.commands.serve import _recompute_all
+    from grpolens.serve import callbacks as cb
+    from grpolens.serve import data
+    from grpolens.serve.runs import resolve_runs
+
+    def pages(runs) -> str:
+        name = runs.names[0]
+        views = [cb.curve_page_children(runs, page, [name]) for page in ("overview", "policy", "mismatch", "rewards")]
+        views += [cb.mismatch_step_panel(runs, name, 3), cb.top_tokens_view(runs, name, 3, "kl", 10),
+                  cb.completion_view(runs, name, 3, None, "kl"),
+                  cb.completions_table(runs, name, 3, 0, 20, None, None)]
+        return json.dumps(views, cls=PlotlyJSONEncoder, sort_keys=True)
+
+    out = []
+    for arg in (str(local_copy), remote):
+        data.clear_caches()
+        runs = resolve_runs([arg])
+        _recompute_all(runs, Console(quiet=True))
+        out.append(pages(runs))
+    assert Path("run.grpolens", "metrics.parquet").is_file()  # the s3:// run's outputs, local
+    assert out[1] == out[0]

@@ -41,7 +41,7 @@ def _reward_columns(files: list[Path]) -> list[str]:
     cols: set[str] = set()
     for f in files[:1] + files[-1:]:
         try:
-            cols |= {n for n in pq.read_schema(f).names if n.startswith(fmt.REWARD_PREFIX)}
+            cols |= {n for n in pq.read_schema(fmt.parquet_source(f)).names if n.startswith(fmt.REWARD_PREFIX)}
         except Exception:  # noqa: BLE001
             pass
     return sorted(cols)
@@ -59,9 +59,16 @@ def samples_summary(run: Path) -> pl.DataFrame:
             return pl.DataFrame({"step": pl.Series([], dtype=pl.Int64)})
         rewards = _reward_columns(files)
         want = ["step", "group_id", "completion_len", "truncated", "reward", *rewards]
-        lf = pl.scan_parquet(files, hive_partitioning=False, missing_columns="insert", extra_columns="ignore")
-        names = lf.collect_schema().names()
-        df = lf.select([c for c in want if c in names]).collect()
+        if fmt.is_remote_run(run):  # objects: the wanted columns of each, through the storage layer
+            frames = []
+            for f in files:
+                pf = pq.ParquetFile(fmt.parquet_source(f))
+                frames.append(pl.from_arrow(pf.read(columns=[c for c in want if c in pf.schema_arrow.names])))
+            df = pl.concat(frames, how="diagonal_relaxed")
+        else:
+            lf = pl.scan_parquet(files, hive_partitioning=False, missing_columns="insert", extra_columns="ignore")
+            names = lf.collect_schema().names()
+            df = lf.select([c for c in want if c in names]).collect()
         if "reward" not in df.columns:
             df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("reward"))
         aggs: list[pl.Expr] = []

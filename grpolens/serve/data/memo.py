@@ -60,7 +60,8 @@ def run_version(run: Path) -> tuple:
 
 def _step_fingerprint(run: Path, step: int) -> tuple:
     shards = fmt.list_shards(run, fmt.TOKENS, [step]) + fmt.list_shards(run, fmt.SAMPLES, [step])
-    return tuple((sh.table, sh.path.name, *_stat(sh.path)) for sh in shards)
+    # path, size, mtime: from the listing for a run on object storage (no request per shard)
+    return tuple(tuple(sh.fingerprint()) for sh in shards)
 
 def metrics_path(run: Path) -> Path:
     return fmt.derived_dir(run) / "metrics.parquet"
