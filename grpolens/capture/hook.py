@@ -218,7 +218,7 @@ class GRPOLensHook:
         if not enabled:
             return
         manifest = fmt.Manifest(
-            run_name=run_name or Path(run_dir).resolve().name,
+            run_name=run_name or (fmt.as_run(run_dir).name if fmt.is_remote_run(run_dir) else Path(run_dir).resolve().name),
             world_size=world_size,
             trainer={"name": None, "version": None, **(trainer or {})},
             config=dict(config or {}),

@@ -23,7 +23,11 @@ Rules the writer follows (``docs/hook.md`` states them for users):
   keys keep their arrival order. Samples rows keep their arrival order.
 * **Atomic.** Every file appears under its final name only once complete (temp file in the same
   directory, fsync, rename); a killed process leaves complete shards and, at worst, ``.*.tmp`` files
-  that :func:`grpolens.run.format.list_shards` ignores.
+  that :func:`grpolens.run.format.list_shards` ignores. On object storage (``run_dir`` an
+  ``s3://bucket/prefix``, through :mod:`grpolens.run.storage`): each file is uploaded under a
+  temporary key beside its final one, then copied onto the final key (the copy is the atomic step)
+  and the temporary key deleted; the markers below still go last. Uploads run on the writer
+  thread, like local writes.
 * **Bounded memory.** ``bytes_pending`` counts every byte handed to the writer and not yet on disk.
   A call that would push it over ``max_queue_bytes`` blocks until the thread has written enough
   (a call larger than the whole bound waits until nothing else is pending).
@@ -276,7 +280,7 @@ class ShardWriter:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}")
         if max_part_rows < 1 or max_queue_bytes < 1:
             raise ValueError(f"max_part_rows and max_queue_bytes must be positive, got {max_part_rows}, {max_queue_bytes}")
-        self.run_dir = Path(run_dir)
+        self.run_dir = fmt.as_run(run_dir)  # a local Path, or a storage Location for s3://
         self.rank, self.world_size = rank, world_size
         self.max_part_rows, self.max_queue_bytes, self.compression = max_part_rows, max_queue_bytes, compression
         if mode not in MODES:
@@ -568,6 +572,8 @@ class ShardWriter:
         write_record(self.run_dir / fmt.marker_relpath(step, self.rank),
                      {"step": int(step), "rank": self.rank, "world_size": self.world_size, "files": sorted(files)})
         self._marked.append(int(step))
+        if fmt.is_remote_run(self.run_dir):
+            fmt.forget_listings()  # a reader in this process lists the bucket again
 
     def _finish(self) -> None:
         import datetime as _dt
@@ -587,8 +593,11 @@ class ShardWriter:
         zero = self.run_dir / fmt.shard_relpath(table, step, self.rank, 0)
         if zero.exists():
             raise FileExistsError(f"{lone} and {zero} both exist; a step has one unsuffixed file or only parts")
-        os.rename(lone, zero)
-        fmt.fsync_dir(lone.parent)
+        if fmt.is_remote_run(lone):
+            lone.rename(zero)  # copy + delete: the step has no marker yet, so no reader counts it
+        else:
+            os.rename(lone, zero)
+            fmt.fsync_dir(lone.parent)
 
     def _first_free_part(self, table: str, step: int) -> int:
         """Part number after the highest this rank already has on disk for the step (0 if none)."""
@@ -636,6 +645,13 @@ def describe_run(run_dir: Path) -> str:
     return f"{len(done)} complete step(s){tail}{', finished' if c.run_finished else ', not finished'}"
 
 
+def _rmtree(path) -> None:
+    if fmt.is_remote_run(path):
+        path.rmtree()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def prepare_run_dir(run_dir: Path, mode: str, rank: int) -> frozenset[int] | None:
     """Apply ``mode`` to an existing directory before a writer opens it. Returns, for ``resume``,
     the steps already complete (their rows are dropped), else None. Only rank 0 refuses or deletes."""
@@ -653,7 +669,7 @@ def prepare_run_dir(run_dir: Path, mode: str, rank: int) -> frozenset[int] | Non
                                                for p in run_dir.iterdir()):
                 raise RunExistsError(f"{run_dir} is not a grpolens run; refusing to overwrite it")
             for sub in (*fmt.TABLES, fmt.COMPLETE_DIR, fmt.DERIVED_DIR):
-                shutil.rmtree(run_dir / sub, ignore_errors=True)
+                _rmtree(run_dir / sub)
             (run_dir / fmt.MANIFEST_NAME).unlink(missing_ok=True)
         return None
     # resume
@@ -666,7 +682,7 @@ def prepare_run_dir(run_dir: Path, mode: str, rank: int) -> frozenset[int] | Non
     if rank == 0:
         for step in sorted((_on_disk_steps(run_dir) | set(c.done)) - complete):
             for table in fmt.TABLES:
-                shutil.rmtree(run_dir / table / f"step={step:08d}", ignore_errors=True)
+                _rmtree(run_dir / table / f"step={step:08d}")
             for r in c.done.get(step, ()):
                 (run_dir / fmt.marker_relpath(step, r)).unlink(missing_ok=True)
         for r in c.finished:

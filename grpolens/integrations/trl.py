@@ -58,6 +58,7 @@ import trl
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from grpolens.run import format as fmt
 from grpolens.run.format import atomic_write_bytes
 from grpolens.capture.hook import GRPOLensHook
 from grpolens.profiles.trl import STATE_NAME
@@ -203,7 +204,7 @@ class _GRPOLensCallback(TrainerCallback):
         """The Trainer's step count and epoch ends, which TRL's logging schedule depends on."""
         if (self.owner._grpolens_enabled and state.is_world_process_zero and self.owner._grpolens_hook is not None
                 and getattr(self, "_schedule", None) is not None):
-            path = Path(self.owner.grpolens_dir) / "grpolens" / STATE_NAME
+            path = fmt.as_run(self.owner.grpolens_dir) / "grpolens" / STATE_NAME
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, json.dumps(self._schedule).encode())
 
@@ -220,10 +221,14 @@ class _GRPOLensCallback(TrainerCallback):
         if state.global_step in self.owner._grpolens_kept:
             return  # a resumed run already has this step, and its record
         clean = {k: (v if not (isinstance(v, float) and not math.isfinite(v)) else None) for k, v in logs.items()}
-        path = Path(self.owner.grpolens_dir) / "grpolens" / TRL_LOG_NAME
+        path = fmt.as_run(self.owner.grpolens_dir) / "grpolens" / TRL_LOG_NAME
+        line = json.dumps({"step": state.global_step, **_jsonable(clean)}) + "\n"
+        if fmt.is_remote_run(path):  # an object cannot be appended to: the log is written again, whole
+            atomic_write_bytes(path, (path.read_bytes() if path.exists() else b"") + line.encode())
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps({"step": state.global_step, **_jsonable(clean)}) + "\n")
+            f.write(line)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.owner.grpolens_close()
@@ -249,7 +254,9 @@ class GRPOLensMixin:
         super().__init__(*args, **kwargs)
         self._grpolens_mode = grpolens_mode
         self._grpolens_kept: frozenset[int] = frozenset()  # steps a resumed run already had complete
-        self.grpolens_dir = Path(grpolens_dir) if grpolens_dir is not None else Path(self.args.output_dir) / "grpolens_run"
+        # a local directory, or s3://bucket/prefix: the run is written straight to object storage
+        self.grpolens_dir = (grpolens_dir if fmt.is_remote_run(grpolens_dir) else Path(grpolens_dir)) \
+            if grpolens_dir is not None else Path(self.args.output_dir) / "grpolens_run"
         self._grpolens_enabled = grpolens_enabled
         self._grpolens_text = grpolens_text
         self._grpolens_run_name = grpolens_run_name
@@ -279,7 +286,7 @@ class GRPOLensMixin:
             self._grpolens_mode = "resume"  # a later train() of this trainer continues this run
             self._grpolens_kept = hook.writer.kept_steps
             if self._grpolens_kept and self.accelerator.is_main_process:
-                _trim_log(Path(self.grpolens_dir) / "grpolens" / TRL_LOG_NAME, max(self._grpolens_kept))
+                _trim_log(fmt.as_run(self.grpolens_dir) / "grpolens" / TRL_LOG_NAME, max(self._grpolens_kept))
             self._grpolens_hook = hook
             if self.accelerator.is_main_process:
                 self._grpolens_save_tokenizer()
@@ -295,7 +302,7 @@ class GRPOLensMixin:
         tok = getattr(self, "_tokenizer", None) or getattr(self.processing_class, "tokenizer", self.processing_class)
         backend = getattr(tok, "backend_tokenizer", None)
         if backend is not None:
-            fmt.atomic_write_bytes(Path(self.grpolens_dir) / TOKENIZER_FILE, backend.to_str().encode())
+            fmt.atomic_write_bytes(fmt.as_run(self.grpolens_dir) / TOKENIZER_FILE, backend.to_str().encode())
 
     def grpolens_close(self) -> None:
         """Write everything still buffered and stop the writer (called at the end of ``train()``)."""

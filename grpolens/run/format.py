@@ -275,7 +275,9 @@ def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int
     :func:`read_completion`) unless ``complete_only`` is False."""
     if is_remote_run(run):
         every = _remote_shards(as_run(run), table)
-        return every if steps is None else [sh for sh in every if sh.step in set(int(s) for s in steps)]
+        keep = complete_filter(run) if complete_only else None
+        wanted = None if steps is None else set(int(s) for s in steps)
+        return [sh for sh in every if (wanted is None or sh.step in wanted) and (keep is None or keep(sh.step))]
     if complete_only:
         keep = complete_filter(run)
         if keep is not None:
@@ -301,7 +303,8 @@ def list_shards(run: os.PathLike | str, table: str = TOKENS, steps: Iterable[int
 def list_steps(run: os.PathLike | str, table: str = TOKENS, *, complete_only: bool = True) -> list[int]:
     """Steps with a directory under ``table`` (complete steps only, as :func:`list_shards`)."""
     if is_remote_run(run):
-        return sorted({sh.step for sh in _remote_shards(as_run(run), table)})
+        keep = complete_filter(run) if complete_only else None
+        return sorted(s for s in {sh.step for sh in _remote_shards(as_run(run), table)} if keep is None or keep(s))
     root = Path(run) / table
     if not root.is_dir():
         return []
@@ -338,9 +341,17 @@ def _remote_run_name(root) -> str:
 DICTIONARY_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "group_id", "mask", "truncated", "by")
 
 
+def _atomic(path):
+    """:func:`atomic_file` for a local path; for a storage location its atomic writer (a temporary
+    key copied onto the final one, see :meth:`grpolens.run.storage.Location.atomic_writer`)."""
+    from grpolens.run.storage import Location
+
+    return path.atomic_writer() if isinstance(path, Location) else atomic_file(path)
+
+
 def atomic_write_bytes(path: os.PathLike | str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader sees either the old file or the whole new one."""
-    with atomic_file(path) as f:
+    with _atomic(path) as f:
         f.write(data)
 
 
@@ -349,7 +360,7 @@ def atomic_write_table(path: os.PathLike | str, table: pa.Table, compression: st
     import pyarrow.parquet as pq
 
     dictionary = [c for c in DICTIONARY_COLUMNS if c in table.column_names]
-    with atomic_file(path) as f:
+    with _atomic(path) as f:
         pq.write_table(table, f, compression=compression, use_dictionary=dictionary)
 
 
@@ -396,7 +407,7 @@ class Manifest:
 
 
 def write_manifest(run: os.PathLike | str, manifest: Manifest) -> Path:
-    path = Path(run) / MANIFEST_NAME
+    path = as_run(run) / MANIFEST_NAME
     atomic_write_bytes(path, (json.dumps(manifest.to_json(), indent=2, sort_keys=False, default=str) + "\n").encode())
     return path
 
@@ -574,7 +585,10 @@ def _stamp(path: Path) -> int:
 
 def read_completion(run: os.PathLike | str) -> Completion | None:
     """The run's completion records; None for a run without markers (or without a readable manifest).
-    Cached until the manifest or the ``complete/`` directory changes."""
+    Cached until the manifest or the ``complete/`` directory changes; on object storage for
+    :data:`REMOTE_LISTING_TTL`, like the shard listings (one GET of the manifest, one LIST)."""
+    if is_remote_run(run):
+        return _remote_completion(as_run(run))
     run = Path(run)
     key = (_stamp(run / MANIFEST_NAME), _stamp(run / COMPLETE_DIR))
     with _lock:
@@ -601,6 +615,31 @@ def read_completion(run: os.PathLike | str) -> Completion | None:
         result = Completion(manifest.world_size, {s: frozenset(r) for s, r in done.items()}, frozenset(finished))
     with _lock:
         _cache[str(run)] = (key, result)
+    return result
+
+
+def _remote_completion(root) -> Completion | None:
+    import time
+
+    key = (root.url, COMPLETE_DIR)
+    hit = _REMOTE_LISTINGS.get(key)
+    if hit is not None and time.monotonic() - hit[0] < REMOTE_LISTING_TTL:
+        return hit[1]
+    try:
+        manifest = read_manifest(root)
+    except RunFormatError:
+        manifest = None
+    result = None
+    if manifest is not None and manifest.completion_markers:
+        done: dict[int, set[int]] = {}
+        finished: set[int] = set()
+        for entry in (root / COMPLETE_DIR).list_dir():
+            if (m := MARKER_RE.match(entry.name)):
+                done.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+            elif (m := FINISHED_RE.match(entry.name)):
+                finished.add(int(m.group(1)))
+        result = Completion(manifest.world_size, {s: frozenset(r) for s, r in done.items()}, frozenset(finished))
+    _REMOTE_LISTINGS[key] = (time.monotonic(), result)
     return result
 
 
@@ -632,8 +671,6 @@ def describe_incomplete(c: Completion, step: int) -> str:
 def complete_filter(run: os.PathLike | str):
     """A ``keep(step)`` predicate for a marker run (None for a run without markers): True for a
     complete step; an incomplete one is reported once (or raises, under the "fail" policy)."""
-    if is_remote_run(run):
-        return None  # object storage: markers are not read there yet (docs/run-format.md)
     c = read_completion(run)
     if c is None:
         return None
@@ -650,7 +687,7 @@ def complete_filter(run: os.PathLike | str):
 def _skip(run: os.PathLike | str, c: Completion, step: int) -> None:
     if incomplete_policy() == "fail":
         raise RunFormatError(run, f"{describe_incomplete(c, step)} (unset ${POLICY_ENV} to skip such steps)")
-    key = (str(Path(run).resolve()), int(step))
+    key = (str(run) if is_remote_run(run) else str(Path(run).resolve()), int(step))
     with _lock:
         if key in _reported:
             return

@@ -219,6 +219,11 @@ class Location:
     def name(self) -> str:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
+    @property
+    def parent(self) -> "Location":
+        return Location(self.fs, self.path.rstrip("/").rpartition("/")[0], self.url.rstrip("/").rpartition("/")[0],
+                        self.settings, "dir")
+
     def __truediv__(self, part: str) -> "Location":
         part = str(part).strip("/")
         return Location(self.fs, f"{self.path.rstrip('/')}/{part}", f"{self.url.rstrip('/')}/{part}", self.settings)
@@ -351,6 +356,31 @@ class Location:
 
     def delete(self) -> None:
         with storage_errors(self):
+            self.fs.delete_file(self.path)
+
+    # -- what the shard writer does to a local run directory, on object storage ------------------
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Nothing: an object store has no directories (a key's prefix appears with the key)."""
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        if missing_ok and not self.exists():
+            return
+        self.delete()
+
+    def rmtree(self) -> None:
+        """Every key below this prefix (as :func:`shutil.rmtree` with ``ignore_errors``: a prefix
+        that holds nothing is no error)."""
+        with storage_errors(self):
+            self.fs.delete_dir_contents(self.path, missing_dir_ok=True)
+            with contextlib.suppress(OSError):  # the empty "directory" marker object, if any
+                self.fs.delete_dir(self.path)
+
+    def rename(self, target: "Location") -> None:
+        """Copy onto ``target``, then delete this key (S3 has no rename: for a moment both exist;
+        the shard writer renames only within a step that has no completion marker yet)."""
+        with storage_errors(self):
+            self.fs.copy_file(self.path, target.path)
             self.fs.delete_file(self.path)
 
 

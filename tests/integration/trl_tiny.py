@@ -221,6 +221,7 @@ def parse(argv=None):
     p.add_argument("--run-name", default=None, help="the run's name in its manifest (default: the directory's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpolens-mode", default="new", help="new | resume | overwrite (an existing run in OUT/run)")
+    p.add_argument("--grpolens-dir", default=None, help="where the run goes [default: OUT/run]; s3://... writes to object storage")
     a = p.parse_args(argv)
     for k, v in SIZES.items():
         if getattr(a, k) is None:
@@ -297,7 +298,7 @@ def main(argv=None) -> None:
     if a.no_grpolens:
         trainer = GRPOTrainer(**kwargs)
     else:
-        trainer = GRPOLensTrainer(**kwargs, grpolens_dir=out / "run", grpolens_text=not a.no_text,
+        trainer = GRPOLensTrainer(**kwargs, grpolens_dir=a.grpolens_dir or out / "run", grpolens_text=not a.no_text,
                                   grpolens_run_name=a.run_name, grpolens_mode=a.grpolens_mode)
     if a.simulate_vllm_is:  # drive TRL's vLLM IS branch with the simulated engine (a test hack, not a recipe)
         from types import SimpleNamespace
