@@ -1,0 +1,102 @@
+"""``--ray-address`` joins a Ray cluster that is already running: one started here with
+``ray start --head`` (its own processes, its own session), which the command line then joins from a
+separate process, as a user's driver joins a team's cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from grpolens.analysis.recompute import recompute
+from grpolens.metrics.engine import ThreadEngine
+from grpolens.run import format as fmt
+
+pytestmark = pytest.mark.slow  # a second Ray instance (the cluster) starts for this test
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    """Workers import grpolens from this checkout. The cluster listens on 127.0.0.1 only, without
+    Ray's token authentication (on by default since Ray 2.5x, with a token file in ~/.ray that
+    other Ray instances of this machine may have written): both ends agree to run without it."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture
+def ray_cluster(tmp_path):
+    """``ray start --head --block`` in a process group of its own (stopped by killing that group,
+    never with ``ray stop``, which would stop every Ray instance of the machine). Its workers
+    import grpolens from this checkout (PYTHONPATH)."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        pytest.skip("ray (the dev and ray extras) provides `ray start`")
+    port = _free_port()
+    env = _env()
+    log = (tmp_path / "ray-head.log").open("w")
+    temp_dir = Path(tempfile.mkdtemp(prefix="gl-ray-", dir="/tmp"))  # short: Ray puts unix sockets in it
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+                             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+                             "--node-ip-address=127.0.0.1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the head is up once its GCS port accepts connections
+            if head.poll() is not None:
+                pytest.fail(f"ray start exited with {head.returncode}: {(tmp_path / 'ray-head.log').read_text()[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the Ray head did not start in 120 s")
+        yield address, temp_dir
+    finally:
+        with_group = head.poll() is None
+        if with_group:
+            os.killpg(head.pid, signal.SIGTERM)
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(head.pid, signal.SIGKILL)
+                head.wait(timeout=30)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_ray_address_joins_a_running_cluster(ray_cluster, synth_small, tmp_path):
+    address, temp_dir = ray_cluster
+    run = tmp_path / "run"
+    shutil.copytree(synth_small, run, ignore=shutil.ignore_patterns(fmt.DERIVED_DIR))
+    env = _env()
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--engine", "ray",
+                          "--ray-address", address, "--out", str(out), "-q"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = p.communicate(timeout=400)
+    assert p.returncode == 0, err[-3000:]
+    want = recompute(run, write=False, incremental=False, engine=ThreadEngine())
+    assert_frame_equal(pl.read_parquet(out / "metrics.parquet"), want, check_exact=True)
+    # the command was a driver of this cluster (Ray logs each driver in the cluster's session), not
+    # of a Ray instance of its own
+    drivers = [f.name for f in temp_dir.glob("session_*/logs/python-core-driver-*.log")]
+    assert any(name.endswith(f"_{p.pid}.log") for name in drivers), drivers
