@@ -4,6 +4,8 @@
     python benchmarks/bench_distributed.py listing --shards 10000  # listing cost against the shard count
     python benchmarks/bench_distributed.py ray --tokens 10e6       # --engine ray (local, 2 CPUs) vs default
     python benchmarks/bench_distributed.py pieces --tokens 10e6    # partial-state bytes, driver merge cost
+    python benchmarks/bench_distributed.py commands --tokens 10e6  # validate, tokens, completions: s3:// vs disk
+    python benchmarks/bench_distributed.py writer --tokens 10e6    # the shard writer: s3:// vs disk
 
 The S3 server is moto's (``tests/helpers/s3_server.py``, the dev extra) on 127.0.0.1, in its own
 process; it counts requests by kind. Every recompute runs in a fresh process (``timed``).
@@ -35,9 +37,9 @@ def synth(tokens: float, base: Path) -> Path:
     run = base / f"run-{int(tokens / 1e6)}M"
     if not run.exists():
         steps = max(2, int(tokens / (2 * 4 * 16 * 8 * 127)))
-        wall, _, _ = timed([sys.executable, "-m", "grpolens.cli", "synth", str(run), "--steps", str(steps), "--ranks", "2",
+        wall = timed([sys.executable, "-m", "grpolens.cli", "synth", str(run), "--steps", str(steps), "--ranks", "2",
                             "--micro-batches", "4", "--groups", "16", "--generations", "8", "--max-len", "1024",
-                            "--seed", "1"])
+                            "--seed", "1"])["wall"]
         print(f"synth: {steps} steps in {wall:.1f} s")
     return run
 
@@ -93,12 +95,77 @@ def cmd_s3(args) -> None:
         print(f"upload to the local S3 server: {time.perf_counter() - t:.1f} s")
         out = base / "out"
         print(f"{'what':<44}{'wall s':>8}{'peak RSS MiB':>14}  requests")
-        wall, rss, _ = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "-q", "--out", str(out / "local")])
+        r = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "-q", "--out", str(out / "local")])
+        wall, rss = r["wall"], r["rss"]
         print(f"{'local disk, recompute --full':<44}{wall:>8.2f}{rss:>14.0f}")
         for label, extra in (("s3://, recompute --full", ["--full"]), ("s3://, again (nothing new: cache)", [])):
             srv.counts(reset=True)
-            wall, rss, _ = timed([sys.executable, "-m", "grpolens.cli", "recompute", url, "-q", "--out", str(out / "s3"), *extra])
+            r = timed([sys.executable, "-m", "grpolens.cli", "recompute", url, "-q", "--out", str(out / "s3"), *extra])
+            wall, rss = r["wall"], r["rss"]
             print(f"{label:<44}{wall:>8.2f}{rss:>14.0f}  {json.dumps(srv.counts())}")
+    finally:
+        srv.stop()
+
+
+def cmd_commands(args) -> None:
+    """Each reading command on the same run, local and s3://, in a fresh process: wall time and
+    the server's requests."""
+    base = Path(args.dir or tempfile.mkdtemp(prefix="grpolens-bench-"))
+    run = synth(args.tokens, base)
+    from grpolens.run import format as fmt
+
+    step = fmt.list_steps(run)[len(fmt.list_steps(run)) // 2]
+    print(f"run: {rows_of(run):,} token rows, {len(fmt.list_steps(run))} steps; one step: {step}")
+    srv = Server()
+    try:
+        url = srv.upload(run, "cmds")
+        print(f"{'command':<36}{'disk s':>8}{'s3:// s':>9}  requests (s3://)")
+        for cmd in (["validate"], ["tokens", "--step", str(step), "--json"],
+                    ["completions", "--step", str(step), "--json"]):
+            wall_local = timed([sys.executable, "-m", "grpolens.cli", cmd[0], str(run), *cmd[1:]])["wall"]
+            srv.counts(reset=True)
+            wall_s3 = timed([sys.executable, "-m", "grpolens.cli", cmd[0], url, *cmd[1:]])["wall"]
+            print(f"{' '.join(cmd):<36}{wall_local:>8.2f}{wall_s3:>9.2f}  {json.dumps(srv.counts())}")
+    finally:
+        srv.stop()
+
+
+def cmd_writer(args) -> None:
+    """The run's shards written again by one ShardWriter per rank, to disk and to s3:// (uploads
+    on the writer thread): wall time from the first add to close() returning."""
+    import pyarrow.parquet as pq
+
+    from grpolens.capture.writer import ShardWriter
+    from grpolens.run import format as fmt
+
+    base = Path(args.dir or tempfile.mkdtemp(prefix="grpolens-bench-"))
+    run = synth(args.tokens, base)
+    m = fmt.read_manifest(run)
+    steps = fmt.list_steps(run)
+    tables = {(t, sh.step, sh.rank): pq.read_table(sh.path) for t in fmt.TABLES for sh in fmt.list_shards(run, t)}
+    print(f"run: {rows_of(run):,} token rows, {len(tables)} shards, held in memory")
+    srv = Server()
+    try:
+        for label, dest in (("disk", str(base / "rewritten")), ("s3://", "s3://bench/rewritten")):
+            t0 = time.perf_counter()
+            for rank in range(m.world_size):
+                w = ShardWriter(dest, rank, m.world_size, manifest=m, mode="overwrite")
+                for step in steps:
+                    tok = tables.get((fmt.TOKENS, step, rank))
+                    if tok is not None:
+                        for mb in sorted(set(tok.column("micro_batch").to_pylist())):
+                            part = tok.filter(tok.column("micro_batch").to_numpy() == mb)
+                            w.add_tokens(step, mb, {c: part.column(c).to_numpy(zero_copy_only=False)
+                                                    for c in part.column_names if c not in ("step", "rank", "micro_batch")})
+                    sam = tables.get((fmt.SAMPLES, step, rank))
+                    if sam is not None:
+                        w.add_samples(step, {c: (sam.column(c).to_pylist() if sam.schema.field(c).type == "string"
+                                                 else sam.column(c).to_numpy(zero_copy_only=False))
+                                             for c in sam.column_names if c not in ("step", "rank")})
+                    w.end_step(step)
+                w.close()
+            srv.counts(reset=True) if label == "disk" else None
+            print(f"{label:<8} {time.perf_counter() - t0:8.2f} s" + (f"  {json.dumps(srv.counts())}" if label != "disk" else ""))
     finally:
         srv.stop()
 
@@ -131,15 +198,16 @@ def cmd_listing(args) -> None:
 
 def cmd_ray(args) -> None:
     base = Path(args.dir or tempfile.mkdtemp(prefix="grpolens-bench-"))
-    wall, _, _ = timed([sys.executable, "-c", "import ray; ray.init(num_cpus=2, include_dashboard=False); ray.shutdown()"])
+    wall = timed([sys.executable, "-c", "import ray; ray.init(num_cpus=2, include_dashboard=False); ray.shutdown()"])["wall"]
     print(f"Ray local start + shutdown alone (2 CPUs): {wall:.1f} s")
     for tokens in args.tokens_list:
         run = synth(tokens, base)
         rows = rows_of(run)
         print(f"run: {rows:,} token rows")
         for label, extra in (("default engine", []), ("--engine ray (local, 2 CPUs)", ["--engine", "ray"])):
-            wall, rss, _ = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "-q",
-                                  "--out", str(base / "out"), *extra])
+            r = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "-q",
+                       "--out", str(base / "out"), *extra])
+            wall, rss = r["wall"], r["rss"]
             print(f"  {label:<32}{wall:>8.2f} s{rows / wall / 1e6:>8.2f} M tok/s  driver peak RSS {rss:.0f} MiB")
 
 
@@ -203,7 +271,7 @@ def cmd_pieces(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("s3", "pieces"):
+    for name in ("s3", "pieces", "commands", "writer"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=float, default=10e6)
         p.add_argument("--dir", default=None, help="where runs are made (and reused)")
@@ -214,7 +282,8 @@ def main() -> None:
     p.add_argument("--tokens", dest="tokens_list", type=float, nargs="+", default=[10e6, 50e6])
     p.add_argument("--dir", default=None)
     args = ap.parse_args()
-    {"s3": cmd_s3, "listing": cmd_listing, "ray": cmd_ray, "pieces": cmd_pieces}[args.cmd](args)
+    {"s3": cmd_s3, "listing": cmd_listing, "ray": cmd_ray, "pieces": cmd_pieces, "commands": cmd_commands,
+     "writer": cmd_writer}[args.cmd](args)
 
 
 if __name__ == "__main__":
