@@ -68,6 +68,13 @@ CASES = [
          config={"loss_type": "dr_grpo", "beta": 0.1, "max_completion_length": 16}, ref=True, seed=7),
     Case("sapo_cispo_metric", loss="SAPOLoss", metric="CISPOMetric", loss_kwargs={"tau_pos": 1.0, "tau_neg": 1.05},
          config={"loss_type": "sapo", "sapo_temperature_neg": 1.05}, seed=8),
+    # PPOLoss: GRPO's clipped objective; its default token-mean is bnpo's aggregation, its
+    # seq-mean-token-mean grpo's (docs/profiles.md)
+    Case("ppo_token_mean", loss="PPOLoss", config={"loss_type": "bnpo"}, seed=9),
+    Case("ppo_seq_mean_token_mean_clip_higher_kl_2ranks", loss="PPOLoss",
+         loss_kwargs={"loss_agg_mode": "seq-mean-token-mean", "epsilon_high": 0.28, "beta": 0.02},
+         metric_kwargs={"epsilon_high": 0.28}, config={"loss_type": "grpo", "epsilon_high": 0.28, "beta": 0.02},
+         ranks=2, ref=True, seed=10),
 ]
 
 #: Known gaps (issue #13), each an xfail-strict marker naming it; removed as they are fixed.
