@@ -294,3 +294,20 @@ def test_rejection_without_the_mask_before_it_says_so(tmp_path, keep_mask):
     notes = grpolens.recompute(tmp_path / "run", profile="verl", write=False, result=True).notes
     said = [n for n in notes if n.startswith("no rollout_rejected in this run")]
     assert len(said) == (0 if keep_mask else 1)
+
+
+def test_bypass_mode_is_left_empty_and_said(tmp_path):
+    """verl's bypass mode does its rollout correction inside the loss, per micro-batch: not
+    reproduced, so no actor/* and no driver-side rollout_corr/* (verl logs none), and one note."""
+    rng = np.random.default_rng(7)
+    data = make_batch(rng)
+    data.batch["old_log_probs"] = data.batch["rollout_log_probs"]  # apply_bypass_mode
+    corr = {"rollout_is": "token", "bypass_mode": True}
+    cap = VerlCapture(tmp_path / "run", config=verl_config({"ppo_mini_batch_size": 3, "rollout_n": 4},
+                                                           {"rollout_correction": corr}), rank=0, world_size=1)
+    update_policy(cap, data, rng)
+    cap.close()
+    res = grpolens.recompute(tmp_path / "run", profile="verl", write=False, result=True)
+    row = res.metrics.row(0, named=True)
+    assert not [k for k, v in row.items() if v is not None and (k.startswith("actor/") or k.startswith("rollout_corr/"))]
+    assert [n for n in res.notes if n.startswith("verl bypass mode")]

@@ -453,10 +453,17 @@ def to_jsonl(df: pl.DataFrame) -> str:
 
 def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
     """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
-    verl's rejection, so the rollout-correction values cannot be verl's (said once)."""
+    verl's rejection, so the rollout-correction values cannot be verl's (said once); a verl run in
+    bypass mode, which the profile does not reproduce."""
     from grpolens.functional.is_weights import ISConfig
+    from grpolens.metrics.verl_actor import bypass
 
-    if not computed or "rollout_rejected" in present or "verl_algorithm" not in cfg or not ISConfig.from_cfg(cfg).rs:
+    if not computed or "verl_algorithm" not in cfg:
+        return []
+    if bypass(cfg):
+        return ["verl bypass mode (rollout_correction.bypass_mode) is not reproduced: actor/* and "
+                "actor/rollout_corr/* are left empty (docs/integrations/verl.md)"]
+    if "rollout_rejected" in present or not ISConfig.from_cfg(cfg).rs:
         return []
     return ["no rollout_rejected in this run: verl's rollout_rs is re-applied to the mask after its rejection "
             "(rejection fractions 0, IS and mismatch values over the kept tokens; verl computes them before "

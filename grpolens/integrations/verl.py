@@ -98,9 +98,10 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) 
         cfg["sapo_temperature_pos"] = policy.get("tau_pos", 1.0)
         cfg["sapo_temperature_neg"] = policy.get("tau_neg", 1.05)
     corr = algorithm.get("rollout_correction")
-    # verl computes rollout_corr/* only when algorithm.rollout_correction is set (its YAML default
-    # is set, with rollout_is null: then only the off-policy metrics, no IS weights)
-    cfg["rollout_metrics"] = corr is not None
+    # verl computes rollout_corr/* on its driver only when algorithm.rollout_correction is set (its
+    # YAML default is set, with rollout_is null: then only the off-policy metrics, no IS weights),
+    # and not in bypass mode (the loss computes them per micro-batch: not reproduced)
+    cfg["rollout_metrics"] = corr is not None and not bool(dict(corr or {}).get("bypass_mode", False))
     corr = dict(corr or {})
     keys = ("rollout_rs", "rollout_rs_threshold")
     if corr.get("rollout_is") is not None:  # rollout_is_threshold (default 2.0) means nothing without it

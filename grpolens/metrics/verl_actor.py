@@ -55,6 +55,15 @@ def actor_cfg(cfg: dict) -> dict | None:
     return a if isinstance(a, dict) else None
 
 
+def bypass(cfg: dict) -> bool:
+    """verl's ``algorithm.rollout_correction.bypass_mode``: old log-probs are the rollout's and the
+    policy loss does the rollout correction per micro-batch, from the current policy (logged as
+    ``actor/rollout_corr/*``, rejection applied to the loss mask there). Not reproduced: the actor
+    metrics are left empty rather than computed with the decoupled mode's rules."""
+    corr = (cfg.get("verl_algorithm") or {}).get("rollout_correction")
+    return isinstance(corr, dict) and bool(corr.get("bypass_mode"))
+
+
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(z))
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
@@ -206,7 +215,7 @@ def _values(sd) -> dict[str, float]:
         return sd.extra[key]
     calls = _calls(sd)
     out: dict[str, float] = {}
-    if calls:
+    if calls and not bypass(sd.cfg):
         a = actor_cfg(sd.cfg)
         dp = len({c[0] for c in calls})
         G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
@@ -254,7 +263,7 @@ def _old_entropy(sd) -> float | None:
     token, and for ``seq-mean-token-sum-norm`` ``loss_scale_factor``, else the batch's response
     width (here: the longest stored response of the step)."""
     a = actor_cfg(sd.cfg)
-    if a is None or not sd.n_seq or "old_entropy" not in sd.present:
+    if a is None or not sd.n_seq or "old_entropy" not in sd.present or bypass(sd.cfg):
         return None
     _, first = np.unique(np.asarray(sd.col("sample_id"), dtype=np.int64), return_index=True)
     n, s = sd.col("va.old_n")[first], sd.col("va.old_ent")[first]

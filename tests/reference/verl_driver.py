@@ -22,13 +22,17 @@ What is verl's code and what is replayed here:
   ``reduce_metrics``). Which rows go to which rank, mini-batch and micro-batch is the input's
   schedule (verl shuffles with its own seeds; the metrics only depend on the grouping).
 
+Bypass mode (``rollout_correction.bypass_mode``) replays ``apply_bypass_mode``: ``old_log_probs`` =
+``rollout_log_probs``, the policy loss ``bypass_mode`` carrying the rollout-correction config, no
+old-log-prob pass and no rollout correction on the driver.
+
 Inputs (``IN.npz``): ``response_mask`` (before rejection), ``old_log_probs``, ``ref_log_prob``,
 ``rollout_log_probs`` (optional), ``entropys`` (the old-log-prob pass), ``scores`` (per row),
 ``uid`` (group per row), ``prompt_len`` and the schedule ``fw_meta`` (epoch, mini-batch, rank,
 micro-batch per forward), ``fw_offsets``/``fw_rows`` (rows per forward), ``fw_logp``/``fw_ent``
 (the forward's log-probs and entropies, one row per scheduled row). Outputs (``OUT.npz``): the
 response mask after rejection and the advantages, so that the caller records what verl's actor
-was given.
+was given (``old_log_probs`` too: the rollout's in bypass mode).
 """
 
 from __future__ import annotations
@@ -50,11 +54,18 @@ from verl.workers.config.actor import PolicyLossConfig
 from verl.workers.utils.losses import ppo_loss
 
 
-def actor_config(c: dict) -> FSDPActorConfig:
+def actor_config(c: dict, bypass_corr: dict | None = None) -> FSDPActorConfig:
+    """verl's actor config; in bypass mode ``apply_bypass_mode``'s change to it: the policy loss
+    becomes ``bypass_mode`` and carries the rollout-correction config."""
     kw = {k: v for k, v in c.items() if k not in ("policy_loss", "ppo_mini_batch_size", "rollout_n")}
+    policy = dict(c.get("policy_loss") or {})
+    if bypass_corr is not None:
+        from verl.trainer.config import RolloutCorrectionConfig
+
+        policy.update(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(**bypass_corr))
     return FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=c["ppo_mini_batch_size"],
                            ppo_micro_batch_size_per_gpu=1, rollout_n=c.get("rollout_n", 1),
-                           policy_loss=PolicyLossConfig(**(c.get("policy_loss") or {})), **kw)
+                           policy_loss=PolicyLossConfig(**policy), **kw)
 
 
 def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch_num_tokens, global_batch_size):
@@ -98,20 +109,26 @@ def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch
 
 def run_case(inp: str, c: dict, out_path: str) -> dict:
     d = dict(np.load(inp, allow_pickle=False))
-    actor = actor_config(c["actor"])
     corr = c.get("rollout_correction")
+    bypass = bool(corr and corr.get("bypass_mode", False))
+    actor = actor_config(c["actor"], corr if bypass else None)
     dp = int(c["dp_size"])
     metrics: dict = {}
 
     resp_mask = torch.tensor(d["response_mask"])
-    # RayPPOTrainer.fit: the old-log-prob pass' entropy, aggregated over the whole batch with the
-    # response mask as it is then (before rollout rejection)
-    entropy_agg = agg_loss(loss_mat=torch.tensor(d["entropys"]), loss_mask=resp_mask,
-                           loss_agg_mode=actor.loss_agg_mode, loss_scale_factor=actor.loss_scale_factor)
-    metrics["actor/entropy"] = entropy_agg.detach().item()
+    if bypass:
+        # RayPPOTrainer.fit, bypass mode (apply_bypass_mode): no old-log-prob pass (no actor/entropy),
+        # old_log_probs = rollout_log_probs, no rollout correction on the driver (the loss does it)
+        d["old_log_probs"] = d["rollout_log_probs"]
+    else:
+        # RayPPOTrainer.fit: the old-log-prob pass' entropy, aggregated over the whole batch with the
+        # response mask as it is then (before rollout rejection)
+        entropy_agg = agg_loss(loss_mat=torch.tensor(d["entropys"]), loss_mask=resp_mask,
+                               loss_agg_mode=actor.loss_agg_mode, loss_scale_factor=actor.loss_scale_factor)
+        metrics["actor/entropy"] = entropy_agg.detach().item()
 
     weights = None
-    if corr is not None and "rollout_log_probs" in d:
+    if corr is not None and "rollout_log_probs" in d and not bypass:
         from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
         batch = DataProto.from_dict(tensors={"old_log_probs": torch.tensor(d["old_log_probs"]),
@@ -173,7 +190,7 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
         append_to_dict(actor_metrics, output)
     actor_metrics = rename_dict(actor_metrics, "actor/")
     metrics.update(reduce_metrics(actor_metrics))
-    np.savez(out_path, response_mask=mask_np, advantages=adv,
+    np.savez(out_path, response_mask=mask_np, advantages=adv, old_log_probs=d["old_log_probs"],
              **({"rollout_is_weights": weights} if weights is not None else {}))
     return {k: float(v) for k, v in metrics.items()}
 
