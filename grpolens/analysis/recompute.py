@@ -258,7 +258,11 @@ def recompute(
     reader = RunReader(run, storage_options)
     run = reader.path
     prof = plugins.get(profile)
-    reader.check()  # refuse what `grpolens validate` would reject, from the Parquet footers
+    # refuse what `grpolens validate` would reject, from the Parquet footers; a recompute that keeps
+    # its cache remembers the files that passed, so a re-run opens only new or changed ones
+    memo_path = fmt.derived_dir(run) / "cache" / "checked.json" \
+        if write and incremental and only is None and not fmt.is_remote_run(run) else None
+    reader.check(memo_path)
     cfg = reader.config(overrides, config_file)
     schedule = None
     if prof.log_schedule is not None:  # the trainer's logging schedule and release rules, from the run
@@ -275,10 +279,13 @@ def recompute(
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
     cache_path = cache_root / "cache" / f"steps-{profile}.parquet"
     state_path = cache_root / "cache" / f"state-{profile}.json"
-    fingerprints = {
-        s: _fingerprint(fmt.list_shards(run, fmt.TOKENS, [s]) + fmt.list_shards(run, fmt.SAMPLES, [s])) for s in all_steps
-    }
-    samples_fp = _fingerprint(fmt.list_shards(run, fmt.SAMPLES))
+    # one listing per table (not one per step: a 1,000-step run would list 2,000 directories)
+    token_shards, sample_shards = fmt.list_shards(run, fmt.TOKENS), fmt.list_shards(run, fmt.SAMPLES)
+    fingerprints: dict[int, list] = {s: [] for s in all_steps}
+    for sh in token_shards + sample_shards:
+        if sh.step in fingerprints:
+            fingerprints[sh.step].append(sh.fingerprint())
+    samples_fp = _fingerprint(sample_shards)
     state: dict = {}
     if incremental and state_path.is_file():
         try:
@@ -403,6 +410,9 @@ def recompute(
         if remote_out is not None:
             _upload(out_dir, remote_out)
             out_dir = remote_out
+    memo = reader.check_report.memo if reader.check_report is not None else None
+    if memo_path is not None and memo is not None and memo.changed:  # last: this recompute succeeded
+        memo.save(memo_path)
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
                                sorted(cached_rows), notes)

@@ -308,7 +308,8 @@ def list_steps(run: os.PathLike | str, table: str = TOKENS, *, complete_only: bo
     root = Path(run) / table
     if not root.is_dir():
         return []
-    steps = sorted(int(m.group(1)) for d in root.iterdir() if (m := _STEP_RE.match(d.name)) and d.is_dir())
+    with os.scandir(root) as entries:  # scandir knows directories without a stat per entry
+        steps = sorted(int(m.group(1)) for d in entries if (m := _STEP_RE.match(d.name)) and d.is_dir())
     if complete_only:
         keep = complete_filter(run)
         if keep is not None:

@@ -231,15 +231,19 @@ class RunReader:
     def manifest(self) -> fmt.Manifest:
         return fmt.read_manifest(self.path)
 
-    def check(self):
+    #: what :meth:`check` found (None before it ran, or for a run on object storage)
+    check_report = None
+
+    def check(self, memo: os.PathLike | str | None = None):
         """Refuse the run (RunFormatError, validate's message) when ``grpolens validate`` would
         reject it for anything the Parquet footers show; called once by every command before it
-        reads rows (the rest is checked by :func:`read_tokens` and :func:`read_samples`)."""
+        reads rows (the rest is checked by :func:`read_tokens` and :func:`read_samples`).
+        ``memo``: where to remember the files that passed (see :func:`check_before_reading`)."""
         from grpolens.run.validate import check_before_reading
 
         # an s3:// run has no local directory to validate: its shards are still checked as read
         if not getattr(self, "_checked", False) and not fmt.is_remote_run(self.path):
-            check_before_reading(self.path)
+            self.check_report = check_before_reading(self.path, memo)
             self._checked = True
         return self
 

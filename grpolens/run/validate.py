@@ -122,6 +122,8 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     files: dict[str, int] = field(default_factory=lambda: {fmt.TOKENS: 0, fmt.SAMPLES: 0})
     rows: dict[str, int] = field(default_factory=lambda: {fmt.TOKENS: 0, fmt.SAMPLES: 0})
+    #: :func:`check_before_reading` with a memo: the memo, updated with what passed (the caller saves it)
+    memo: "_CheckMemo | None" = field(default=None, repr=False, compare=False)
 
     @property
     def errors(self) -> list[Problem]:
@@ -158,17 +160,25 @@ def validate_run(run: os.PathLike | str) -> Report:
     return _Validator(run).run()
 
 
-def check_before_reading(run: os.PathLike | str) -> Report:
+def check_before_reading(run: os.PathLike | str, memo: os.PathLike | str | None = None) -> Report:
     """What a command checks before it reads ``run``: every error ``grpolens validate`` would
     report that the Parquet footers can show, with the same messages; raises
-    :class:`~grpolens.errors.RunFormatError` for the first (as :meth:`Report.raise_for_errors`)."""
+    :class:`~grpolens.errors.RunFormatError` for the first (as :meth:`Report.raise_for_errors`).
+
+    ``memo``: a JSON file (``recompute`` keeps one in its cache) remembering the files and
+    completion markers that passed, by size and modification time; those are not opened again,
+    so a re-run costs a ``stat`` per file plus the run-wide checks, and a new step costs its own
+    files. The updated memo is ``report.memo``; the caller saves it (``report.memo.save(memo)``)
+    once its own work succeeded, so that a command that fails writes nothing."""
     run = Path(run)
     if not run.exists():
         raise fmt.RunFormatError(run, "run directory does not exist")
     if not run.is_dir():
         raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
-    report = _FooterValidator(run).run()
+    v = _FooterValidator(run, _CheckMemo.load(memo) if memo is not None else None)
+    report = v.run()
     report.raise_for_errors()
+    report.memo = v.memo
     return report
 
 
@@ -232,6 +242,7 @@ class _Validator:
         self.parts: dict[tuple[int, int], list[tuple[str, set[int], int]]] = {}
         self.orphans = [0, 0, None, None]  # rows, ids, first file, first id
         self.markers: bool | None = None  # the manifest says the writer leaves completion markers
+        self.listed: dict[str, list[fmt.Shard]] = {}  # table -> its shards, as run() listed them
 
     def add(self, severity: str, path: Path | str, message: str, column: str | None = None) -> None:
         rel = path if isinstance(path, str) else self.rel(path)
@@ -249,10 +260,12 @@ class _Validator:
     def run(self) -> Report:
         self.check_manifest()
         self.check_layout()
-        for shard in fmt.list_shards(self.root, fmt.SAMPLES, complete_only=False):  # first: tokens are joined against them
+        # listed once here, reused by the completion check (a listing is a directory read per step)
+        self.listed = {t: fmt.list_shards(self.root, t, complete_only=False) for t in (fmt.SAMPLES, fmt.TOKENS)}
+        for shard in self.listed[fmt.SAMPLES]:  # first: tokens are joined against them
             self.check_file(shard, fmt.SAMPLES)
         self.check_sample_ids()
-        for shard in fmt.list_shards(self.root, fmt.TOKENS, complete_only=False):
+        for shard in self.listed[fmt.TOKENS]:
             self.check_file(shard, fmt.TOKENS)
         self.check_parts()
         self.check_completion()
@@ -542,7 +555,7 @@ class _Validator:
         files on disk; every rank left a finished record. Runs written before markers: a warning."""
         if self.world_size is None:
             return
-        shards = [sh for t in fmt.TABLES for sh in fmt.list_shards(self.root, t, complete_only=False)]
+        shards = [sh for t in fmt.TABLES for sh in (self.listed[t] if t in self.listed else fmt.list_shards(self.root, t, complete_only=False))]
         if not self.markers:
             if shards:
                 self.add(WARNING, fmt.MANIFEST_NAME, "written without completion markers (before grpolens wrote them, "
@@ -551,7 +564,7 @@ class _Validator:
             return
         on_disk: dict[tuple[int, int], set[str]] = {}
         for sh in shards:
-            on_disk.setdefault((sh.step, sh.rank), set()).add(self.rel(sh.path))
+            on_disk.setdefault((sh.step, sh.rank), set()).add(sh.relpath())  # the listing matched its canonical name
         marked: dict[tuple[int, int], Path] = {}
         finished: set[int] = set()
         cdir = self.root / fmt.COMPLETE_DIR
@@ -660,6 +673,54 @@ def _count_positive(values: pa.Array) -> int:
     return int(np.count_nonzero(np.isfinite(a) & (a > POSITIVE_LOGP_TOLERANCE)))
 
 
+class _CheckMemo:
+    """Files and markers that passed :func:`check_before_reading`, keyed by relative path, with the
+    (size, mtime_ns, inode) they had. A changed file, an edited checker or a damaged memo: checked
+    again. Like ``make``, it trusts that a file with the same size, time and inode is the same file;
+    ``recompute --full`` checks every file."""
+
+    @staticmethod
+    def checker() -> str:
+        """Which checks the memo vouches for: this grpolens, and these very modules (a checkout
+        whose checks were edited does not trust what an older copy passed)."""
+        from grpolens import __version__
+
+        return ":".join([__version__, *(f"{st.st_size}.{st.st_mtime_ns}" for st in
+                                        (os.stat(__file__), os.stat(fmt.__file__)))])
+
+    def __init__(self, files: dict | None = None, markers: dict | None = None):
+        self.files: dict[str, list] = files or {}
+        self.markers: dict[str, list] = markers or {}
+        self.changed = False
+
+    @classmethod
+    def load(cls, path: os.PathLike | str) -> "_CheckMemo":
+        import json
+
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("checker") == cls.checker() and isinstance(data.get("files"), dict) \
+                    and isinstance(data.get("markers"), dict):
+                return cls(data["files"], data["markers"])
+        except (OSError, ValueError, AttributeError):
+            pass  # none yet, or damaged: every file is checked, and the memo written anew
+        return cls()
+
+    def save(self, path: os.PathLike | str) -> None:
+        import json
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fmt.atomic_write_bytes(path, json.dumps({"checker": self.checker(), "files": self.files,
+                                                 "markers": self.markers}).encode())
+
+
+def _stat(path) -> list[int]:
+    # the inode too: shards are written by rename, so a rewrite within the file system's time
+    # resolution, at the same size, still shows as a new file
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
 class _FooterValidator(_Validator):
     """The checks of :class:`_Validator` that the Parquet footers can answer.
 
@@ -673,17 +734,26 @@ class _FooterValidator(_Validator):
     #: an incomplete step is no reason to refuse the run: readers leave it out, with their own line
     reports_incomplete_steps = False
 
+    def __init__(self, run: Path, memo: _CheckMemo | None = None):
+        super().__init__(run)
+        self.memo = memo
+
     def check_file(self, shard: fmt.Shard, table: str) -> None:
         import pyarrow.parquet as pq
 
-        rel = self.rel(shard.path)
+        rel = shard.relpath()  # the listing matched its canonical name
         self.report.files[table] += 1
         if self.world_size is not None and shard.rank >= self.world_size:
             self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
+        stat = _stat(shard.path) if self.memo is not None else None
+        if stat is not None and self._recall(rel, shard, table, stat):
+            return
+        before = len(self.report.problems)
         try:
             pf = pq.ParquetFile(fmt.parquet_source(shard.path))
             schema = pf.schema_arrow
-            self.report.rows[table] += pf.metadata.num_rows
+            rows = pf.metadata.num_rows
+            self.report.rows[table] += rows
             usable = self.check_schema(rel, schema, table)
             stats = _column_stats(pf, usable)
             if table == fmt.TOKENS:
@@ -691,18 +761,53 @@ class _FooterValidator(_Validator):
                     self.check_token_rows(rel, shard, pf, usable)
                     return
                 mb = stats.get("micro_batch")
-                mbs = set(range(int(mb[0]), int(mb[1]) + 1)) if mb and pf.metadata.num_rows else set()
-                self.parts.setdefault((shard.step, shard.rank), []).append((rel, mbs, shard.part))
+                span = [int(mb[0]), int(mb[1])] if mb and rows else None
+                self.parts.setdefault((shard.step, shard.rank), []).append((rel, _span_set(span), shard.part))
+                facts = [span]
             else:
                 self.samples_incomplete |= "sample_id" not in usable
                 if _samples_suspicious(stats, shard, usable):
                     self.check_sample_rows(rel, shard, pf, usable)
-                elif "sample_id" in usable:
-                    self.sample_ids.append(_ints(pf.read(columns=["sample_id"]).column(0)))
-                    self.sample_id_files.append(rel)
+                    return
+                if "sample_id" not in usable:
+                    return
+                ids = _ints(pf.read(columns=["sample_id"]).column(0))
+                self.sample_ids.append(ids)
+                self.sample_id_files.append(rel)
+                facts = [ids.tolist()]
         except Exception as e:  # pyarrow raises several types for truncated/garbage files
             self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
             self.samples_incomplete |= table == fmt.SAMPLES
+            return
+        if stat is not None and len(self.report.problems) == before:
+            self.memo.files[rel] = [*stat, table, rows, *facts]
+            self.memo.changed = True
+
+    def _recall(self, rel: str, shard: fmt.Shard, table: str, stat: list[int]) -> bool:
+        """Restore what ``check_file`` learnt of an unchanged file that passed before."""
+        hit = self.memo.files.get(rel)
+        if not isinstance(hit, list) or len(hit) != 6 or hit[:4] != [*stat, table]:
+            return False
+        self.report.rows[table] += hit[4]
+        if table == fmt.TOKENS:
+            self.parts.setdefault((shard.step, shard.rank), []).append((rel, _span_set(hit[5]), shard.part))
+        else:
+            self.sample_ids.append(np.asarray(hit[5], dtype=np.int64))
+            self.sample_id_files.append(rel)
+        return True
+
+    def _check_marker(self, path: Path, step: int, rank: int, files: set[str]) -> None:
+        if self.memo is None:
+            return super()._check_marker(path, step, rank, files)
+        rel = os.path.relpath(path, self.root).replace(os.sep, "/")
+        seen = [*_stat(path), sorted(files)]
+        if self.memo.markers.get(rel) == seen:
+            return
+        before = len(self.report.problems)
+        super()._check_marker(path, step, rank, files)
+        if len(self.report.problems) == before:
+            self.memo.markers[rel] = seen
+            self.memo.changed = True
 
     def check_parts(self) -> None:
         """Part files whose micro_batch ranges overlap get their exact micro_batch sets read (the
@@ -718,6 +823,11 @@ class _FooterValidator(_Validator):
                     exact.append((rel, set(np.unique(_ints(col)).tolist()), part))
                 self.parts[key] = exact
         super().check_parts()
+
+
+def _span_set(span: list[int] | None) -> set[int]:
+    """The micro_batch values a file may hold, from its statistics' [min, max] (None: no rows)."""
+    return set(range(span[0], span[1] + 1)) if span else set()
 
 
 def _column_stats(pf, usable: set[str]) -> dict[str, tuple | None]:

@@ -1,0 +1,123 @@
+"""recompute remembers which files passed the pre-read check (RUN/grpolens/cache/checked.json).
+
+A re-run opens no Parquet footer of an unchanged file; a changed, new or replaced file is checked
+as if there were no memo, and run-wide rules (unique sample_id, completion markers) still see every
+file. Each test drives the real check through ``recompute`` on a synthetic run; "not opened" is
+shown by a file damaged behind the memo's back (same size, time and inode) that a memoised re-run
+does not notice while ``--full`` and every other command do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpolens.adapters.synth import synth_run
+from grpolens.analysis.recompute import recompute
+from grpolens.errors import RunFormatError
+from grpolens.run import format as fmt
+from grpolens.run.validate import check_before_reading
+
+TOK1 = "tokens/step=00000001/rank=00000.parquet"
+SMP2 = "samples/step=00000002/rank=00000.parquet"
+
+
+@pytest.fixture
+def run(tmp_path):
+    return synth_run(tmp_path / "run", steps=3, ranks=1, groups=2, generations=3, max_len=16, seed=1)
+
+
+def _memo(run) -> dict:
+    return json.loads((fmt.derived_dir(run) / "cache" / "checked.json").read_text())
+
+
+def _damage_in_place(path) -> None:
+    """Garbage of the same size, written into the same inode, with the old times put back."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(b"\0" * st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_first_recompute_remembers_every_file_and_marker(run):
+    recompute(run)
+    memo = _memo(run)
+    on_disk = {sh.relpath() for t in fmt.TABLES for sh in fmt.list_shards(run, t)}
+    assert set(memo["files"]) == on_disk
+    assert len(memo["markers"]) == 3  # one per (step, rank)
+
+
+def test_rerun_does_not_open_unchanged_files_but_full_and_other_commands_do(run):
+    recompute(run)
+    _damage_in_place(run / TOK1)
+    # nothing new: the memo vouches for the file, and the cached rows need no read of it
+    recompute(run)
+    with pytest.raises(RunFormatError, match="unreadable or truncated Parquet file") as e:
+        recompute(run, incremental=False)  # --full: every file checked again
+    assert e.value.path.endswith(TOK1)
+    with pytest.raises(RunFormatError, match="unreadable or truncated Parquet file"):
+        check_before_reading(run)  # what tokens, completions, check, serve, ... run
+
+
+def test_a_rewritten_file_is_checked_again(run):
+    recompute(run)
+    t = pq.read_table(run / TOK1)
+    logp = pa.array([0.5] * t.num_rows, pa.float32())  # positive log-probs: an error
+    pq.write_table(t.set_column(t.schema.get_field_index("logp"), "logp", logp), run / TOK1)
+    with pytest.raises(RunFormatError, match="positive log-probabilities"):
+        recompute(run)
+
+
+def test_memoised_samples_still_take_part_in_the_unique_sample_id_rule(run):
+    recompute(run)
+    # a rewritten step whose samples reuse an id of step 0 (a memoised, unopened file)
+    smp1 = pq.read_table(run / "samples/step=00000000/rank=00000.parquet")
+    t = pq.read_table(run / SMP2)
+    ids = t.column("sample_id").to_pylist()
+    ids[0] = smp1.column("sample_id")[0].as_py()
+    pq.write_table(t.set_column(t.schema.get_field_index("sample_id"), "sample_id",
+                                pa.array(ids, t.schema.field("sample_id").type)), run / SMP2)
+    with pytest.raises(RunFormatError, match="duplicate sample_id"):
+        recompute(run)
+
+
+def test_a_new_step_is_checked_and_remembered(run, tmp_path):
+    longer = synth_run(tmp_path / "longer", steps=4, ranks=1, groups=2, generations=3, max_len=16, seed=1)
+    recompute(run)
+    before = _memo(run)
+    # the fourth step (3) of the same seed, added as a writer would add it (shards, then its marker)
+    for rel in ("tokens/step=00000003", "samples/step=00000003"):
+        shutil.copytree(longer / rel, run / rel)
+    marker = fmt.marker_relpath(3, 0)
+    shutil.copy2(longer / marker, run / marker)
+    recompute(run)
+    after = _memo(run)
+    assert {k: v for k, v in after["files"].items() if k in before["files"]} == before["files"]
+    assert set(after["files"]) - set(before["files"]) == {
+        "tokens/step=00000003/rank=00000.parquet", "samples/step=00000003/rank=00000.parquet"}
+
+
+def test_a_failed_recompute_writes_no_memo(run, monkeypatch):
+    monkeypatch.setenv("GRPOLENS_INCOMPLETE", "fail")
+    (run / fmt.marker_relpath(2, 0)).unlink()  # step 2 incomplete: refused under the fail policy
+    with pytest.raises(RunFormatError):
+        recompute(run)
+    assert not (fmt.derived_dir(run) / "cache" / "checked.json").exists()
+
+
+@pytest.mark.parametrize("junk", [b"{not json", b"[]", b'{"checker": "another grpolens", "files": {}, "markers": {}}'])
+def test_a_damaged_or_foreign_memo_trusts_nothing_and_is_rewritten(run, junk):
+    recompute(run)
+    path = fmt.derived_dir(run) / "cache" / "checked.json"
+    path.write_bytes(junk)
+    recompute(run)
+    assert TOK1 in _memo(run)["files"]  # rewritten whole
+    path.write_bytes(junk)
+    _damage_in_place(run / TOK1)
+    with pytest.raises(RunFormatError, match="unreadable or truncated"):
+        recompute(run)  # nothing trusted: the damaged file is found
