@@ -346,13 +346,18 @@ class _Validator:
                     self.add(ERROR, f, "stray file: expected rank=<5 digits>[-<4 digits>].parquet; readers ignore it")
 
     # -- one file ------------------------------------------------------------------------------
-    def check_file(self, shard: fmt.Shard, table: str) -> None:
-        import pyarrow.parquet as pq
-
-        rel = self.rel(shard.path)
+    def begin_file(self, shard: fmt.Shard, table: str) -> str:
+        """Count the file and check its rank against world_size; its path relative to the run."""
+        rel = shard.relpath()  # the listing matched its canonical name
         self.report.files[table] += 1
         if self.world_size is not None and shard.rank >= self.world_size:
             self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
+        return rel
+
+    def check_file(self, shard: fmt.Shard, table: str) -> None:
+        import pyarrow.parquet as pq
+
+        rel = self.begin_file(shard, table)
         try:
             pf = pq.ParquetFile(fmt.parquet_source(shard.path))
             schema = pf.schema_arrow
@@ -741,10 +746,7 @@ class _FooterValidator(_Validator):
     def check_file(self, shard: fmt.Shard, table: str) -> None:
         import pyarrow.parquet as pq
 
-        rel = shard.relpath()  # the listing matched its canonical name
-        self.report.files[table] += 1
-        if self.world_size is not None and shard.rank >= self.world_size:
-            self.add(ERROR, rel, f"rank {shard.rank} is outside the manifest's world_size {self.world_size}")
+        rel = self.begin_file(shard, table)
         stat = _stat(shard.path) if self.memo is not None else None
         if stat is not None and self._recall(rel, shard, table, stat):
             return
@@ -799,7 +801,7 @@ class _FooterValidator(_Validator):
     def _check_marker(self, path: Path, step: int, rank: int, files: set[str]) -> None:
         if self.memo is None:
             return super()._check_marker(path, step, rank, files)
-        rel = os.path.relpath(path, self.root).replace(os.sep, "/")
+        rel = self.rel(path)
         seen = [*_stat(path), sorted(files)]
         if self.memo.markers.get(rel) == seen:
             return
