@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 from typing import Any
-from urllib.parse import parse_qs, urlencode
 
 import numpy as np
 import polars as pl
@@ -26,6 +25,7 @@ from grpolens.plot_config import plot_config
 from grpolens.serve import data, figures
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
 from grpolens.serve.runs import RunSet
+from grpolens.serve.url_callbacks import completions_search, range_value, register_url_callbacks, tokens_search
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
@@ -39,16 +39,6 @@ GRAPH_CONFIG = plot_config()
 
 def error_box(message: str) -> html.Div:
     return html.Div(message, className="error")
-
-
-def parse_search(search: str | None) -> dict[str, str]:
-    """``?run=a&step=3`` -> ``{"run": "a", "step": "3"}`` (last value wins)."""
-    q = parse_qs((search or "").lstrip("?"), keep_blank_values=False)
-    return {k: v[-1] for k, v in q.items() if v}
-
-
-def make_search(**params: Any) -> str:
-    return "?" + urlencode({k: v for k, v in params.items() if v is not None})
 
 
 def as_int(value: Any) -> int | None:
@@ -344,7 +334,7 @@ def top_tokens_view(runs: RunSet, name: str, step: int | None, by: str, k: int |
                   f"{t['rank'].n_unique()} rank(s). Top {top.height} by {SCORE_LABELS[by]} "
                   f"({data.SCORES[by]}), loss-masked-in tokens only"
                   + (f"; {null_scores} token(s) have no finite score" if null_scores else "") + ". "),
-        dcc.Link("all completions of this step →", href="/completions" + make_search(run=name, step=step)),
+        dcc.Link("all completions of this step →", href="/completions" + completions_search(name, step)),
     ])
     top = top.with_columns((pl.col("sample_id").cast(pl.String) + ":" + pl.col("pos").cast(pl.String)).alias("id"))
     return summary, rows_json(top), table_columns(top)
@@ -459,7 +449,8 @@ def completions_table(runs: RunSet, name: str, step: int | None, page: int, page
 # ---------------------------------------------------------------------------------------------
 
 def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=None):
-    """``(summary, rows, columns, graphs, metric_options, default_metrics)`` for runs A and B."""
+    """``(summary, rows, columns, graphs, metric_options, chosen_metrics, default_metrics)`` for runs A
+    and B (the defaults are the page's delta curves when none are chosen; the URL leaves them out)."""
     pa_, pb = runs.path(a), runs.path(b)
     lo, hi = _range(rng)
     fa, fb = data.series(pa_), data.series(pb)
@@ -475,16 +466,18 @@ def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=No
     common = fa.join(fb, on="step", how="inner").height if fa.height and fb.height else 0
     summary = (f"B - A per step over {common} common step(s); table: mean of each metric in A and B, the mean "
                f"difference, and the largest |difference| with its step (click a delta curve to open run B's tokens)")
-    return summary, rows_json(table), table_columns(table), graphs, options, chosen
+    return summary, rows_json(table), table_columns(table), graphs, options, chosen, defaults
 
 
 # ---------------------------------------------------------------------------------------------
 # Navigation
 # ---------------------------------------------------------------------------------------------
 
-def click_target(runs: RunSet, names: list[str] | None, click: dict | None) -> tuple[str, str] | None:
+def click_target(runs: RunSet, names: list[str] | None, click: dict | None, by: str = "kl", k: int = 50,
+                 color: str = "kl") -> tuple[str, str] | None:
     """Where a click on a curve point leads: the Tokens page for that run and step (the point's
-    ``customdata`` is its run's index; a delta curve of the Compare page carries run B's)."""
+    ``customdata`` is its run's index; a delta curve of the Compare page carries run B's), ranked
+    and coloured as the Tokens page last was."""
     if not click or not click.get("points"):
         return None
     pts = click["points"]
@@ -498,7 +491,7 @@ def click_target(runs: RunSet, names: list[str] | None, click: dict | None) -> t
     else:
         name = (names or runs.names)[0]
     runs.path(name)
-    return "/tokens", make_search(run=name, step=step)
+    return "/tokens", tokens_search(name, step, by=by, k=as_int(k), color=color)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,8 +525,11 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         return [*styles, *navs, {} if path in CURVE_PAGES or path == "/compare" else {"display": "none"}]
 
     @app.callback(Output("range", "min"), Output("range", "max"), Output("range", "value"), Output("range", "marks"),
-                  Input("runs", "value"), Input("version", "data"), State("range", "value"), State("range", "max"))
-    def set_range(names, _version, value, old_max):
+                  Input("runs", "value"), Input("version", "data"), Input("url", "search"),
+                  State("url", "pathname"), State("range", "value"), State("range", "min"), State("range", "max"))
+    def set_range(names, _version, search, pathname, value, old_min, old_max):
+        """The step slider spans the selected runs' steps; its value is the URL's ``from``/``to``
+        on the pages that have them, else the current value (clamped)."""
         try:
             names = runs.check(names)
         except UserError:
@@ -541,9 +537,13 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         lo, hi = data.step_bounds([data.series(runs.path(n)) for n in names]) if names else (0, 1)
         hi = max(hi, lo + 1)
         marks = {int(v): str(int(v)) for v in np.linspace(lo, hi, 5).round()}
-        if value and old_max is not None and value[1] < old_max and value[0] >= lo:
-            return lo, hi, [value[0], min(value[1], hi)], marks  # keep a user's narrowed range
-        return lo, hi, [lo, hi], marks
+        want = range_value(search, pathname, lo, hi)
+        if want is None:  # a page without a step range: keep a narrowed range, clamped
+            narrowed = value and old_max is not None and (value[1] < old_max or value[0] > (old_min or 0))
+            want = [max(value[0], lo), min(value[1], hi)] if narrowed and value[0] <= hi else [lo, hi]
+        if (lo, hi, want) == (old_min, old_max, value):
+            raise PreventUpdate
+        return lo, hi, want, marks
 
     for path, page in CURVE_PAGES.items():
         def make(path=path, page=page):
@@ -573,48 +573,20 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
 
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
                   Input({"type": "curve", "key": ALL}, "clickData"), State("runs", "value"),
+                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"),
                   prevent_initial_call=True)
-    def on_curve_click(_clicks, names):
+    def on_curve_click(_clicks, names, by, k, color):
         trig = ctx.triggered_id
         value = ctx.triggered[0].get("value") if ctx.triggered else None
         if not isinstance(trig, dict) or not value:
             raise PreventUpdate
         try:
-            target = click_target(runs, names, value)
+            target = click_target(runs, names, value, by, k, color)
         except UserError:
             raise PreventUpdate from None
         if target is None:
             raise PreventUpdate
         return target
-
-    # -- URL -> page controls ---------------------------------------------------------------
-    def url_run_step(pathname, page, q, cur_run, cur_step):
-        """(run, step) a page opens on: the URL's when it names a known run for this page, else
-        the current choice, else the first run at its default step (PreventUpdate: keep as is)."""
-        if pathname == page and q.get("run") in runs.runs:
-            step = as_int(q.get("step"))
-            return q["run"], default_step(runs, q["run"]) if step is None else step
-        if cur_step is None:
-            name = cur_run if cur_run in runs.runs else runs.names[0]
-            return name, default_step(runs, name)
-        raise PreventUpdate
-
-    @app.callback(Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
-                  Output("tok-focus", "data"),
-                  Input("url", "search"), State("url", "pathname"), State("tok-run", "value"),
-                  State("tok-step", "value"))
-    def url_to_tokens(search, pathname, cur_run, cur_step):
-        q = parse_search(search)
-        run, step = url_run_step(pathname, "/tokens", q, cur_run, cur_step)
-        if pathname == "/tokens" and q.get("run") in runs.runs:
-            return run, step, as_int(q.get("sample")), as_int(q.get("pos"))
-        return run, step, None, None
-
-    @app.callback(Output("comp-run", "value"), Output("comp-step", "value"),
-                  Input("url", "search"), State("url", "pathname"), State("comp-run", "value"),
-                  State("comp-step", "value"))
-    def url_to_completions(search, pathname, cur_run, cur_step):
-        return url_run_step(pathname, "/completions", parse_search(search), cur_run, cur_step)
 
     # -- Tokens page ----------------------------------------------------------------------------
     @app.callback(Output("tok-summary", "children"), Output("tok-table", "data"), Output("tok-table", "columns"),
@@ -637,12 +609,13 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
 
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Input("tok-table", "active_cell"), State("tok-run", "value"), State("tok-step", "value"),
+                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"),
                   prevent_initial_call=True)
-    def on_token_row(cell, name, step):
+    def on_token_row(cell, name, step, by, k, color):
         if not cell or cell.get("row_id") is None or name not in runs.runs:
             raise PreventUpdate
         sample, _, pos = str(cell["row_id"]).partition(":")
-        return make_search(run=name, step=as_int(step), sample=as_int(sample), pos=as_int(pos))
+        return tokens_search(name, as_int(step), as_int(sample), as_int(pos), by, as_int(k), color)
 
     # -- Completions page -------------------------------------------------------------------------
     @app.callback(Output("comp-table", "data"), Output("comp-table", "columns"), Output("comp-table", "page_count"),
@@ -660,24 +633,19 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         except (UserError, RunFormatError) as e:
             return no_update, no_update, no_update, error_box(e.message if isinstance(e, UserError) else str(e))
 
-    @app.callback(Output("comp-table", "page_current"),
-                  Input("comp-run", "value"), Input("comp-step", "value"), Input("comp-table", "filter_query"),
-                  Input("comp-group", "value"), Input("comp-rank", "value"), Input("comp-trunc", "value"),
-                  Input("comp-veto", "value"), prevent_initial_call=True)
-    def reset_page(*_):
-        return 0
-
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
                   Input("comp-table", "active_cell"), State("comp-run", "value"), State("comp-step", "value"),
+                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"),
                   prevent_initial_call=True)
-    def on_completion_row(cell, name, step):
+    def on_completion_row(cell, name, step, by, k, color):
         if not cell or cell.get("row_id") is None or name not in runs.runs:
             raise PreventUpdate
-        return "/tokens", make_search(run=name, step=as_int(step), sample=as_int(cell["row_id"]))
+        return "/tokens", tokens_search(name, as_int(step), as_int(cell["row_id"]), None, by, as_int(k), color)
 
     # -- Compare page -------------------------------------------------------------------------------
     @app.callback(Output("cmp-summary", "children"), Output("cmp-table", "data"), Output("cmp-table", "columns"),
                   Output("cmp-graphs", "children"), Output("cmp-metrics", "options"), Output("cmp-metrics", "value"),
+                  Output("cmp-default", "data"),
                   Input("url", "pathname"), Input("cmp-a", "value"), Input("cmp-b", "value"),
                   Input("cmp-metrics", "value"), Input("range", "value"), Input("version", "data"))
     def render_compare(pathname, a, b, metrics, rng, _version):
@@ -687,7 +655,9 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
             return compare_view(runs, a, b, metrics, rng)
         except (UserError, RunFormatError) as e:
             msg = e.message if isinstance(e, UserError) else str(e)
-            return error_box(msg), [], [], [], [], []
+            return error_box(msg), [], [], [], [], [], []
+
+    register_url_callbacks(app, runs)
 
     # -- --watch: notice new data -------------------------------------------------------------------
     @app.callback(Output("version", "data"), Input("watch", "n_intervals"), State("version", "data"),

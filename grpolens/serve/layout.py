@@ -41,8 +41,13 @@ def _labelled(label: str, component, cls: str = "ctl") -> html.Label:
     return html.Label([html.Span(label, className="ctl-label"), component], className=cls)
 
 
+def default_runs(runs: RunSet) -> list[str]:
+    """The runs the header selects when the URL names none: the first six besides the baseline."""
+    return [n for n in runs.names if n != runs.baseline][:6] or runs.names[:1]
+
+
 def header(runs: RunSet) -> html.Header:
-    selected = [n for n in runs.names if n != runs.baseline][:6] or runs.names[:1]
+    selected = default_runs(runs)
     return html.Header([
         html.Span("grpolens", className="brand"),
         html.Nav([dcc.Link(label, href=path, id=f"nav-{PAGE_IDS[path]}", className="nav-link")
@@ -127,6 +132,13 @@ def completions_page(runs: RunSet) -> html.Div:
     ], id="page-completions", className="page")
 
 
+def _metric_options(runs: RunSet) -> list[dict]:
+    names: dict[str, None] = {}
+    for path in runs.runs.values():
+        names.update(dict.fromkeys(c for c in data.series(path).columns if c != "step"))
+    return [{"label": m, "value": m} for m in names]
+
+
 def compare_page(runs: RunSet) -> html.Div:
     names = runs.names
     return html.Div([
@@ -134,7 +146,9 @@ def compare_page(runs: RunSet) -> html.Div:
             _labelled("run A", dcc.Dropdown(id="cmp-a", options=_run_options(runs), value=names[0], clearable=False)),
             _labelled("run B", dcc.Dropdown(id="cmp-b", options=_run_options(runs),
                                             value=names[1] if len(names) > 1 else names[0], clearable=False)),
-            _labelled("delta curves", dcc.Dropdown(id="cmp-metrics", options=[], value=[], multi=True),
+            # every metric of every run, so a link's chosen curves are valid options before the page's own load
+            _labelled("delta curves", dcc.Dropdown(id="cmp-metrics", options=_metric_options(runs), value=[],
+                                                   multi=True),
                       "ctl ctl-wider"),
         ], className="controls"),
         html.Div(id="cmp-summary", className="summary"),
@@ -148,6 +162,7 @@ def build_layout(runs: RunSet, watch: bool) -> html.Div:
     return html.Div([
         dcc.Location(id="url", refresh=False),
         dcc.Store(id="version", data=None),
+        dcc.Store(id="cmp-default", data=[]),  # the Compare page's default delta curves (kept out of its URL)
         dcc.Interval(id="watch", interval=5000, disabled=not watch),
         header(runs),
         curve_controls(runs),

@@ -315,3 +315,81 @@ def test_mode_bar_does_not_cover_the_legend(server, browser):
     for legend, bar in boxes:
         assert legend["right"] <= bar["left"] or bar["bottom"] <= legend["top"] or legend["bottom"] <= bar["top"], \
             (legend, bar)
+
+
+def checked(driver, selector) -> list[str]:
+    return [i.get_attribute("value") for i in css(driver, selector) if i.is_selected()]
+
+
+def curve_view(driver, page):
+    """What the curve panels show: y axis type, x range and the runs drawn, per panel."""
+    return driver.execute_script(f"""
+        return Array.from(document.querySelectorAll('#page-{page} .js-plotly-plot')).filter(g => g._fullLayout)
+            .map(g => [g._fullLayout.yaxis.type, g._fullLayout.xaxis.range.map(Math.round),
+                       Array.from(new Set(g.data.map(t => t.name).filter(n => n))).sort().join(',')])""")
+
+
+def test_url_state_survives_reload_and_back(server, browser):
+    """Every page's view lives in its URL: a link opens it, a reload keeps it, back/forward step through."""
+    go(browser, server, "/policy?runs=beta&smooth=0.6&y=log&filter=kl&from=3&to=10")
+    wait(browser, lambda d: len(visible_graphs(d, "policy")) >= 2, what="policy curves")
+    # (a panel with no positive value stays linear on log y)
+    view = wait(browser, lambda d: (v := curve_view(d, "policy")) and sum(p[0] == "log" for p in v) >= 2 and v,
+                what="log axes from the URL")
+    assert all(p[1] == [3, 10] and p[2] == "beta" for p in view), view
+    assert checked(browser, "#y-scale input") == ["log"]
+    assert css(browser, "#metric-filter")[0].get_attribute("value") == "kl"
+    # A control changes the URL (a new history entry) ...
+    css(browser, "#y-scale input[value='robust']")[0].click()
+    wait(browser, lambda d: "robust" in d.current_url, what="the toggle in the URL")
+    url = browser.current_url
+    # ... which a reload (or a colleague) opens as it was.
+    browser.refresh()
+    wait(browser, lambda d: checked(d, "#y-scale input") == ["log", "robust"], what="the toggles after reload")
+    wait(browser, lambda d: (v := curve_view(d, "policy")) == view, what="the same curves after reload")
+    assert browser.current_url == url
+    browser.back()
+    wait(browser, lambda d: checked(d, "#y-scale input") == ["log"], what="back: robust off again")
+    browser.forward()
+    wait(browser, lambda d: checked(d, "#y-scale input") == ["log", "robust"], what="forward: robust on")
+    # The navigation keeps the curve controls in the URL.
+    css(browser, "#nav-overview")[0].click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/", what="the Overview")
+    q = parse_qs(urlparse(browser.current_url).query)
+    assert q["runs"] == ["beta"] and q["smooth"] == ["0.6"] and q["from"] == ["3"] and q["y"] == ["log,robust"], q
+
+    # Tokens: run, step, sample, ranking, K and colouring.
+    go(browser, server, "/tokens?run=beta&step=5&sample=163&by=entropy&k=7&color=mismatch")
+    wait(browser, lambda d: len(css(d, "#tok-table tbody tr td")) > 0 and len(css(d, "#completion-tokens .tok")),
+         what="tokens")
+    wait(browser, lambda d: "beta, step 5" in css(d, "#tok-summary")[0].text and "by entropy" in
+         css(d, "#tok-summary")[0].text, what="the top-K of beta step 5 by entropy")
+    assert checked(browser, "#tok-by input") == ["entropy"] and checked(browser, "#tok-color input") == ["mismatch"]
+    assert css(browser, "#tok-k")[0].get_attribute("value") == "7"
+    assert "sample 163" in css(browser, "#tok-completion .summary")[0].text
+    css(browser, "#tok-color input[value='kl']")[0].click()
+    wait(browser, lambda d: "color=" not in d.current_url, what="colour back to the default, left out of the URL")
+    browser.refresh()
+    wait(browser, lambda d: checked(d, "#tok-by input") == ["entropy"] and checked(d, "#tok-color input") == ["kl"],
+         what="tokens view after reload")
+
+    # Completions: the page of the table.
+    go(browser, server, "/completions?run=beta&step=5&page=1")
+    wait(browser, lambda d: "page 2 of 2" in css(d, "#comp-summary")[0].text, what="page 2 from the URL")
+    css(browser, "#comp-table .previous-page")[0].click()
+    wait(browser, lambda d: "page=" not in d.current_url, what="page 1 (the default) in the URL")
+    browser.back()
+    wait(browser, lambda d: "page 2 of 2" in css(d, "#comp-summary")[0].text, what="back to page 2")
+
+    # Compare: runs A and B and the delta curves.
+    go(browser, server, "/compare?a=beta&b=alpha&delta=entropy")
+    wait(browser, lambda d: len(css(d, "#cmp-graphs .js-plotly-plot")) == 1, what="one delta curve")
+    assert "delta=entropy" in browser.current_url
+    shot(browser, "compare-from-url")
+
+    # A hostile link opens the defaults, shows nothing of itself, runs nothing.
+    go(browser, server, "/tokens?run=../../etc/passwd&step=nan&k=1e9&by=%3Cscript%3Ealert(1)%3C/script%3E")
+    wait(browser, lambda d: len(css(d, "#tok-table tbody tr td")) > 0, what="the default tokens view")
+    assert checked(browser, "#tok-by input") == ["kl"]
+    assert "passwd" not in browser.find_element("css selector", "body").text
+    assert severe_logs(browser) == []

@@ -150,10 +150,10 @@ def test_completions_table_pages(runset):
 
 
 def test_compare_view(runset):
-    summary, rows, cols, gs, options, chosen = cb.compare_view(runset, "alpha", "beta", None)
+    summary, rows, cols, gs, options, chosen, defaults = cb.compare_view(runset, "alpha", "beta", None)
     assert rows and chosen and len(gs) == len(chosen)
     assert {"metric", "mean_a", "mean_b", "mean_delta", "max_abs_delta", "at_step"} <= {c["id"] for c in cols}
-    _, _, _, gs, _, chosen = cb.compare_view(runset, "alpha", "beta", ["entropy"])
+    _, _, _, gs, _, chosen, _ = cb.compare_view(runset, "alpha", "beta", ["entropy"])
     assert chosen == ["entropy"] and len(gs) == 1
 
 
