@@ -24,8 +24,9 @@ from grpolens.run.format import RunFormatError
 from grpolens.plot_config import plot_config
 from grpolens.serve import data, figures
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
-from grpolens.serve.runs import RunSet
+from grpolens.serve.runs import RunSet, default_step
 from grpolens.serve.url_callbacks import completions_search, range_value, register_url_callbacks, tokens_search
+from grpolens.serve.urlstate import as_int
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
@@ -39,16 +40,6 @@ GRAPH_CONFIG = plot_config()
 
 def error_box(message: str) -> html.Div:
     return html.Div(message, className="error")
-
-
-def as_int(value: Any) -> int | None:
-    try:
-        if value is None or value == "":
-            return None
-        f = float(value)
-        return int(f) if math.isfinite(f) else None
-    except (TypeError, ValueError):
-        return None
 
 
 def rows_json(df: pl.DataFrame) -> list[dict]:
@@ -308,11 +299,6 @@ def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
 # ---------------------------------------------------------------------------------------------
 # Tokens page
 # ---------------------------------------------------------------------------------------------
-
-def default_step(runs: RunSet, name: str) -> int | None:
-    steps = fmt.list_steps(runs.path(name), fmt.TOKENS) or fmt.list_steps(runs.path(name), fmt.SAMPLES)
-    return steps[-1] if steps else None
-
 
 def top_tokens_view(runs: RunSet, name: str, step: int | None, by: str, k: int | None):
     """``(summary, rows, columns)`` of the top-K tokens table."""

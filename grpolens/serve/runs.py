@@ -73,6 +73,12 @@ class RunSet:
         return [names]  # type: ignore[list-item]
 
 
+def default_step(runs: RunSet, name: str) -> int | None:
+    """The step a run's Tokens and Completions pages open on: its last one with tokens (or samples)."""
+    steps = fmt.list_steps(runs.path(name), fmt.TOKENS) or fmt.list_steps(runs.path(name), fmt.SAMPLES)
+    return steps[-1] if steps else None
+
+
 def _unique_name(base: str, taken: set[str]) -> str:
     name, i = base, 2
     while name in taken:

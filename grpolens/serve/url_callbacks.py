@@ -20,7 +20,8 @@ from dash import Input, Output, State, ctx, no_update
 
 from grpolens.serve import data, urlstate
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, default_runs
-from grpolens.serve.runs import RunSet
+from grpolens.serve.runs import RunSet, default_step
+from grpolens.serve.urlstate import as_int
 
 TOKENS_DEFAULTS = {"by": "kl", "k": 50, "color": "kl"}
 COMPLETIONS_DEFAULTS = {"truncated": "any", "vetoed": "any", "page": 0}
@@ -84,8 +85,6 @@ def compare_search(a, b, metrics, default_metrics, bounds: dict, a0, b0) -> str:
 
 
 def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callback per page group
-    from grpolens.serve.callbacks import as_int, default_step
-
     names = runs.names
     curve_paths = list(CURVE_PAGES)
     cmp_a0, cmp_b0 = names[0], names[1] if len(names) > 1 else names[0]

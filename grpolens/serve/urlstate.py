@@ -62,6 +62,17 @@ def _last(q: dict[str, list[str]], key: str) -> str | None:
     return v[-1] if v else None
 
 
+def as_int(value: Any) -> int | None:
+    """A control's value as a whole number (None when empty or not finite; fractions cut)."""
+    try:
+        if value is None or value == "":
+            return None
+        f = float(value)
+        return int(f) if math.isfinite(f) else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _int(text: str | None, lo: int = 0, hi: int = MAX_INT) -> int | None:
     """A whole number in ``[lo, hi]``, or None ("12", "12.0" pass; "nan", "1e400", "3.5" do not)."""
     if text is None or len(text) > 24:
