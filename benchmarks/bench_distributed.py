@@ -9,11 +9,14 @@
 
 The S3 server is moto's (``tests/helpers/s3_server.py``, the dev extra) on 127.0.0.1, in its own
 process; it counts requests by kind. Every recompute runs in a fresh process (``timed``).
+``--write-doc`` writes the command's report, with the machine and the date, into its block of
+docs/distributed.md (``bench_distributed-<command>``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import pickle
@@ -28,6 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_recompute import timed  # noqa: E402
+from doc_block import header, shown_command, write_block  # noqa: E402
+
+#: what the command reports (printed as it comes, and written into the doc with --write-doc)
+REPORT: list[str] = []
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+    REPORT.append(line.rstrip())
 
 SERVER = ROOT / "tests" / "helpers" / "s3_server.py"
 
@@ -87,22 +99,22 @@ def cmd_s3(args) -> None:
     rows = rows_of(run)
     size = sum(f.stat().st_size for f in run.rglob("*.parquet"))
     n_shards = len(list(run.glob("tokens/*/*.parquet"))) + len(list(run.glob("samples/*/*.parquet")))
-    print(f"run: {rows:,} token rows, {n_shards} shards, {size / 2**20:.0f} MiB")
+    say(f"run: {rows:,} token rows, {n_shards} shards, {size / 2**20:.0f} MiB")
     srv = Server()
     try:
         t = time.perf_counter()
         url = srv.upload(run, "run")
-        print(f"upload to the local S3 server: {time.perf_counter() - t:.1f} s")
+        say(f"upload to the local S3 server: {time.perf_counter() - t:.1f} s")
         out = base / "out"
-        print(f"{'what':<44}{'wall s':>8}{'peak RSS MiB':>14}  requests")
+        say(f"{'what':<44}{'wall s':>8}{'peak RSS MiB':>14}  requests")
         r = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "-q", "--out", str(out / "local")])
         wall, rss = r["wall"], r["rss"]
-        print(f"{'local disk, recompute --full':<44}{wall:>8.2f}{rss:>14.0f}")
+        say(f"{'local disk, recompute --full':<44}{wall:>8.2f}{rss:>14.0f}")
         for label, extra in (("s3://, recompute --full", ["--full"]), ("s3://, again (nothing new: cache)", [])):
             srv.counts(reset=True)
             r = timed([sys.executable, "-m", "grpolens.cli", "recompute", url, "-q", "--out", str(out / "s3"), *extra])
             wall, rss = r["wall"], r["rss"]
-            print(f"{label:<44}{wall:>8.2f}{rss:>14.0f}  {json.dumps(srv.counts())}")
+            say(f"{label:<44}{wall:>8.2f}{rss:>14.0f}  {json.dumps(srv.counts())}")
     finally:
         srv.stop()
 
@@ -115,17 +127,17 @@ def cmd_commands(args) -> None:
     from grpolens.run import format as fmt
 
     step = fmt.list_steps(run)[len(fmt.list_steps(run)) // 2]
-    print(f"run: {rows_of(run):,} token rows, {len(fmt.list_steps(run))} steps; one step: {step}")
+    say(f"run: {rows_of(run):,} token rows, {len(fmt.list_steps(run))} steps; one step: {step}")
     srv = Server()
     try:
         url = srv.upload(run, "cmds")
-        print(f"{'command':<36}{'disk s':>8}{'s3:// s':>9}  requests (s3://)")
+        say(f"{'command':<36}{'disk s':>8}{'s3:// s':>9}  requests (s3://)")
         for cmd in (["validate"], ["tokens", "--step", str(step), "--json"],
                     ["completions", "--step", str(step), "--json"]):
             wall_local = timed([sys.executable, "-m", "grpolens.cli", cmd[0], str(run), *cmd[1:]])["wall"]
             srv.counts(reset=True)
             wall_s3 = timed([sys.executable, "-m", "grpolens.cli", cmd[0], url, *cmd[1:]])["wall"]
-            print(f"{' '.join(cmd):<36}{wall_local:>8.2f}{wall_s3:>9.2f}  {json.dumps(srv.counts())}")
+            say(f"{' '.join(cmd):<36}{wall_local:>8.2f}{wall_s3:>9.2f}  {json.dumps(srv.counts())}")
     finally:
         srv.stop()
 
@@ -143,7 +155,7 @@ def cmd_writer(args) -> None:
     m = fmt.read_manifest(run)
     steps = fmt.list_steps(run)
     tables = {(t, sh.step, sh.rank): pq.read_table(sh.path) for t in fmt.TABLES for sh in fmt.list_shards(run, t)}
-    print(f"run: {rows_of(run):,} token rows, {len(tables)} shards, held in memory")
+    say(f"run: {rows_of(run):,} token rows, {len(tables)} shards, held in memory")
     srv = Server()
     try:
         for label, dest in (("disk", str(base / "rewritten")), ("s3://", "s3://bench/rewritten")):
@@ -165,7 +177,7 @@ def cmd_writer(args) -> None:
                     w.end_step(step)
                 w.close()
             srv.counts(reset=True) if label == "disk" else None
-            print(f"{label:<8} {time.perf_counter() - t0:8.2f} s" + (f"  {json.dumps(srv.counts())}" if label != "disk" else ""))
+            say(f"{label:<8} {time.perf_counter() - t0:8.2f} s" + (f"  {json.dumps(srv.counts())}" if label != "disk" else ""))
     finally:
         srv.stop()
 
@@ -178,7 +190,7 @@ def cmd_listing(args) -> None:
         c = srv.client()
         c.put_object(Bucket="bench", Key="list/grpolens.json", Body=b"{}")
         done = 0
-        print(f"{'shards':>8}{'steps':>8}{'list_shards s':>15}{'LIST requests':>15}")
+        say(f"{'shards':>8}{'steps':>8}{'list_shards s':>15}{'LIST requests':>15}")
         for n in sorted(set([1000, args.shards])):
             ranks = 8
             keys = [f"list/tokens/step={i // ranks:08d}/rank={i % ranks:05d}.parquet" for i in range(done, n)]
@@ -191,7 +203,7 @@ def cmd_listing(args) -> None:
             shards = fmt.list_shards("s3://bench/list", fmt.TOKENS)
             wall = time.perf_counter() - t
             assert len(shards) == n
-            print(f"{n:>8}{n // ranks:>8}{wall:>15.2f}{srv.counts().get('LIST', 0):>15}")
+            say(f"{n:>8}{n // ranks:>8}{wall:>15.2f}{srv.counts().get('LIST', 0):>15}")
     finally:
         srv.stop()
 
@@ -199,16 +211,16 @@ def cmd_listing(args) -> None:
 def cmd_ray(args) -> None:
     base = Path(args.dir or tempfile.mkdtemp(prefix="grpolens-bench-"))
     wall = timed([sys.executable, "-c", "import ray; ray.init(num_cpus=2, include_dashboard=False); ray.shutdown()"])["wall"]
-    print(f"Ray local start + shutdown alone (2 CPUs): {wall:.1f} s")
+    say(f"Ray local start + shutdown alone (2 CPUs): {wall:.1f} s")
     for tokens in args.tokens_list:
         run = synth(tokens, base)
         rows = rows_of(run)
-        print(f"run: {rows:,} token rows")
+        say(f"run: {rows:,} token rows")
         for label, extra in (("default engine", []), ("--engine ray (local, 2 CPUs)", ["--engine", "ray"])):
             r = timed([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--full", "-q",
                        "--out", str(base / "out"), *extra])
             wall, rss = r["wall"], r["rss"]
-            print(f"  {label:<32}{wall:>8.2f} s{rows / wall / 1e6:>8.2f} M tok/s  driver peak RSS {rss:.0f} MiB")
+            say(f"  {label:<32}{wall:>8.2f} s{rows / wall / 1e6:>8.2f} M tok/s  driver peak RSS {rss:.0f} MiB")
 
 
 def cmd_pieces(args) -> None:
@@ -258,14 +270,14 @@ def cmd_pieces(args) -> None:
         step_values(sd, metrics)
         reduce_s.append(time.perf_counter() - t)
     n = len(shard_bytes)
-    print(f"{len(steps)} steps, {n} shards, {rows:,} token rows ({rows / n:,.0f} per shard)")
-    print(f"pieces per shard: mean {sum(shard_bytes) / n / 1024:.0f} KiB ({sum(shard_bytes) / rows:.1f} bytes per token row)")
-    print(f"pieces per step:  mean {sum(step_bytes) / len(step_bytes) / 1024:.0f} KiB")
+    say(f"{len(steps)} steps, {n} shards, {rows:,} token rows ({rows / n:,.0f} per shard)")
+    say(f"pieces per shard: mean {sum(shard_bytes) / n / 1024:.0f} KiB ({sum(shard_bytes) / rows:.1f} bytes per token row)")
+    say(f"pieces per step:  mean {sum(step_bytes) / len(step_bytes) / 1024:.0f} KiB")
     for k, v in sorted(per_visitor.items(), key=lambda kv: -kv[1]):
-        print(f"  {k:<22}{v / n / 1024:>8.1f} KiB per shard")
-    print(f"per-shard work (read + every visitor), one thread: {rows / work_s / 1e6:.2f} M token rows/s")
-    print(f"driver merge (every visitor's combine) per step: mean {1e3 * sum(merge_s) / len(merge_s):.1f} ms")
-    print(f"driver reduction (every metric from the merged step) per step: mean {1e3 * sum(reduce_s) / len(reduce_s):.1f} ms")
+        say(f"  {k:<22}{v / n / 1024:>8.1f} KiB per shard")
+    say(f"per-shard work (read + every visitor), one thread: {rows / work_s / 1e6:.2f} M token rows/s")
+    say(f"driver merge (every visitor's combine) per step: mean {1e3 * sum(merge_s) / len(merge_s):.1f} ms")
+    say(f"driver reduction (every metric from the merged step) per step: mean {1e3 * sum(reduce_s) / len(reduce_s):.1f} ms")
 
 
 def main() -> None:
@@ -281,9 +293,17 @@ def main() -> None:
     p = sub.add_parser("ray")
     p.add_argument("--tokens", dest="tokens_list", type=float, nargs="+", default=[10e6, 50e6])
     p.add_argument("--dir", default=None)
+    for p in sub.choices.values():
+        p.add_argument("--write-doc", action="store_true", help="write the report into docs/distributed.md")
     args = ap.parse_args()
+    started = dt.datetime.now(dt.timezone.utc)
     {"s3": cmd_s3, "listing": cmd_listing, "ray": cmd_ray, "pieces": cmd_pieces, "commands": cmd_commands,
      "writer": cmd_writer}[args.cmd](args)
+    if args.write_doc:
+        script = "benchmarks/bench_distributed.py"
+        write_block("docs/distributed.md", f"bench_distributed-{args.cmd}", script,
+                    header(shown_command(script, sys.argv[1:]), started) + "\n\n```text\n" + "\n".join(REPORT) + "\n```")
+        print("docs/distributed.md updated")
 
 
 if __name__ == "__main__":

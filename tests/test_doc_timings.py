@@ -29,9 +29,6 @@ ALLOWED = {
     ("README.md", "(3 min 37 s on a busy machine)"): "the quick run's duration, beside its command",
     ("docs/export.md", "trackers into the development environment took 2 min 8 s"):
         "pip's install time for third-party trackers, with the `/usr/bin/time -v pip install` command",
-    ("docs/distributed.md", "## Measurements"):
-        "benchmarks/bench_distributed.py prints these tables (its four commands head the section) but "
-        "cannot write them into the page yet",
     ("docs/distributed.md", "### Paper estimate: 10^10 token rows on 32 nodes"):
         "an estimate: arithmetic on the measured figures above, not a measurement",
 }
