@@ -68,12 +68,14 @@ def metrics_of(run: Path, overrides: dict | None, engine=None):
 
 
 def load_baseline(path: Path, overrides: dict | None, engine=None) -> Baseline:
-    from grpolens.run.format import is_run
+    from grpolens.run.format import is_remote_run, is_run
 
-    path = Path(path)
-    if path.is_dir():
+    remote = is_remote_run(path)  # a run on object storage (a golden file is a local file)
+    path = path if remote else Path(path)
+    if remote or path.is_dir():
         if not is_run(path):
-            raise UserError(f"--baseline: {path} is a directory but not a grpolens run (no grpolens.json)")
+            what = "" if remote else "a directory but "
+            raise UserError(f"--baseline: {path} is {what}not a grpolens run (no grpolens.json)")
         df = metrics_of(path, overrides, engine)
         return Baseline(str(path), "run", run_series(df), sorted(df["step"].to_list()))
     if path.is_file():

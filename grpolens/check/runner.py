@@ -88,7 +88,7 @@ def check(
     empty = no_data_steps(df)
     steps = sorted(int(s) for s in df["step"].to_list())
     base_path = baseline if baseline is not None else ruleset.baseline
-    base: Baseline | None = load_baseline(Path(base_path), overrides, engine) if base_path is not None else None
+    base: Baseline | None = load_baseline(base_path, overrides, engine) if base_path is not None else None
 
     outcomes = []
     if base is not None:

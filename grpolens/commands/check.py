@@ -14,7 +14,7 @@ from grpolens.commands.records import CSV_OPTION, JSON_OPTION
 
 def check_cmd(
     run: str = typer.Argument(..., help="Run directory to check (contains grpolens.json), or s3://bucket/prefix."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="Baseline: a run directory (recomputed "
+    baseline: Optional[str] = typer.Option(None, "--baseline", "-b", help="Baseline: a run directory or s3:// run (recomputed "
                                             "with the same --set) or a golden JSON from --write-golden."),
     rules: Optional[Path] = typer.Option(None, "--rules", "-r", help="Rules file (TOML; YAML with PyYAML). "
                                          "Default: the built-in rules (see --show-rules)."),

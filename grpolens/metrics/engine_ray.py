@@ -69,6 +69,23 @@ def _import_ray():
     return ray
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """One line at once when nothing listens at ``HOST:PORT`` or ``ray://HOST:PORT`` (Ray itself
+    retries such an address for minutes before it gives up). ``auto`` is left to Ray."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or "/" in hostport:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise UserError(f"--ray-address {address}: cannot connect: nothing answers at {host}:{port} "
+                        f"({e.strerror or e})") from None
+
+
 class RayEngine:
     """Runs the per-shard work as Ray tasks (see the module docstring)."""
 
@@ -84,6 +101,8 @@ class RayEngine:
             # workers import grpolens from where this process does (a source checkout included)
             src = str(Path(__file__).resolve().parents[2])
             path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+            if self.address:
+                _check_reachable(self.address)
             try:
                 if self.address:
                     ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)

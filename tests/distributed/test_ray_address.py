@@ -100,3 +100,16 @@ def test_ray_address_joins_a_running_cluster(ray_cluster, synth_small, tmp_path)
     # of a Ray instance of its own
     drivers = [f.name for f in temp_dir.glob("session_*/logs/python-core-driver-*.log")]
     assert any(name.endswith(f"_{p.pid}.log") for name in drivers), drivers
+
+
+def test_an_address_with_no_cluster_is_one_line(tmp_path):
+    """Ray retries such an address for minutes; grpolens says at once that nothing answers there."""
+    pytest.importorskip("ray")
+    port = _free_port()  # bound and released: nothing listens there
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        r = subprocess.run([sys.executable, "-m", "grpolens.cli", "recompute", str(ROOT / "sample_runs" / "tiny"),
+                            "--engine", "ray", "--ray-address", address, "--out", str(tmp_path / "out"), "-q"],
+                           env=_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr.strip() == (
+            f"error: --ray-address {address}: cannot connect: nothing answers at 127.0.0.1:{port} (Connection refused)")
+        assert not (tmp_path / "out").exists()

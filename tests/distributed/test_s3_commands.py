@@ -179,3 +179,18 @@ def test_serve_draws_an_s3_run_as_the_local_one(local_copy, remote):
         out.append(pages(runs))
     assert Path("run.grpolens", "metrics.parquet").is_file()  # the s3:// run's outputs, local
     assert out[1] == out[0]
+
+
+def test_check_against_a_baseline_in_the_bucket(capsys, synth_small, remote, tmp_path):
+    """check --baseline s3://...: the verdicts (rule by rule) of the same check on disk."""
+    base = tmp_path / "base"
+    shutil.copytree(synth_small, base, ignore=shutil.ignore_patterns("grpolens"))
+    code_l, out_l, _ = run_cli(capsys, "check", str(synth_small), "--baseline", str(base), "--json")
+    code_r, out_r, _ = run_cli(capsys, "check", remote, "--baseline", remote, "--json")
+    drop = ("drilldown", "message")  # these name the run's path
+
+    def verdicts(out: str) -> list[dict]:
+        return [{k: v for k, v in row.items() if k not in drop} for row in json.loads(out)]
+
+    assert code_r == code_l and verdicts(out_r) == verdicts(out_l)
+    assert any(row["rule"] == "baseline coverage" and row["status"] == "PASS" for row in json.loads(out_r))
