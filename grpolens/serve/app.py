@@ -19,6 +19,7 @@ def create_app(runs: RunSet | Iterable[os.PathLike | str], baseline: os.PathLike
     """
     from dash import Dash
 
+    from grpolens.serve import downloads
     from grpolens.serve.callbacks import register_callbacks
     from grpolens.serve.layout import build_layout
 
@@ -28,6 +29,7 @@ def create_app(runs: RunSet | Iterable[os.PathLike | str], baseline: os.PathLike
                suppress_callback_exceptions=False)
     app.layout = build_layout(runs, watch)
     register_callbacks(app, runs)
+    downloads.register(app, runs)
     app.grpolens_runs = runs  # for tests and the serve command
     warm(runs)
     return app

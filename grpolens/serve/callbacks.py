@@ -22,7 +22,7 @@ from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.run.format import RunFormatError
 from grpolens.plot_config import plot_config
-from grpolens.serve import data, figures
+from grpolens.serve import data, downloads, figures
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
 from grpolens.serve.runs import RunSet, default_step
 from grpolens.serve.url_callbacks import completions_search, range_value, register_url_callbacks, tokens_search
@@ -65,8 +65,19 @@ def table_columns(df: pl.DataFrame, hidden: tuple[str, ...] = ("id",)) -> list[d
     return cols
 
 
-def _graph(key: str, fig) -> dcc.Graph:
-    return dcc.Graph(id={"type": "curve", "key": key}, figure=fig, config=GRAPH_CONFIG, className="graph")
+def _graph(key: str, fig, csv: str | None = None):
+    """A clickable chart; with ``csv`` (a :func:`downloads.link`), a "CSV" link to the data behind it."""
+    g = dcc.Graph(id={"type": "curve", "key": key}, figure=fig, config=GRAPH_CONFIG, className="graph")
+    return g if csv is None else html.Div([g, csv_anchor(csv)], className="graph-box")
+
+
+def csv_anchor(href: str, label: str = "CSV") -> html.A:
+    return html.A(label, href=href, download="", className="csv-link",
+                  title="download the data behind this view as CSV (all rows, not a picture)")
+
+
+def _bounds(lo, hi) -> dict:
+    return {"from": lo, "to": hi}
 
 
 def _range(rng: list | None) -> tuple[int | None, int | None]:
@@ -111,8 +122,10 @@ def curve_graph(runs: RunSet, page: str, names: list[str], column: str, title: s
     lines = _lines(runs, names, column, lo, hi, smoothing, with_baseline)
     if not lines:
         return None
+    csv = downloads.link("curve", runs=[ln["run"] for ln in lines], metric=column, smooth=smoothing or None,
+                         **_bounds(lo, hi))
     return _graph(f"{page}:{column}", figures.curve_figure(title, lines, _verdicts(runs, names, column),
-                                                           log_y="log" in y_scale, robust_y="robust" in y_scale))
+                                                           log_y="log" in y_scale, robust_y="robust" in y_scale), csv)
 
 
 def _titled(column: str, docs: dict[str, str]) -> str:
@@ -193,7 +206,8 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
         for n in names[:2]:
             hm = data.is_heatmap(runs.path(n))
             if hm["counts"].size:
-                out.append(_graph(f"mismatch:is_hist:{n}", figures.is_heatmap_figure(n, runs.names.index(n), hm)))
+                out.append(_graph(f"mismatch:is_hist:{n}", figures.is_heatmap_figure(n, runs.names.index(n), hm),
+                                  downloads.link("is_hist", run=n)))
         out += sweep_tables(runs, names)
     if not out:
         msg = {"policy": "no policy metrics in these runs (do their token shards have old_logp / ref_logp?)",
@@ -231,7 +245,8 @@ def reward_graphs(runs: RunSet, names: list[str], frames: list[pl.DataFrame], lo
         if bands:
             title = ("completion length (tokens): quantiles over completions" if k.endswith("length")
                      else f"{k}: quantiles over completions")
-            out.append(_graph(f"rewards:band:{k}", figures.band_figure(title, bands)))
+            out.append(_graph(f"rewards:band:{k}", figures.band_figure(title, bands),
+                              downloads.link("band", runs=[b["run"] for b in bands], key=k, **_bounds(lo, hi))))
     return out
 
 
@@ -258,7 +273,7 @@ def sweep_tables(runs: RunSet, names: list[str]) -> list:
                 df = pl.read_parquet(p).head(200)
             except Exception:  # noqa: BLE001
                 continue
-            out.append(html.Div([html.H4(f"{n}: {p.name}"),
+            out.append(html.Div([html.H4([f"{n}: {p.name} ", csv_anchor(downloads.link("sweep", run=n, file=p.name))]),
                                  dash_table.DataTable(data=rows_json(df), columns=table_columns(df),
                                                       sort_action="native", page_size=10, **TABLE_STYLE)],
                                 className="panel"))
@@ -293,7 +308,8 @@ def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
     if d["metrics"]:
         text.append(html.Div(" · ".join(f"{k} {_fmt(v)}" for k, v in d["metrics"].items())))
     return [html.Div(text, className="summary"),
-            dcc.Graph(figure=figures.is_step_figure(d, step), config=GRAPH_CONFIG, className="graph")]
+            html.Div([dcc.Graph(figure=figures.is_step_figure(d, step), config=GRAPH_CONFIG, className="graph"),
+                      csv_anchor(downloads.link("is_step", run=name, step=step))], className="graph-box")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +336,8 @@ def top_tokens_view(runs: RunSet, name: str, step: int | None, by: str, k: int |
                   f"{t['rank'].n_unique()} rank(s). Top {top.height} by {SCORE_LABELS[by]} "
                   f"({data.SCORES[by]}), loss-masked-in tokens only"
                   + (f"; {null_scores} token(s) have no finite score" if null_scores else "") + ". "),
-        dcc.Link("all completions of this step →", href="/completions" + completions_search(name, step)),
+        dcc.Link("all completions of this step →", href="/completions" + completions_search(name, step)), " ",
+        csv_anchor(downloads.link("tokens", run=name, step=step, by=by, k=k), "CSV of the table"),
     ])
     top = top.with_columns((pl.col("sample_id").cast(pl.String) + ":" + pl.col("pos").cast(pl.String)).alias("id"))
     return summary, rows_json(top), table_columns(top)
@@ -396,7 +413,9 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
                   f" (99th percentile of the step); dashed: masked out of the loss; hover a token for its numbers")
         prof = figures.profile_figure(toks["pos"].to_numpy(), toks[col].cast(pl.Float64).fill_null(np.nan).to_numpy(),
                                       SCORE_LABELS[color_by] if col == color_by else "log ratio", focus_pos)
-        parts += [dcc.Graph(id="completion-profile", figure=prof, config=GRAPH_CONFIG, className="graph"),
+        parts += [html.Div([dcc.Graph(id="completion-profile", figure=prof, config=GRAPH_CONFIG, className="graph"),
+                            csv_anchor(downloads.link("completion", run=name, step=step, sample=sample_id))],
+                           className="graph-box"),
                   html.Div(legend, className="hint"), html.Div(spans, className="tokens", id="completion-tokens")]
         if more > 0:
             parts.append(html.Div(f"… {more} more tokens not drawn", className="hint"))
@@ -426,7 +445,9 @@ def completions_table(runs: RunSet, name: str, step: int | None, page: int, page
         return [], [], 1, error_box(f"{name}: no completions at step {step}")
     rows = rows.with_columns(pl.col("sample_id").alias("id")) if "sample_id" in rows.columns else rows
     pages = max(1, math.ceil(total / page_size))
-    summary = f"{name}, step {step}: {total} completion(s) match; page {(as_int(page) or 0) + 1} of {pages}"
+    every = completions_search(name, step, as_int(group), as_int(max_rank), truncated, vetoed, 0, sort_by, filter_query)
+    summary = html.Span([f"{name}, step {step}: {total} completion(s) match; page {(as_int(page) or 0) + 1} of {pages} ",
+                         csv_anchor(downloads.PREFIX + "completions" + every, "CSV of all matching rows")])
     return rows_json(rows), table_columns(rows), pages, summary
 
 
@@ -448,10 +469,12 @@ def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=No
     for m in chosen[:12]:
         c = data.delta_curve(fa, fb, m, lo, hi)
         fig = figures.delta_figure(m, a, b, c["x"], c["y"], runs.names.index(b))
-        graphs.append(_graph(f"compare:{m}", fig))
+        graphs.append(_graph(f"compare:{m}", fig, downloads.link("delta", a=a, b=b, metric=m, **_bounds(lo, hi))))
     common = fa.join(fb, on="step", how="inner").height if fa.height and fb.height else 0
-    summary = (f"B - A per step over {common} common step(s); table: mean of each metric in A and B, the mean "
-               f"difference, and the largest |difference| with its step (click a delta curve to open run B's tokens)")
+    summary = html.Span([f"B - A per step over {common} common step(s); table: mean of each metric in A and B, the "
+                         f"mean difference, and the largest |difference| with its step (click a delta curve to open "
+                         f"run B's tokens) ", csv_anchor(downloads.link("compare", a=a, b=b, **_bounds(lo, hi)),
+                                                         "CSV of the table")])
     return summary, rows_json(table), table_columns(table), graphs, options, chosen, defaults
 
 

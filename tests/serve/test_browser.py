@@ -393,3 +393,25 @@ def test_url_state_survives_reload_and_back(server, browser):
     assert checked(browser, "#tok-by input") == ["kl"]
     assert "passwd" not in browser.find_element("css selector", "body").text
     assert severe_logs(browser) == []
+
+
+def test_csv_link_downloads_the_data_behind_a_chart(server, browser, serve_runs, tmp_path):
+    """A chart's CSV link saves the run's metric, step by step, as metrics.parquet holds it."""
+    import polars as pl
+
+    from grpolens.run import format as fmt
+
+    _, alpha, _ = serve_runs
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+    go(browser, server, "/?runs=alpha&from=2")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    link = wait(browser, lambda d: [a for a in css(d, "#page-overview .graph-box a.csv-link")
+                                    if "metric=kl%2Fk3&" in a.get_attribute("href")], what="the KL chart's CSV link")[0]
+    link.click()
+    done = wait(browser, lambda d: [p for p in tmp_path.iterdir() if p.suffix == ".csv"], what="the download")[0]
+    assert done.name == "grpolens-kl_k3.csv"
+    got = pl.read_csv(done)
+    want = pl.read_parquet(fmt.derived_dir(alpha) / "metrics.parquet").filter(pl.col("step") >= 2).sort("step")
+    assert got["run"].unique().to_list() == ["alpha"]
+    assert got["step"].to_list() == want["step"].to_list()
+    assert got["value"].to_list() == want["kl/k3"].to_list()
