@@ -667,6 +667,9 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
             return error_box(msg), [], [], [], [], [], []
 
     register_url_callbacks(app, runs)
+    from grpolens.serve import page_runs
+
+    page_runs.register(app, runs)
 
     # -- --watch: notice new data -------------------------------------------------------------------
     @app.callback(Output("version", "data"), Input("watch", "n_intervals"), State("version", "data"),

@@ -193,6 +193,10 @@ def build(runs: RunSet, what: str, search: str) -> tuple[str, pl.DataFrame]:
                                         group=q.get("group"), truncated=yes_no.get(q.get("truncated", "any")),
                                         vetoed=yes_no.get(q.get("vetoed", "any")), max_rank=q.get("rank"))
         return f"{run}-step{step}-completions", rows
+    if what == "runs":
+        from grpolens.serve.data.runtable import runs_table
+
+        return "runs", runs_table(runs.runs)
     if what == "sweep":
         q = urlstate.decode("tokens", search, names)
         run = _need(q, "run")

@@ -11,6 +11,7 @@ from grpolens.serve.runs import RunSet
 
 #: (path, label) of each page, in the order of the navigation bar.
 PAGES = (
+    ("/runs", "Runs"),
     ("/", "Overview"),
     ("/policy", "Policy"),
     ("/mismatch", "Mismatch"),
@@ -159,6 +160,8 @@ def compare_page(runs: RunSet) -> html.Div:
 
 
 def build_layout(runs: RunSet, watch: bool) -> html.Div:
+    from grpolens.serve import page_runs
+
     return html.Div([
         dcc.Location(id="url", refresh=False),
         dcc.Store(id="version", data=None),
@@ -167,6 +170,7 @@ def build_layout(runs: RunSet, watch: bool) -> html.Div:
         header(runs),
         curve_controls(runs),
         html.Main([
+            page_runs.layout(runs),
             curve_page("overview"), curve_page("policy"), curve_page("mismatch"), curve_page("rewards"),
             tokens_page(runs), completions_page(runs), compare_page(runs),
         ], className="main"),

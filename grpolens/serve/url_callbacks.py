@@ -206,3 +206,21 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
         query = compare_search(a, b, metrics, default_metrics, bounds, cmp_a0, cmp_b0)
         new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
         return (new_search, *outs, "/compare" + query)
+
+    # -- Runs ------------------------------------------------------------------------------------------
+    @app.callback(Output("url", "search", allow_duplicate=True),
+                  Output("runs-table", "sort_by"), Output("runs-table", "filter_query"), Output("nav-runs", "href"),
+                  Input("url", "pathname"), Input("url", "search"),
+                  Input("runs-table", "sort_by"), Input("runs-table", "filter_query"),
+                  prevent_initial_call="initial_duplicate")
+    def sync_runs(pathname, search, sort_by, where):
+        on_page = pathname == "/runs"
+        outs: list[Any] = [no_update] * 2
+        if _url_triggered() and on_page:
+            q = urlstate.decode("runs", search, names)
+            want = (q.get("sort", []), q.get("where", ""))
+            outs = [_same(w, c) for w, c in zip(want, (sort_by or [], where or ""))]
+            sort_by, where = want
+        query = urlstate.encode("runs", {"sort": [s for s in (sort_by or []) if s.get("column_id")], "where": where})
+        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
+        return (new_search, *outs, "/runs" + query)

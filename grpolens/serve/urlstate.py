@@ -29,9 +29,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "tokens": ("run", "step", "sample", "pos", "by", "k", "color"),
     "completions": ("run", "step", "group", "rank", "truncated", "vetoed", "page", "sort", "where"),
     "compare": ("a", "b", "delta", "from", "to"),
+    "runs": ("sort", "where"),
 }
 #: URL path -> page group.
-GROUP_OF_PATH = {"/": "curves", "/policy": "curves", "/mismatch": "curves", "/rewards": "curves",
+GROUP_OF_PATH = {"/runs": "runs", "/": "curves", "/policy": "curves", "/mismatch": "curves", "/rewards": "curves",
                  "/tokens": "tokens", "/completions": "completions", "/compare": "compare"}
 
 #: Bounds of what a query may ask for.

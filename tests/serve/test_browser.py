@@ -415,3 +415,25 @@ def test_csv_link_downloads_the_data_behind_a_chart(server, browser, serve_runs,
     assert got["run"].unique().to_list() == ["alpha"]
     assert got["step"].to_list() == want["step"].to_list()
     assert got["value"].to_list() == want["kl/k3"].to_list()
+
+
+def test_runs_table_overlays_the_ticked_runs(server, browser):
+    go(browser, server, "/runs")
+    wait(browser, lambda d: len(css(d, "#runs-table input[type=checkbox]")) == 2, what="one row per run")
+    headers = [th.get_attribute("data-dash-column") for th in css(browser, "#runs-table th.dash-header")]
+    assert {"run", "steps", "config.loss_type", "config.beta", "config.rollout_is.mode"} <= set(headers), headers
+    boxes = css(browser, "#runs-table input[type=checkbox]")
+    assert [b.is_selected() for b in boxes] == [True, True]  # the header's selection
+    boxes[0].click()
+    link = wait(browser, lambda d: css(d, "#runs-overlay-overview"), what="the overlay links")[0]
+    assert "1 run(s) ticked" in css(browser, "#runs-summary")[0].text
+    shot(browser, "runs")
+    link.click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/" and "runs=beta" in d.current_url, what="the overlay")
+    wait(browser, lambda d: (v := curve_view(d, "overview")) and all(p[2] == "beta" for p in v), what="beta only")
+    # The table's filter and sort live in its URL too.
+    go(browser, server, "/runs?sort=steps:desc&where=%7Brun%7D%20%3D%20beta")
+    wait(browser, lambda d: len(css(d, "#runs-table input[type=checkbox]")) == 1, what="the filtered table")
+    browser.refresh()
+    wait(browser, lambda d: len(css(d, "#runs-table input[type=checkbox]")) == 1, what="the filter after reload")
+    assert severe_logs(browser) == []
