@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
-from dash.dash_table.Format import Format, Scheme
+from dash import ALL, MATCH, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from grpolens.run import format as fmt
@@ -24,7 +23,8 @@ from grpolens.run.format import RunFormatError
 from grpolens.plot_config import plot_config
 from grpolens.serve import data, downloads, figures
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
-from grpolens.serve.runs import RunSet, default_step
+from grpolens.serve.components import csv_anchor, diverging_cell_styles, error_box, rows_json, table_columns
+from grpolens.serve.runs import RunSet
 from grpolens.serve.url_callbacks import completions_search, range_value, register_url_callbacks, tokens_search
 from grpolens.serve.urlstate import as_int
 
@@ -38,42 +38,20 @@ GRAPH_CONFIG = plot_config()
 # Small helpers
 # ---------------------------------------------------------------------------------------------
 
-def error_box(message: str) -> html.Div:
-    return html.Div(message, className="error")
-
-
-def rows_json(df: pl.DataFrame) -> list[dict]:
-    """Rows for a DataTable: non-finite floats become null (JSON has no NaN)."""
-    out = []
-    for row in df.iter_rows(named=True):
-        out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
-    return out
-
-
-def table_columns(df: pl.DataFrame, hidden: tuple[str, ...] = ("id",)) -> list[dict]:
-    cols = []
-    for name, dtype in df.schema.items():
-        if name in hidden:
-            continue
-        if dtype.is_float():
-            cols.append({"name": name, "id": name, "type": "numeric",
-                         "format": Format(precision=4, scheme=Scheme.decimal_or_exponent)})
-        elif dtype.is_numeric():
-            cols.append({"name": name, "id": name, "type": "numeric"})
-        else:
-            cols.append({"name": name, "id": name, "type": "text"})
-    return cols
-
-
-def _graph(key: str, fig, csv: str | None = None):
-    """A clickable chart; with ``csv`` (a :func:`downloads.link`), a "CSV" link to the data behind it."""
+def _graph(key: str, fig, csv: str | None = None, doc: str | None = None, log_toggle: bool = False):
+    """A clickable chart; with ``csv`` (a :func:`downloads.link`), a "CSV" link to the data behind it;
+    with ``doc``, the metric's description in full under it (a chart title would cut it); with
+    ``log_toggle``, its own "log y" box (see ``panel_log`` in :func:`register_callbacks`)."""
     g = dcc.Graph(id={"type": "curve", "key": key}, figure=fig, config=GRAPH_CONFIG, className="graph")
-    return g if csv is None else html.Div([g, csv_anchor(csv)], className="graph-box")
-
-
-def csv_anchor(href: str, label: str = "CSV") -> html.A:
-    return html.A(label, href=href, download="", className="csv-link",
-                  title="download the data behind this view as CSV (all rows, not a picture)")
+    if csv is None and doc is None and not log_toggle:
+        return g
+    foot = [html.Div(doc or "", className="graph-doc")]
+    if log_toggle:
+        on = fig["layout"].get("yaxis", {}).get("type") == "log"
+        foot.append(dcc.Checklist(id={"type": "panel-log", "key": key}, options=[{"label": " log y", "value": "log"}],
+                                  value=["log"] if on else [], className="panel-log"))
+    foot += [csv_anchor(csv)] if csv else []
+    return html.Div([g, html.Div(foot, className="graph-foot")], className="graph-box")
 
 
 def _bounds(lo, hi) -> dict:
@@ -117,24 +95,18 @@ def _verdicts(runs: RunSet, names: list[str], column: str) -> list[dict]:
 
 
 def curve_graph(runs: RunSet, page: str, names: list[str], column: str, title: str, lo=None, hi=None,
-                smoothing: float = 0.0, with_baseline: bool = True, y_scale: frozenset = frozenset()):
-    """``y_scale``: the chosen y options, "log" and/or "robust" (see :func:`figures.y_axis_scale`)."""
+                smoothing: float = 0.0, with_baseline: bool = True, y_scale: frozenset = frozenset(),
+                doc: str | None = None):
+    """``y_scale``: the chosen y options, "log" and/or "robust" (see :func:`figures.y_axis_scale`);
+    ``doc``: the metric's description, shown whole under the chart."""
     lines = _lines(runs, names, column, lo, hi, smoothing, with_baseline)
     if not lines:
         return None
     csv = downloads.link("curve", runs=[ln["run"] for ln in lines], metric=column, smooth=smoothing or None,
                          **_bounds(lo, hi))
     return _graph(f"{page}:{column}", figures.curve_figure(title, lines, _verdicts(runs, names, column),
-                                                           log_y="log" in y_scale, robust_y="robust" in y_scale), csv)
-
-
-def _titled(column: str, docs: dict[str, str]) -> str:
-    doc = docs.get(column)
-    return f"{column}" if not doc else f"{column} <span style='font-size:10px;color:#888'>{_short(doc)}</span>"
-
-
-def _short(text: str, n: int = 70) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+                                                           log_y="log" in y_scale, robust_y="robust" in y_scale), csv,
+                  doc, log_toggle=True)
 
 
 #: Most metric graphs on one page (each costs the browser a WebGL context and a render); the
@@ -196,7 +168,7 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
         cols = [c for c in data.family_metrics(frames, pages[page]) if c not in banded]
         cols = prioritised(page, [c for c in cols if _matches(c, pattern)])
         for col in cols[:MAX_GRAPHS]:
-            g = curve_graph(runs, page, names, col, _titled(col, docs), lo, hi, smoothing, with_baseline, y_scale)
+            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline, y_scale, docs.get(col))
             if g is not None:
                 out.append(g)
         if len(cols) > MAX_GRAPHS:
@@ -309,7 +281,8 @@ def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
         text.append(html.Div(" · ".join(f"{k} {_fmt(v)}" for k, v in d["metrics"].items())))
     return [html.Div(text, className="summary"),
             html.Div([dcc.Graph(figure=figures.is_step_figure(d, step), config=GRAPH_CONFIG, className="graph"),
-                      csv_anchor(downloads.link("is_step", run=name, step=step))], className="graph-box")]
+                      html.Div(csv_anchor(downloads.link("is_step", run=name, step=step)), className="graph-foot")],
+                     className="graph-box")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,7 +387,8 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
         prof = figures.profile_figure(toks["pos"].to_numpy(), toks[col].cast(pl.Float64).fill_null(np.nan).to_numpy(),
                                       SCORE_LABELS[color_by] if col == color_by else "log ratio", focus_pos)
         parts += [html.Div([dcc.Graph(id="completion-profile", figure=prof, config=GRAPH_CONFIG, className="graph"),
-                            csv_anchor(downloads.link("completion", run=name, step=step, sample=sample_id))],
+                            html.Div(csv_anchor(downloads.link("completion", run=name, step=step, sample=sample_id)),
+                                     className="graph-foot")],
                            className="graph-box"),
                   html.Div(legend, className="hint"), html.Div(spans, className="tokens", id="completion-tokens")]
         if more > 0:
@@ -454,6 +428,10 @@ def completions_table(runs: RunSet, name: str, step: int | None, page: int, page
 # ---------------------------------------------------------------------------------------------
 # Compare page
 # ---------------------------------------------------------------------------------------------
+
+#: Compare table columns coloured by sign and size (on a robust scale: see components.robust_scale).
+COMPARE_COLOURED = ["mean_delta", "rel_delta", "max_abs_delta"]
+
 
 def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=None):
     """``(summary, rows, columns, graphs, metric_options, chosen_metrics, default_metrics)`` for runs A
@@ -654,17 +632,32 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
     # -- Compare page -------------------------------------------------------------------------------
     @app.callback(Output("cmp-summary", "children"), Output("cmp-table", "data"), Output("cmp-table", "columns"),
                   Output("cmp-graphs", "children"), Output("cmp-metrics", "options"), Output("cmp-metrics", "value"),
-                  Output("cmp-default", "data"),
+                  Output("cmp-default", "data"), Output("cmp-table", "style_data_conditional"),
                   Input("url", "pathname"), Input("cmp-a", "value"), Input("cmp-b", "value"),
                   Input("cmp-metrics", "value"), Input("range", "value"), Input("version", "data"))
     def render_compare(pathname, a, b, metrics, rng, _version):
         if pathname != "/compare":
             raise PreventUpdate
         try:
-            return compare_view(runs, a, b, metrics, rng)
+            out = compare_view(runs, a, b, metrics, rng)
         except (UserError, RunFormatError) as e:
             msg = e.message if isinstance(e, UserError) else str(e)
-            return error_box(msg), [], [], [], [], [], []
+            return error_box(msg), [], [], [], [], [], [], []
+        return (*out, diverging_cell_styles(pl.DataFrame(out[1], infer_schema_length=None), COMPARE_COLOURED))
+
+    # One panel's own log y, in the browser (no round trip): the figure is redrawn with plotly's
+    # own range on the new axis (a robust range is in linear units, so it does not carry over).
+    app.clientside_callback(
+        """function(value, fig) {
+            if (!fig) { return window.dash_clientside.no_update; }
+            const log = (value || []).includes('log');
+            const yaxis = Object.assign({}, fig.layout.yaxis, {type: log ? 'log' : 'linear', autorange: true});
+            delete yaxis.range;
+            return Object.assign({}, fig, {layout: Object.assign({}, fig.layout, {yaxis: yaxis})});
+        }""",
+        Output({"type": "curve", "key": MATCH}, "figure"),
+        Input({"type": "panel-log", "key": MATCH}, "value"), State({"type": "curve", "key": MATCH}, "figure"),
+        prevent_initial_call=True)
 
     register_url_callbacks(app, runs)
     from grpolens.serve import page_runs

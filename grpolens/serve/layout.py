@@ -7,6 +7,8 @@ from __future__ import annotations
 from dash import dash_table, dcc, html
 
 from grpolens.serve import data
+from grpolens.serve.components import rows_json, table_columns
+from grpolens.serve.data.runtable import runs_table
 from grpolens.serve.runs import RunSet
 
 #: (path, label) of each page, in the order of the navigation bar.
@@ -159,9 +161,26 @@ def compare_page(runs: RunSet) -> html.Div:
     ], id="page-compare", className="page")
 
 
-def build_layout(runs: RunSet, watch: bool) -> html.Div:
-    from grpolens.serve import page_runs
+def runs_table_rows(runs: RunSet) -> tuple[list[dict], list[dict]]:
+    """Rows and columns of the Runs page's table."""
+    df = runs_table(runs.runs)
+    return rows_json(df), table_columns(df)
 
+
+def runs_page(runs: RunSet) -> html.Div:
+    # filled now, not by a callback, so that a link's filter finds its columns when the page opens
+    rows, columns = runs_table_rows(runs)
+    return html.Div([
+        html.Div(id="runs-summary", className="summary"),
+        dash_table.DataTable(id="runs-table", data=rows, columns=columns, row_selectable="multi", selected_rows=[],
+                             sort_action="native", sort_mode="multi", filter_action="native", page_size=50,
+                             **TABLE_STYLE),
+        html.Div("tick runs to overlay them; the table's filter row takes e.g. {config.loss_type} = dapo or "
+                 "{steps} > 100", className="hint"),
+    ], id="page-runs", className="page")
+
+
+def build_layout(runs: RunSet, watch: bool) -> html.Div:
     return html.Div([
         dcc.Location(id="url", refresh=False),
         dcc.Store(id="version", data=None),
@@ -170,7 +189,7 @@ def build_layout(runs: RunSet, watch: bool) -> html.Div:
         header(runs),
         curve_controls(runs),
         html.Main([
-            page_runs.layout(runs),
+            runs_page(runs),
             curve_page("overview"), curve_page("policy"), curve_page("mismatch"), curve_page("rewards"),
             tokens_page(runs), completions_page(runs), compare_page(runs),
         ], className="main"),

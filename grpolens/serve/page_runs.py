@@ -1,35 +1,15 @@
-"""The Runs page: every served run with its config as columns (sortable, filterable), and the
+"""The Runs page's callbacks (its layout is :func:`grpolens.serve.layout.runs_page`): every served run with its config as columns (sortable, filterable), and the
 selected runs overlaid on any curve page (as many as are ticked, not only A and B)."""
 
 from __future__ import annotations
 
-from dash import Input, Output, State, dash_table, dcc, html, no_update
+from dash import Input, Output, State, dcc, no_update
 from dash.exceptions import PreventUpdate
 
 from grpolens.serve import downloads, urlstate
-from grpolens.serve.data.runtable import runs_table
-from grpolens.serve.layout import CURVE_PAGES, PAGES, TABLE_STYLE
+from grpolens.serve.components import csv_anchor
+from grpolens.serve.layout import CURVE_PAGES, PAGES, runs_table_rows
 from grpolens.serve.runs import RunSet
-
-
-def table(runs: RunSet) -> tuple[list[dict], list[dict]]:
-    from grpolens.serve.callbacks import rows_json, table_columns
-
-    df = runs_table(runs.runs)
-    return rows_json(df), table_columns(df)
-
-
-def layout(runs: RunSet) -> html.Div:
-    # filled now, not by a callback, so that a link's filter finds its columns when the page opens
-    rows, columns = table(runs)
-    return html.Div([
-        html.Div(id="runs-summary", className="summary"),
-        dash_table.DataTable(id="runs-table", data=rows, columns=columns, row_selectable="multi", selected_rows=[],
-                             sort_action="native", sort_mode="multi", filter_action="native", page_size=50,
-                             **TABLE_STYLE),
-        html.Div("tick runs to overlay them; the table's filter row takes e.g. {config.loss_type} = dapo or "
-                 "{steps} > 100", className="hint"),
-    ], id="page-runs", className="page")
 
 
 def overlay_links(runs: RunSet, names: list[str]) -> list:
@@ -50,13 +30,11 @@ def overlay_links(runs: RunSet, names: list[str]) -> list:
 
 
 def register(app, runs: RunSet) -> None:
-    from grpolens.serve.callbacks import csv_anchor
-
     @app.callback(Output("runs-table", "data"), Output("runs-table", "columns"), Input("version", "data"),
                   prevent_initial_call=True)
     def refresh(_version):
         """--watch: new steps change the steps and last values."""
-        return table(runs)
+        return runs_table_rows(runs)
 
     @app.callback(Output("runs-table", "selected_rows"), Input("url", "pathname"), State("runs", "value"))
     def tick_the_header_runs(pathname, names):

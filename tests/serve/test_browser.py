@@ -346,7 +346,7 @@ def test_url_state_survives_reload_and_back(server, browser):
     # ... which a reload (or a colleague) opens as it was.
     browser.refresh()
     wait(browser, lambda d: checked(d, "#y-scale input") == ["log", "robust"], what="the toggles after reload")
-    wait(browser, lambda d: (v := curve_view(d, "policy")) == view, what="the same curves after reload")
+    wait(browser, lambda d: curve_view(d, "policy") == view, what="the same curves after reload")
     assert browser.current_url == url
     browser.back()
     wait(browser, lambda d: checked(d, "#y-scale input") == ["log"], what="back: robust off again")
@@ -405,9 +405,9 @@ def test_csv_link_downloads_the_data_behind_a_chart(server, browser, serve_runs,
     browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
     go(browser, server, "/?runs=alpha&from=2")
     wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
-    link = wait(browser, lambda d: [a for a in css(d, "#page-overview .graph-box a.csv-link")
-                                    if "metric=kl%2Fk3&" in a.get_attribute("href")], what="the KL chart's CSV link")[0]
-    link.click()
+    wait(browser, lambda d: [a for a in css(d, "#page-overview .graph-box a.csv-link")
+                             if "metric=kl%2Fk3&" in a.get_attribute("href")][0].click() or True,
+         what="a click on the KL chart's CSV link")
     done = wait(browser, lambda d: [p for p in tmp_path.iterdir() if p.suffix == ".csv"], what="the download")[0]
     assert done.name == "grpolens-kl_k3.csv"
     got = pl.read_csv(done)
@@ -422,13 +422,13 @@ def test_runs_table_overlays_the_ticked_runs(server, browser):
     wait(browser, lambda d: len(css(d, "#runs-table input[type=checkbox]")) == 2, what="one row per run")
     headers = [th.get_attribute("data-dash-column") for th in css(browser, "#runs-table th.dash-header")]
     assert {"run", "steps", "config.loss_type", "config.beta", "config.rollout_is.mode"} <= set(headers), headers
-    boxes = css(browser, "#runs-table input[type=checkbox]")
-    assert [b.is_selected() for b in boxes] == [True, True]  # the header's selection
-    boxes[0].click()
-    link = wait(browser, lambda d: css(d, "#runs-overlay-overview"), what="the overlay links")[0]
-    assert "1 run(s) ticked" in css(browser, "#runs-summary")[0].text
+    wait(browser, lambda d: [b.is_selected() for b in css(d, "#runs-table input[type=checkbox]")] == [True, True],
+         what="the header's selection ticked")
+    # (clicks retried: the table may re-render under the pointer)
+    wait(browser, lambda d: css(d, "#runs-table input[type=checkbox]")[0].click() or True, what="untick alpha")
+    wait(browser, lambda d: "1 run(s) ticked" in css(d, "#runs-summary")[0].text, what="the overlay links")
     shot(browser, "runs")
-    link.click()
+    wait(browser, lambda d: css(d, "#runs-overlay-overview")[0].click() or True, what="click the overlay link")
     wait(browser, lambda d: urlparse(d.current_url).path == "/" and "runs=beta" in d.current_url, what="the overlay")
     wait(browser, lambda d: (v := curve_view(d, "overview")) and all(p[2] == "beta" for p in v), what="beta only")
     # The table's filter and sort live in its URL too.
@@ -436,4 +436,50 @@ def test_runs_table_overlays_the_ticked_runs(server, browser):
     wait(browser, lambda d: len(css(d, "#runs-table input[type=checkbox]")) == 1, what="the filtered table")
     browser.refresh()
     wait(browser, lambda d: len(css(d, "#runs-table input[type=checkbox]")) == 1, what="the filter after reload")
+    assert severe_logs(browser) == []
+
+
+def test_dark_mode_follows_the_system(server, browser):
+    """prefers-color-scheme: dark darkens the page and the charts (plotly's inline colours too)."""
+    colours = """
+        const bg = document.querySelector('#page-overview .js-plotly-plot .bg');
+        const txt = document.querySelector('#page-overview .js-plotly-plot .gtitle');
+        return [getComputedStyle(document.body).backgroundColor, getComputedStyle(bg).fill,
+                getComputedStyle(txt).fill]"""
+
+    def luminance(rgb: str) -> float:
+        r, g, b = [int(x) for x in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3]]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    try:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        go(browser, server, "/")
+        wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+        body, plot, text = browser.execute_script(colours)
+        assert luminance(body) < 40 and luminance(plot) < 40 and luminance(text) > 150, (body, plot, text)
+        shot(browser, "overview-dark")
+        go(browser, server, "/compare")
+        wait(browser, lambda d: len(css(d, "#cmp-table tbody tr")) > 3, what="comparison table")
+        shot(browser, "compare-dark")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    body, plot, text = browser.execute_script(colours)
+    assert luminance(body) > 200 and luminance(plot) > 200 and luminance(text) < 120, (body, plot, text)
+
+
+def test_one_panel_has_its_own_log_toggle(server, browser):
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    axis_types = ("return Array.from(document.querySelectorAll('#page-overview .js-plotly-plot'))"
+                  ".filter(g => g._fullLayout).map(g => g._fullLayout.yaxis.type)")
+    before = browser.execute_script(axis_types)
+    assert "log" not in before
+    wait(browser, lambda d: css(d, "#page-overview .panel-log input")[1].click() or True,
+         what="a click on the second panel's log box")
+    after = wait(browser, lambda d: (t := d.execute_script(axis_types)) and "log" in t and t, what="one log panel")
+    assert after[1] == "log" and after.count("log") == 1, after
     assert severe_logs(browser) == []

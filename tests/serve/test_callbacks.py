@@ -143,7 +143,7 @@ def test_colour_scale():
 
 def test_completions_table_pages(runset):
     rows, cols, pages, summary = cb.completions_table(runset, "beta", 5, 1, 20, [], "")
-    assert pages == 2 and len(rows) == 12 and "page 2 of 2" in summary
+    assert pages == 2 and len(rows) == 12 and "page 2 of 2" in summary.children[0]
     assert all(r["id"] == r["sample_id"] for r in rows)
     rows, cols, pages, summary = cb.completions_table(runset, "beta", 5, 0, 20, [], "", truncated="yes")
     assert all(r["truncated"] for r in rows)
