@@ -296,18 +296,22 @@ def test_rejection_without_the_mask_before_it_says_so(tmp_path, keep_mask):
     assert len(said) == (0 if keep_mask else 1)
 
 
-def test_bypass_mode_is_left_empty_and_said(tmp_path):
-    """verl's bypass mode does its rollout correction inside the loss, per micro-batch: not
-    reproduced, so no actor/* and no driver-side rollout_corr/* (verl logs none), and one note."""
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_bypass_mode_gives_what_is_reproduced_and_says_what_is_not(tmp_path, loss_type):
+    """verl's bypass mode does its rollout correction inside the loss, per micro-batch: no
+    driver-side rollout_corr/* (verl logs none); actor/* for loss_type ppo_clip (checked against
+    verl in tests/reference), nothing for reinforce; one note naming what is left empty."""
     rng = np.random.default_rng(7)
     data = make_batch(rng)
     data.batch["old_log_probs"] = data.batch["rollout_log_probs"]  # apply_bypass_mode
-    corr = {"rollout_is": "token", "bypass_mode": True}
+    corr = {"rollout_is": "token", "bypass_mode": True, "loss_type": loss_type}
     cap = VerlCapture(tmp_path / "run", config=verl_config({"ppo_mini_batch_size": 3, "rollout_n": 4},
                                                            {"rollout_correction": corr}), rank=0, world_size=1)
     update_policy(cap, data, rng)
     cap.close()
     res = grpolens.recompute(tmp_path / "run", profile="verl", write=False, result=True)
-    row = res.metrics.row(0, named=True)
-    assert not [k for k, v in row.items() if v is not None and (k.startswith("actor/") or k.startswith("rollout_corr/"))]
-    assert [n for n in res.notes if n.startswith("verl bypass mode")]
+    got = {k for k, v in res.metrics.row(0, named=True).items() if v is not None}
+    assert not [k for k in got if k.startswith("rollout_corr/") or k.startswith("actor/rollout_corr/")]
+    assert ("actor/pg_loss" in got) == (loss_type == "ppo_clip")
+    (note,) = [n for n in res.notes if n.startswith("verl bypass mode")]
+    assert ("reinforce" in note) == (loss_type == "reinforce")

@@ -22,6 +22,12 @@ token count ``N`` over all ranks and ``G = ppo_mini_batch_size · rollout_n`` se
     seq-mean-token-sum  Σ_{T_b>0} Σ_t L·m / G · dp (…-norm: ÷ loss_scale_factor, default the call's width)
     seq-mean-token-mean Σ_{T_b>0} (Σ_t L·m / (T_b + 1e-8)) / G · dp
 
+Bypass mode (``rollout_correction.bypass_mode``, ``loss_type: ppo_clip``): the stored ``old_logp`` is
+the rollout's, the loss is vanilla whatever ``loss_mode`` says, no IS weight is applied, and ``m`` for
+the policy-loss terms (``pg_loss``, the clip fractions, ``ppo_kl``) loses the tokens verl's loss
+rejects per call (its filters on ``logp`` against ``rollout_logp``); ``N`` stays the mini-batch's
+tokens before that rejection. ``reinforce`` is not reproduced (left empty).
+
 ``actor/entropy`` is verl's driver's: the old-log-prob pass' entropy (``old_entropy``), aggregated
 over the whole step with ``agg_loss`` on the mask before rollout rejection.
 ``actor/pg_loss``, ``actor/entropy_loss`` (the forward's entropy, logged when ``calculate_entropy``
@@ -45,7 +51,7 @@ from grpolens.metrics.registry import Family, register_family, Metric, register
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials
 
 CLAMP = 20.0
-_COLS = ("va.n", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
+_COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
          "va.kld_tm", "va.width", "va.old_n", "va.old_ent")
 _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
 
@@ -55,13 +61,34 @@ def actor_cfg(cfg: dict) -> dict | None:
     return a if isinstance(a, dict) else None
 
 
+def _bypass_corr(cfg: dict) -> dict | None:
+    corr = (cfg.get("verl_algorithm") or {}).get("rollout_correction")
+    return corr if isinstance(corr, dict) and corr.get("bypass_mode") else None
+
+
 def bypass(cfg: dict) -> bool:
     """verl's ``algorithm.rollout_correction.bypass_mode``: old log-probs are the rollout's and the
-    policy loss does the rollout correction per micro-batch, from the current policy (logged as
-    ``actor/rollout_corr/*``, rejection applied to the loss mask there). Not reproduced: the actor
-    metrics are left empty rather than computed with the decoupled mode's rules."""
-    corr = (cfg.get("verl_algorithm") or {}).get("rollout_correction")
-    return isinstance(corr, dict) and bool(corr.get("bypass_mode"))
+    policy loss does the rollout correction per micro-batch, from the current policy against the
+    rollout (its rejection applied to the policy loss' mask; its metrics logged as
+    ``actor/rollout_corr/*``, which are not reproduced)."""
+    return _bypass_corr(cfg) is not None
+
+
+def bypass_reproduced(cfg: dict) -> bool:
+    """Bypass mode with ``loss_type: ppo_clip`` (verl's default): the actor metrics are reproduced;
+    ``reinforce`` is not (they are left empty)."""
+    corr = _bypass_corr(cfg)
+    return corr is not None and str(corr.get("loss_type", "ppo_clip")) == "ppo_clip"
+
+
+def _bypass_keep(b: TokenBatch, cfg: dict) -> np.ndarray:
+    """The tokens verl's bypass-mode loss keeps: its rejection filters on the current policy against
+    the rollout (the stored ``old_logp`` is the rollout's), decided per sequence of the loss call."""
+    isc = ISConfig.from_cfg(cfg)
+    if not (isc.configured and b.has("rollout_logp")):
+        return np.ones(b.n, dtype=bool)
+    current = TokenBatch({**b.cols, "old_logp": b.logp}, b.present | {"old_logp"})
+    return loss_weights(current, isc)[1]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -95,8 +122,12 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     if a is None or b.n_seq == 0:
         return {c: np.zeros(b.n_seq) for c in _COLS}
     m = b.mask & np.isfinite(b.logp) & np.isfinite(b.old) & np.isfinite(b.adv)
-    mf = m.astype(np.float64)
+    by = bypass(cfg)
+    # the policy loss' mask: in bypass mode, minus the loss' own per-call rejection
+    mp = m & _bypass_keep(b, cfg) if by else m
+    mf = mp.astype(np.float64)
     n = b.count(m)
+    n_pg = b.count(mp) if by else n
     A = np.where(m, b.adv, 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.where(m, b.logp - b.old, 0.0)
@@ -106,7 +137,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         eh = a.get("clip_ratio_high", a.get("clip_ratio", 0.2))
         el = a.get("clip_ratio", 0.2) if el is None else el
         eh = a.get("clip_ratio", 0.2) if eh is None else eh
-        mode = _mode(a)
+        mode = "vanilla" if by else _mode(a)  # bypass ppo_clip is verl's vanilla loss
         low = np.zeros(b.n)
         kl_tok = -dc
         if mode == "vanilla":
@@ -134,23 +165,23 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         else:
             raise ValueError(f"verl policy_loss.loss_mode {mode!r} is not supported by the verl profile")
         isc = ISConfig.from_cfg(cfg)
-        if isc.configured and b.has("rollout_logp"):
+        if isc.configured and b.has("rollout_logp") and not by:  # bypass ppo_clip applies no IS weight
             w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
             L = L * w
-        L = np.where(m, L, 0.0)
+        L = np.where(mp, L, 0.0)
         ent = np.where(m, b.cols["entropy"], 0.0) if b.has("entropy") else np.zeros(b.n)
         if b.has("ref_logp") and a.get("use_kl_loss"):
             kld = np.where(m, kl_penalty(b.logp, b.cols["ref_logp"], str(a.get("kl_loss_type", "low_var_kl"))), 0.0)
         else:
             kld = np.zeros(b.n)
     per = lambda x: b.seq_sum(x)  # noqa: E731
-    tm = lambda s: s / (n + 1e-8)  # noqa: E731
+    tm = lambda s, k=n: s / (k + 1e-8)  # noqa: E731
     pg, es, ks = per(L), per(ent), per(kld)
     # the old-log-prob pass' entropy, on the response mask before rollout rejection (verl's driver)
     pre = b.pre_rejection_mask
     old_ent = per(np.where(pre, b.cols["old_entropy"], 0.0)) if b.has("old_entropy") else np.zeros(b.n_seq)
-    return {"va.n": n, "va.pg": pg, "va.pg_tm": tm(pg), "va.clip": per(clip * mf), "va.clip_low": per(low * mf),
-            "va.kl": per(np.where(m, kl_tok, 0.0)), "va.ent": es, "va.ent_tm": tm(es), "va.kld": ks,
+    return {"va.n": n, "va.n_pg": n_pg, "va.pg": pg, "va.pg_tm": tm(pg, n_pg), "va.clip": per(clip * mf),
+            "va.clip_low": per(low * mf), "va.kl": per(np.where(mp, kl_tok, 0.0)), "va.ent": es, "va.ent_tm": tm(es), "va.kld": ks,
             "va.kld_tm": tm(ks), "va.width": b.lengths.astype(np.float64), "va.old_n": b.count(pre),
             "va.old_ent": old_ent}
 
@@ -191,10 +222,11 @@ def _calls(sd):
     return out
 
 
-def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int) -> float:
+def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int, count: str = "va.n") -> float:
+    """agg_loss of one call; ``count``: the per-sequence tokens of the term's mask (seq-mean modes)."""
     a = actor_cfg(sd.cfg)
     mode = str(a.get("loss_agg_mode", "token-mean"))
-    n = sd.col("va.n")[idx]
+    n = sd.col(count)[idx]
     if mode == "token-mean":
         return float(sd.col(s)[idx].sum() / N * dp)
     if mode == "token-sum":
@@ -215,11 +247,11 @@ def _values(sd) -> dict[str, float]:
         return sd.extra[key]
     calls = _calls(sd)
     out: dict[str, float] = {}
-    if calls and not bypass(sd.cfg):
+    if calls and (not bypass(sd.cfg) or bypass_reproduced(sd.cfg)):
         a = actor_cfg(sd.cfg)
         dp = len({c[0] for c in calls})
         G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
-        sapo = _mode(a) == "sapo"
+        sapo = _mode(a) == "sapo" and not bypass(sd.cfg)
         with_ent = bool(a.get("calculate_entropy")) or float(a.get("entropy_coeff", 0.0) or 0.0) != 0.0
         with_kl = bool(a.get("use_kl_loss")) and "ref_logp" in sd.present
         ec, kc = float(a.get("entropy_coeff", 0.0) or 0.0), float(a.get("kl_loss_coef", 0.001))
@@ -229,11 +261,11 @@ def _values(sd) -> dict[str, float]:
             N = float(sum(sd.col("va.n")[c[3]].sum() for c in cs))
             acc: dict[str, list] = {k: [] for k in ("pg", "ent", "kl", "clip", "low", "ppo_kl", "loss")}
             for _, _, _, idx in cs:
-                nt = sd.col("va.n")[idx].sum()
+                nt = sd.col("va.n_pg")[idx].sum()
                 if sapo:  # verl's SAPO always aggregates seq-mean-token-mean
-                    pg = float(sd.col("va.pg_tm")[idx][sd.col("va.n")[idx] > 0].sum() / G * dp)
+                    pg = float(sd.col("va.pg_tm")[idx][sd.col("va.n_pg")[idx] > 0].sum() / G * dp)
                 else:
-                    pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G)
+                    pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G, count="va.n_pg")
                 ent = _agg(sd, idx, "va.ent", "va.ent_tm", N, dp, G)
                 kl = _agg(sd, idx, "va.kld", "va.kld_tm", N, dp, G)
                 acc["pg"].append(pg)
