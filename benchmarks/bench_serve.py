@@ -32,17 +32,52 @@ DOC_INTRO = ("Written by `python benchmarks/bench_serve.py ... --write-doc` (one
              "first response after start, and its size):")
 
 
-def post(base: str, outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object]],
-         state: list[tuple[str, str, object]] = ()) -> tuple[float, int, dict]:
+Request = tuple[list[tuple[str, str]], list[tuple[str, str, object]], list[tuple[str, str, object]]]
+
+
+def callback_body(outputs, inputs, state=()) -> dict:
+    """The JSON a browser POSTs to Dash's callback endpoint for these outputs, inputs and states."""
     outs = [{"id": i, "property": p} for i, p in outputs]
-    body = {
+    return {
         "output": outs[0]["id"] + "." + outs[0]["property"] if len(outs) == 1
         else ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
         "outputs": outs[0] if len(outs) == 1 else outs,
         "inputs": [{"id": i, "property": p, "value": v} for i, p, v in inputs],
         "changedPropIds": [], "state": [{"id": i, "property": p, "value": v} for i, p, v in state],
     }
-    req = urllib.request.Request(base + "/_dash-update-component", data=json.dumps(body).encode(),
+
+
+def page_requests(name: str, step: int) -> dict[str, list[Request]]:
+    """The callbacks each timed page fires (tests/test_bench_scripts.py sends them to the app, so a
+    changed callback signature fails there rather than as an HTTP 500 in a long benchmark)."""
+    return {
+        "Overview (first response after start)": [(
+            [("overview-graphs", "children")],
+            [("url", "pathname", "/"), ("runs", "value", [name]), ("smoothing", "value", 0.6),
+             ("range", "value", None), ("show-baseline", "value", []),
+             ("metric-filter", "value", None), ("y-scale", "value", []), ("version", "data", None)], [])],
+        "Tokens page, one step": [
+            ([("tok-summary", "children"), ("tok-table", "data"), ("tok-table", "columns")],
+             [("url", "pathname", "/tokens"), ("tok-run", "value", name), ("tok-step", "value", step),
+              ("tok-by", "value", "kl"), ("tok-k", "value", 50)], []),
+            ([("tok-completion", "children")],
+             [("url", "pathname", "/tokens"), ("tok-run", "value", name), ("tok-step", "value", step),
+              ("tok-sample", "value", None), ("tok-color", "value", "kl"), ("tok-focus", "data", None)],
+             [("tok-by", "value", "kl")])],
+        "Completions table page": [(
+            [("comp-table", "data"), ("comp-table", "columns"), ("comp-table", "page_count"),
+             ("comp-summary", "children")],
+            [("url", "pathname", "/completions"), ("comp-run", "value", name), ("comp-step", "value", step),
+             ("comp-table", "page_current", 1), ("comp-table", "page_size", 20),
+             ("comp-table", "sort_by", [{"column_id": "kl_max", "direction": "desc"}]),
+             ("comp-table", "filter_query", ""), ("comp-group", "value", None), ("comp-rank", "value", None),
+             ("comp-trunc", "value", "any"), ("comp-veto", "value", "any")], [])],
+    }
+
+
+def post(base: str, outputs, inputs, state=()) -> tuple[float, int, dict]:
+    req = urllib.request.Request(base + "/_dash-update-component",
+                                 data=json.dumps(callback_body(outputs, inputs, state)).encode(),
                                  headers={"Content-Type": "application/json"})
     t = time.perf_counter()
     with urllib.request.urlopen(req) as r:
@@ -105,35 +140,15 @@ def main() -> None:
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         base = f"http://127.0.0.1:{srv.port}"
 
-        def overview():
-            return post(base, [("overview-graphs", "children")],
-                        [("url", "pathname", "/"), ("runs", "value", [name]), ("smoothing", "value", 0.6),
-                         ("range", "value", None), ("show-baseline", "value", []),
-                         ("metric-filter", "value", None), ("y-scale", "value", []), ("version", "data", None)])
-
         step = steps[len(steps) // 2]
 
-        def tokens():
-            a = post(base, [("tok-summary", "children"), ("tok-table", "data"), ("tok-table", "columns")],
-                     [("url", "pathname", "/tokens"), ("tok-run", "value", name), ("tok-step", "value", step),
-                      ("tok-by", "value", "kl"), ("tok-k", "value", 50)])
-            b = post(base, [("tok-completion", "children")],
-                     [("url", "pathname", "/tokens"), ("tok-run", "value", name), ("tok-step", "value", step),
-                      ("tok-sample", "value", None), ("tok-color", "value", "kl"), ("tok-focus", "data", None)],
-                     [("tok-by", "value", "kl")])
-            return a[0] + b[0], a[1] + b[1], (a[2], b[2])
+        def page(label):
+            def fire():
+                answers = [post(base, *r) for r in page_requests(name, step)[label]]
+                return sum(a[0] for a in answers), sum(a[1] for a in answers), [a[2] for a in answers]
+            return fire
 
-        def completions():
-            return post(base, [("comp-table", "data"), ("comp-table", "columns"), ("comp-table", "page_count"),
-                               ("comp-summary", "children")],
-                        [("url", "pathname", "/completions"), ("comp-run", "value", name), ("comp-step", "value", step),
-                         ("comp-table", "page_current", 1), ("comp-table", "page_size", 20),
-                         ("comp-table", "sort_by", [{"column_id": "kl_max", "direction": "desc"}]),
-                         ("comp-table", "filter_query", ""), ("comp-group", "value", None), ("comp-rank", "value", None),
-                         ("comp-trunc", "value", "any"), ("comp-veto", "value", "any")])
-
-        for label, fn in (("Overview (first response after start)", overview), ("Tokens page, one step", tokens),
-                          ("Completions table page", completions)):
+        for label, fn in ((label, page(label)) for label in page_requests(name, step)):
             first = fn()
             again = fn()
             data.clear_caches()

@@ -49,3 +49,27 @@ def test_doc_blocks_are_replaced_whole_and_rows_by_their_command(tmp_path, monke
     assert rows == ["| `python benchmarks/x.py --n 2` | 2 ms |", "| `python benchmarks/x.py --n 1` | 3 ms |"]
     assert (block.shown_command("benchmarks/x.py", ["--tokens", "1e6", "--dir", "/tmp/x", "--write-doc", "--keep"])
             == "python benchmarks/x.py --tokens 1e6")
+
+
+def test_serve_benchmark_fires_the_callbacks_the_dashboard_has(tmp_path):
+    """bench_serve times the callbacks by their JSON requests; a changed callback signature (a new
+    input) must fail here, not as an HTTP 500 half-way through a long benchmark."""
+    import shutil
+
+    from grpolens.run import format as fmt
+    from grpolens.serve.app import create_app
+
+    bench = _load("bench_serve")
+    run = tmp_path / "tiny"
+    shutil.copytree(BENCH.parent / "sample_runs" / "tiny", run)
+    app = create_app([run])
+    client = app.server.test_client()
+    step = fmt.list_steps(run, fmt.TOKENS)[1]
+    fired = 0
+    for label, requests in bench.page_requests(app.grpolens_runs.names[0], step).items():
+        for outputs, inputs, state in requests:
+            r = client.post("/_dash-update-component", json=bench.callback_body(outputs, inputs, state))
+            assert r.status_code == 200, f"{label}: {outputs[0]} answered {r.status_code}"
+            assert "error" not in r.get_data(as_text=True).lower()[:200], r.get_data(as_text=True)[:500]
+            fired += 1
+    assert fired == 4
