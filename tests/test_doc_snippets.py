@@ -42,6 +42,8 @@ NOT_RUN = {
     ("docs/serve.md", "grpolens serve"): "starts a server until stopped: docs/examples/serve.sh is "
                                          "started and answered by tests/test_docs_examples.py, tests/serve/ "
                                          "drive the dashboard in a browser",
+    ("docs/serve.md", "curl "): "asks a dashboard that is running on runs named a and b; "
+                                "tests/serve/test_downloads.py fetches the same /csv/ URLs from a served run",
     ("docs/distributed.md", 'pip install "grpolens[ray]"'): "installs an extra (the dev environment has it)",
     ("docs/distributed.md", "grpolens recompute RUN --engine ray"): "starts or joins a Ray cluster; "
                                          "tests/distributed/ run --engine ray on a real local Ray",
