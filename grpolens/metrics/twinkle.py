@@ -112,7 +112,9 @@ def nonlinear(sd, which: str) -> float | None:
             v = float(np.exp(v)) if np.isfinite(v) or v > 0 else 0.0
     else:
         v = float(np.max(sd.col(col))) if sd.n_seq else 0.0
-    return max(0.0, v) if np.isfinite(v) or v > 0 else 0.0
+    # every column here is >= 0 where a sequence has a valid token (e^x, K3 = expm1(x) - x >= 0 in
+    # floating point); -inf (no valid token anywhere) and NaN become Twinkle's starting 0
+    return v if v >= 0 else 0.0
 
 
 def clip_fraction(sd, part: str, unconditional: bool) -> float | None:
