@@ -46,6 +46,22 @@ def test_clip_ratio_exactly_on_the_trust_region_bounds_is_not_clipped(tmp_path):
     got, trl = _row(grpolens.recompute(run, write=False)), _row(grpolens.recompute(run, profile="trl", write=False))
     assert got["clip/low"] == pytest.approx(1 / 4) and got["clip/high"] == pytest.approx(1 / 4)
     assert trl["clip_ratio/low_mean"] == pytest.approx(1 / 4) and trl["clip_ratio/high_mean"] == pytest.approx(1 / 4)
+    # the unconditional rates (no advantage gate): e^d < 1 - eps, e^d > 1 + eps_high, strictly
+    assert got["clip/ratio_below"] == pytest.approx(1 / 4) and got["clip/ratio_above"] == pytest.approx(1 / 4)
+    assert got["clip/ratio_outside"] == pytest.approx(2 / 4)
+
+
+def test_cispo_weight_exactly_on_the_cap_is_not_counted(tmp_path):
+    # TRL: is_cispo_clipped = (coef_1 > epsilon_high) & (A > 0); under CISPO epsilon_high is the
+    # absolute cap of the weight. One sequence (A = +1): ratios [exactly the cap, just above it].
+    old, lp = -1.0, -0.75
+    cap = _ratio(lp, old)
+    above = float(np.nextafter(np.float32(lp), np.float32(0)))
+    assert _ratio(above, old) > cap
+    c = LossCall(0, 0, 0, np.arange(1), np.array([2]), f32([[lp, above]]), np.ones((1, 2), bool), f32([1.0]),
+                 old=f32(np.full((1, 2), old)))
+    run = write_run(tmp_path / "run", [c], config={"loss_type": "cispo", "epsilon": 0.2, "epsilon_high": cap})
+    assert _row(grpolens.recompute(run, write=False))["clip/cispo"] == pytest.approx(1 / 2)
 
 
 def test_kl_length_buckets_include_their_upper_edge():

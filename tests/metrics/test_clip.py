@@ -266,3 +266,27 @@ def test_sequence_token_level(tmp_path):
         assert approx(_row(got, step)["clip/low"], pooled(calls, step, part("low"), _v))
         assert approx(_row(got, step)["clip/high"], pooled(calls, step, part("high"), _v))
     assert got["clip/high"].max() > 0
+
+
+def test_sequence_level_mean_advantage_is_over_the_valid_tokens(tmp_path):
+    # At sequence level the sign test uses Ā, the mean advantage of the sequence's valid tokens
+    # (Twinkle's GSPOMetric), not the advantage stored on its first token; a single valid token
+    # is enough. One sequence: token 0 is masked out and carries A = +1, token 1 is valid with
+    # A = -1 and d = -0.5: s = e^-0.5 = 0.61 < 1 - 0.2 and Ā = -1 < 0 -> low-clipped (with
+    # Ā = +1 it would be neither).
+    from dataclasses import dataclass
+
+    from tests.refdata import LossCall, f32
+
+    @dataclass
+    class TokenAdvantages(LossCall):
+        per_token: np.ndarray | None = None
+
+        @property
+        def adv_tok(self):
+            return self.per_token
+
+    c = TokenAdvantages(0, 0, 0, np.arange(1), np.array([2]), f32([[-1.0, -1.5]]), np.array([[False, True]]),
+                        f32([-1.0]), old=f32([[-1.0, -1.0]]), per_token=f32([[1.0, -1.0]]))
+    got = _row(grpolens.recompute(write_run(tmp_path / "run", [c], config={"loss_type": "gspo"}), write=False), 0)
+    assert (got["clip/low"], got["clip/high"]) == (1.0, 0.0)
