@@ -696,6 +696,32 @@ def test_fixture_k1_inversion(tmp_path):
     assert weights_of(run)["is_mask"].to_list() == [False, True, True, False]
 
 
+def test_rejection_filter_statistic_exactly_on_its_bound_is_kept(tmp_path):
+    # verl keeps log lower <= k1 <= log upper and k2/k3 <= upper (its fraction_high counts
+    # stat > up, fraction_low k1 < log lower). k1 = -δ: δ = 0 gives k1 = -0.0, exactly on log 1.0 = 0
+    # as an upper bound ("0.5_1.0") and as a lower bound ("1.0_2.0"); a rollout log-prob one float32
+    # step below / above the old one puts k1 just below / above 0.
+    below = float(np.nextafter(np.float32(-1.0), np.float32(-2.0)))
+    above = float(np.nextafter(np.float32(-1.0), np.float32(0.0)))
+    old, rollout = [[-1.0, -1.0, -1.0]], [[-1.0, below, above]]  # k1 = [-0.0, < 0, > 0]
+    for band, kept in (("0.5_1.0", [True, True, False]), ("1.0_2.0", [True, False, True])):
+        run, _ = one_call(tmp_path, old, rollout, config={"rs": "token_k1", "rs_threshold": band}, name=band)
+        assert weights_of(run)["is_mask"].to_list() == kept, band
+    # k2 = δ²/2: δ = 0.5 (old -1.0, rollout -1.5, exact in float32) gives exactly 0.125; one float32
+    # step further gives more
+    further = float(np.nextafter(np.float32(-1.5), np.float32(-2.0)))
+    run, _ = one_call(tmp_path, [[-1.0, -1.0]], [[-1.5, further]], config={"rs": "token_k2", "rs_threshold": "0.125"},
+                      name="k2")
+    assert weights_of(run)["is_mask"].to_list() == [True, False]
+
+
+def test_rejection_statistics_use_the_bounded_log_ratio(tmp_path):
+    # the filters see δs = clip(δ, ±20): δ = -21 and +21 both give k2 = 20²/2 = 200, kept under an
+    # upper bound of 210 (the unbounded 21²/2 = 220.5 would be rejected)
+    run, _ = one_call(tmp_path, [[-22.0, -1.0]], [[-1.0, -22.0]], config={"rs": "token_k2", "rs_threshold": "210"})
+    assert weights_of(run)["is_mask"].to_list() == [True, True]
+
+
 # ---------------------------------------------------------------------------------------------
 # --is-weights output equals the reference weights
 # ---------------------------------------------------------------------------------------------
