@@ -116,3 +116,17 @@ def test_merging_a_piece_without_a_max_column_keeps_negative_maxima():
     out = merge_arrays([with_old, without])
     assert out["policy.d.max"].tolist() == [-0.5, -0.25, -np.inf, -np.inf]
     assert out["policy.d.max"].max() == -0.25
+
+
+def test_kl_length_bucket_holding_a_single_token(tmp_path):
+    # one sequence with one masked token, x = ref - logp = -0.5: k3 = e^-0.5 + 0.5 - 1 = 0.10653,
+    # over 1 token (canonical), and over max(1 token, 1) under MaxEnt-GRPO's profile
+    c = LossCall(0, 0, 0, np.arange(1), np.array([1]), f32([[-1.0]]), np.ones((1, 1), bool), f32([1.0]),
+                 ref=f32([[-1.5]]))
+    run = write_run(tmp_path / "run", [c], config={"beta": 0.04})
+    k3 = np.exp(-0.5) + 0.5 - 1.0
+    got = _row(grpolens.recompute(run, write=False))
+    assert got["kl/by_length/0-32"] == pytest.approx(k3, rel=1e-6) and got["kl/by_length_tokens/0-32"] == 1.0
+    mx = _row(grpolens.recompute(run, profile="maxent", write=False))
+    assert mx["train/kl_per_token_bucket/0-32"] == pytest.approx(k3, rel=1e-6)
+    assert mx["train/kl_per_token_bucket_tokens/0-32"] == 1.0
