@@ -130,3 +130,13 @@ def test_kl_length_bucket_holding_a_single_token(tmp_path):
     mx = _row(grpolens.recompute(run, profile="maxent", write=False))
     assert mx["train/kl_per_token_bucket/0-32"] == pytest.approx(k3, rel=1e-6)
     assert mx["train/kl_per_token_bucket_tokens/0-32"] == 1.0
+
+
+def test_maxent_kl_clamps_x_on_the_negative_side_too(tmp_path):
+    # MaxEnt-GRPO clamps x = ref - logp to [-60, 60] before exp: x = -69 (ref -70, logp -1) counts as
+    # -60, k3 = e^-60 + 60 - 1 (unclamped it would be e^-69 + 69 - 1 = 68)
+    c = LossCall(0, 0, 0, np.arange(1), np.array([1]), f32([[-1.0]]), np.ones((1, 1), bool), f32([1.0]),
+                 ref=f32([[-70.0]]))
+    run = write_run(tmp_path / "run", [c], config={"beta": 0.04, "loss_type": "grpo"})
+    mx = _row(grpolens.recompute(run, profile="maxent", write=False))
+    assert mx["train/kl"] == pytest.approx(np.exp(-60.0) + 60.0 - 1.0, rel=1e-12)
