@@ -140,3 +140,20 @@ def test_maxent_kl_clamps_x_on_the_negative_side_too(tmp_path):
     run = write_run(tmp_path / "run", [c], config={"beta": 0.04, "loss_type": "grpo"})
     mx = _row(grpolens.recompute(run, profile="maxent", write=False))
     assert mx["train/kl"] == pytest.approx(np.exp(-60.0) + 60.0 - 1.0, rel=1e-12)
+
+
+def test_kl_loss_norm_on_one_token_and_on_no_token(tmp_path):
+    # one valid token, x = -0.5: k3 = e^-0.5 + 0.5 - 1 under every loss normalisation (one sequence of
+    # one token). All masked: nothing to average canonically (null); MaxEnt-GRPO clamps its
+    # denominators to >= 1 and logs 0.0
+    one = LossCall(0, 0, 0, np.arange(1), np.array([1]), f32([[-1.0]]), np.ones((1, 1), bool), f32([1.0]),
+                   ref=f32([[-1.5]]))
+    none = LossCall(1, 0, 0, np.arange(1, 2), np.array([1]), f32([[-1.0]]), np.zeros((1, 1), bool), f32([1.0]),
+                    ref=f32([[-1.5]]))
+    run = write_run(tmp_path / "run", [one, none], config={"beta": 0.04, "loss_type": "dapo"})
+    got, mx = grpolens.recompute(run, write=False), grpolens.recompute(run, profile="maxent", write=False)
+    k3 = np.exp(-0.5) + 0.5 - 1.0
+    assert _row(got, 0)["kl/k3_loss_norm"] == pytest.approx(k3, rel=1e-6)
+    assert _row(mx, 0)["train/kl"] == pytest.approx(k3, rel=1e-6)
+    assert _row(got, 1)["kl/k3_loss_norm"] is None
+    assert _row(mx, 1)["train/kl"] == 0.0
