@@ -29,6 +29,8 @@ ALLOWED = {
     ("README.md", "(3 min 37 s on a busy machine)"): "the quick run's duration, beside its command",
     ("docs/export.md", "trackers into the development environment took 2 min 8 s"):
         "pip's install time for third-party trackers, with the `/usr/bin/time -v pip install` command",
+    ("docs/mutation-testing.md", "5 to 50 s per mutant"):
+        "mutmut's pace on a shared machine, to plan a run's length; it times mutmut's test runs, not grpolens",
     ("docs/distributed.md", "### Paper estimate: 10^10 token rows on 32 nodes"):
         "an estimate: arithmetic on the measured figures above, not a measurement",
 }
