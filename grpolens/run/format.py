@@ -596,24 +596,13 @@ def read_completion(run: os.PathLike | str) -> Completion | None:
         hit = _cache.get(str(run))
         if hit is not None and hit[0] == key:
             return hit[1]
-    try:
-        manifest = read_manifest(run)
-    except RunFormatError:
-        manifest = None
-    result = None
-    if manifest is not None and manifest.completion_markers:
-        done: dict[int, set[int]] = {}
-        finished: set[int] = set()
+    def names() -> list[str]:
         try:
-            names = os.listdir(run / COMPLETE_DIR)
+            return os.listdir(run / COMPLETE_DIR)
         except OSError:
-            names = []
-        for name in names:
-            if (m := MARKER_RE.match(name)):
-                done.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-            elif (m := FINISHED_RE.match(name)):
-                finished.add(int(m.group(1)))
-        result = Completion(manifest.world_size, {s: frozenset(r) for s, r in done.items()}, frozenset(finished))
+            return []
+
+    result = _completion(run, names)
     with _lock:
         _cache[str(run)] = (key, result)
     return result
@@ -626,22 +615,28 @@ def _remote_completion(root) -> Completion | None:
     hit = _REMOTE_LISTINGS.get(key)
     if hit is not None and time.monotonic() - hit[0] < REMOTE_LISTING_TTL:
         return hit[1]
-    try:
-        manifest = read_manifest(root)
-    except RunFormatError:
-        manifest = None
-    result = None
-    if manifest is not None and manifest.completion_markers:
-        done: dict[int, set[int]] = {}
-        finished: set[int] = set()
-        for entry in (root / COMPLETE_DIR).list_dir():
-            if (m := MARKER_RE.match(entry.name)):
-                done.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-            elif (m := FINISHED_RE.match(entry.name)):
-                finished.add(int(m.group(1)))
-        result = Completion(manifest.world_size, {s: frozenset(r) for s, r in done.items()}, frozenset(finished))
+    result = _completion(root, lambda: [entry.name for entry in (root / COMPLETE_DIR).list_dir()])
     _REMOTE_LISTINGS[key] = (time.monotonic(), result)
     return result
+
+
+def _completion(run, names) -> Completion | None:
+    """The completion records of a local or remote ``run`` from the entry ``names()`` of its
+    ``complete/`` directory (listed only for a run whose manifest says it writes markers)."""
+    try:
+        manifest = read_manifest(run)
+    except RunFormatError:
+        return None
+    if not manifest.completion_markers:
+        return None
+    done: dict[int, set[int]] = {}
+    finished: set[int] = set()
+    for name in names():
+        if (m := MARKER_RE.match(name)):
+            done.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        elif (m := FINISHED_RE.match(name)):
+            finished.add(int(m.group(1)))
+    return Completion(manifest.world_size, {s: frozenset(r) for s, r in done.items()}, frozenset(finished))
 
 
 def set_incomplete_policy(policy: str | None) -> None:
