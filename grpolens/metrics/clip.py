@@ -118,10 +118,11 @@ def fraction(part: str, counted: str = "g"):
 
 
 def seq_extreme(part: str, which: str, counted: str = "g"):
-    """``fn(sd)``: the extreme per-sequence clip fraction ``part`` under the profile's grouping."""
+    """``fn(sd)``: the extreme per-sequence clip fraction ``part`` (TRL's: per slot, see
+    :func:`grpolens.metrics.reduce.seq_fraction_extreme`)."""
     def fn(sd) -> float | None:
         num, den = _cols(part, counted)
-        return reduce.seq_fraction_extreme(sd, num, den, which, sd.profile.token_mean)
+        return reduce.seq_fraction_extreme(sd, num, den, which)
     return fn
 
 

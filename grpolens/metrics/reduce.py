@@ -89,19 +89,14 @@ def grouped_ratio(sd: StepData, num: str, den: str, rule: str) -> float | None:
     raise ValueError(f"unknown grouping rule {rule!r}")
 
 
-def seq_fraction_extreme(sd: StepData, num: str, den: str, which: str, rule: str) -> float | None:
+def seq_fraction_extreme(sd: StepData, num: str, den: str, which: str) -> float | None:
+    """The smallest/largest per-sequence fraction num/den over the sequences with den > 0. The same
+    under every grouping rule: the trl profile, whose rule is per slot, calls it on one slot at a
+    time (its log schedule's ``appended``), where the extreme over the slot is this."""
     s, c = sd.col(num), sd.col(den)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(c > 0, s / np.where(c > 0, c, 1.0), np.nan)
     pick = np.nanmin if which == "min" else np.nanmax
-    if rule == "trl_slot":
-        g, n = sd.groups(("micro_batch",))
-        vals = []
-        for k in range(n):
-            f = frac[g == k]
-            if np.isfinite(f).any():
-                vals.append(pick(f))
-        return _f(np.mean(vals)) if vals else None
     if not np.isfinite(frac).any():
         return None
     return _f(pick(frac))
@@ -145,7 +140,7 @@ def _family_value(metric: Metric, sd: StepData) -> float | None:
         ok = c > 0
         return _f(np.mean(x[ok] / c[ok])) if ok.any() else None
     if kind in ("seq_frac_min", "seq_frac_max"):
-        return seq_fraction_extreme(sd, metric.num, metric.den, kind[-3:], rule)
+        return seq_fraction_extreme(sd, metric.num, metric.den, kind[-3:])
     raise ValueError(f"metric {metric.name}: unknown kind {kind!r}")
 
 
