@@ -845,3 +845,29 @@ def test_normalisation_is_idempotent():
     assert normalize_rollout_is(once) == once
     assert once["rs"] == [{"option": "token_k1", "lower": 0.4, "upper": 1.8},
                           {"option": "seq_max_k3", "lower": None, "upper": 3.0}]
+
+
+def test_sequence_filters_reduce_their_statistic_as_named(tmp_path):
+    # k2 = δ²/2 per token. Row A: δ = [0.5, 0.5, 0.5] -> k2 sum 0.375, mean 0.125, max 0.125;
+    # row B: δ = [1, 0, 0] -> sum 0.5, mean 1/6, max 0.5; row C: δ = [0.5, 0, 0] -> sum = max = 0.125,
+    # mean 1/24. Each filter rejects its rows whole.
+    old = np.full((3, 3), -1.0)
+    rollout = old - np.array([[0.5, 0.5, 0.5], [1.0, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    for option, bound, kept in (("seq_sum_k2", "0.3", [False, False, True]),
+                                ("seq_mean_k2", "0.15", [True, False, True]),
+                                ("seq_max_k2", "0.3", [True, False, True])):
+        run, _ = one_call(tmp_path, old, rollout, config={"rs": option, "rs_threshold": bound}, name=option)
+        mask = weights_of(run).sort(["sample_id", "pos"])["is_mask"].to_numpy().reshape(3, 3)
+        assert mask.all(1).tolist() == kept and (mask.any(1) == mask.all(1)).all(), option
+
+
+def test_veto_ratio_exactly_on_its_bound_is_kept(tmp_path):
+    # the veto rejects a sequence with a raw ratio e^δ strictly outside [veto_lower, veto_upper]:
+    # δ = 0 (ratio 1) is exactly on a bound of 1.0 and kept; one float32 step of the rollout
+    # log-prob below / above the old one gives δ just above / below 0. One token per sequence.
+    below = float(np.nextafter(np.float32(-1.0), np.float32(-2.0)))
+    above = float(np.nextafter(np.float32(-1.0), np.float32(0.0)))
+    old, rollout = [[-1.0], [-1.0], [-1.0]], [[-1.0], [below], [above]]  # δ = [0, > 0, < 0]
+    for side, kept in (("veto_lower", [True, True, False]), ("veto_upper", [True, False, True])):
+        run, _ = one_call(tmp_path, old, rollout, config={"level": "token", "mode": "none", side: 1.0}, name=side)
+        assert weights_of(run).sort("sample_id")["is_mask"].to_list() == kept, side
