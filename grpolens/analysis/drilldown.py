@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import polars as pl
@@ -24,6 +25,7 @@ from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import visitor
 from grpolens.run.reader import RunReader
+from grpolens.run.step_table import write_step_table
 
 SCORES = {
     "kl": ("ref_logp",),
@@ -111,17 +113,10 @@ class TopTokens:
             return pl.DataFrame()
         return keep_top(pl.concat(pieces, how="diagonal_relaxed"), self.k)
 
-    def finish(self, run: Path, out_dir: Path, by_step: dict[int, pl.DataFrame], kept_steps: set[int]) -> None:
+    def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
         """Write ``top_tokens.parquet``: fresh rows for recomputed steps, earlier rows for the rest."""
-        path = out_dir / "top_tokens.parquet"
-        frames = [f for f in by_step.values() if f.height]
-        if path.is_file() and kept_steps:
-            old = pl.read_parquet(path)
-            frames.insert(0, old.filter(pl.col("step").is_in(sorted(kept_steps))))
-        if not frames:
-            return
-        df = pl.concat(frames, how="diagonal_relaxed").sort(["step", "by", "score"], descending=[False, False, True])
-        fmt.atomic_write_table(path, df.to_arrow())
+        write_step_table(out_dir / "top_tokens.parquet", by_step, kept_steps, sort=["step", "by", "score"],
+                         descending=[False, False, True], schemas=getattr(by_step, "schemas", None))
 
 
 @visitor("top_tokens")

@@ -31,6 +31,7 @@ from grpolens.metrics.profile import Profile
 from grpolens.metrics.registry import REGISTRY, Metric
 from grpolens import plugins
 from grpolens.run.reader import RunReader, read_samples
+from grpolens.run.step_table import StepSpill
 
 CACHE_VERSION = 2  # 2: rows of a profile with a log schedule carry appended-value counts
 
@@ -338,78 +339,85 @@ def recompute(
             progress(done, len(todo))
 
     tok_todo = [s for s in todo if s in set(token_steps)]
-    collected: dict[str, dict[int, Any]] = {}  # visitor name -> step -> piece (visitors with collect=True)
     computed: set[int] = set()
-    for res in iter_steps(run, tok_todo, visitors, columns=columns, on_step=tick, engine=engine):
-        seqs, present = res.pieces[seqv.name]
-        present_any |= present
-        samples = read_samples(run, res.step) if need_samples else None
-        sd = reduce.StepData(res.step, seqs, cfg, prof, samples, present, {})
-        sd.extra["pieces"] = res.pieces
-        sd.extra["run_has_samples"] = bool(sample_steps)
-        sd.extra["schedule"] = schedule
-        rows[res.step] = step_values(sd, metrics, schedule)
-        computed.add(res.step)
-        for v in visitors:
-            if getattr(v, "collect", False):
-                piece = res.pieces[v.name]
-                if hasattr(v, "at_step"):  # its step output, made while the step's samples are here
-                    piece = v.at_step(res.step, piece, samples)
-                collected.setdefault(v.name, {})[res.step] = piece
-        if on_step:
-            on_step(res.step, res.pieces)
-    for s in todo:
-        if s in computed:
-            continue
-        # a step with samples but no token shards: sample-side metrics only
-        sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s) if need_samples else None, set(), {})
-        rows[s] = step_values(sd, metrics, schedule)
-        tick(s)
+    # the step outputs of visitors with collect=True (completions, top tokens, IS histograms) go to
+    # disk as each step is done (grpolens.run.step_table), so memory does not grow with the steps
+    spill = StepSpill(cache_root / "cache") if write and only is None else None
+    try:
+        for res in iter_steps(run, tok_todo, visitors, columns=columns, on_step=tick, engine=engine):
+            seqs, present = res.pieces[seqv.name]
+            present_any |= present
+            samples = read_samples(run, res.step) if need_samples else None
+            sd = reduce.StepData(res.step, seqs, cfg, prof, samples, present, {})
+            sd.extra["pieces"] = res.pieces
+            sd.extra["run_has_samples"] = bool(sample_steps)
+            sd.extra["schedule"] = schedule
+            rows[res.step] = step_values(sd, metrics, schedule)
+            computed.add(res.step)
+            for v in visitors:
+                if spill is not None and getattr(v, "collect", False):
+                    piece = res.pieces[v.name]
+                    if hasattr(v, "at_step"):  # its step output, made while the step's samples are here
+                        piece = v.at_step(res.step, piece, samples, run)
+                    spill.put(v.name, res.step, piece)
+            if on_step:
+                on_step(res.step, res.pieces)
+        for s in todo:
+            if s in computed:
+                continue
+            # a step with samples but no token shards: sample-side metrics only
+            sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s) if need_samples else None, set(), {})
+            rows[s] = step_values(sd, metrics, schedule)
+            tick(s)
 
-    names = ["step"] + [m.name for m in metrics]
-    schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
-    if schedule is not None:  # the hidden counts of appended values
-        counts = [m.name + suffix for m in metrics for suffix in schedule.hidden]
-        names += counts
-        schema.update({c: pl.Int64 for c in counts})
-    records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
-    raw = pl.DataFrame(records, schema=schema, orient="row")
-    final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof))
-    if schedule is not None and not per_step:
-        final = schedule.log_view(final, raw, metrics)
+        names = ["step"] + [m.name for m in metrics]
+        schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
+        if schedule is not None:  # the hidden counts of appended values
+            counts = [m.name + suffix for m in metrics for suffix in schedule.hidden]
+            names += counts
+            schema.update({c: pl.Int64 for c in counts})
+        records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
+        raw = pl.DataFrame(records, schema=schema, orient="row")
+        final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof))
+        if schedule is not None and not per_step:
+            final = schedule.log_view(final, raw, metrics)
 
-    notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
-    from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
+        notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
+        from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
 
-    notes += offset_notes(raw)
-    # the outputs of exactly this recompute (config, selection, shards, destination) are already
-    # there, untouched since they were written: a re-run with nothing new writes nothing
-    manifest = None if fmt.is_remote_run(run) else _output_files(Path(run)).get(fmt.MANIFEST_NAME)
-    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
-    unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
-                 and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
-    if write and not unchanged:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
-        fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
-    if write and only is None and not unchanged:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        kept = set(cached_rows)
-        for v in visitors:
-            if getattr(v, "collect", False) and hasattr(v, "finish"):
-                v.finish(run, out_dir, collected.get(v.name, {}), kept)
-        # the state goes last: if anything above fails, the next run recomputes these steps
-        keep = {s: r for s, r in valid_cache.items() if s not in rows}
-        cache = pl.DataFrame([{k: r.get(k) for k in names} for _, r in sorted({**keep, **rows}.items())],
-                             schema=schema, orient="row")
-        fmt.atomic_write_table(cache_path, cache.to_arrow())
-        state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
-                 "samples": samples_fp, "sample_columns": sorted(sample_cols),
-                 "outputs": {"key": outputs_key, "files": _output_files(out_dir)}}
-        fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
-        if remote_out is not None:
-            _upload(out_dir, remote_out)
-            out_dir = remote_out
+        notes += offset_notes(raw)
+        # the outputs of exactly this recompute (config, selection, shards, destination) are already
+        # there, untouched since they were written: a re-run with nothing new writes nothing
+        manifest = None if fmt.is_remote_run(run) else _output_files(Path(run)).get(fmt.MANIFEST_NAME)
+        outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
+        unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
+                     and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
+        if write and not unchanged:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
+            fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
+        if write and only is None and not unchanged:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            kept = set(cached_rows)
+            for v in visitors:
+                if getattr(v, "collect", False) and hasattr(v, "finish"):
+                    v.finish(run, out_dir, spill.table(v.name), kept)
+            spill.close()  # before an upload of the staged outputs, which must not carry it
+            # the state goes last: if anything above fails, the next run recomputes these steps
+            keep = {s: r for s, r in valid_cache.items() if s not in rows}
+            cache = pl.DataFrame([{k: r.get(k) for k in names} for _, r in sorted({**keep, **rows}.items())],
+                                 schema=schema, orient="row")
+            fmt.atomic_write_table(cache_path, cache.to_arrow())
+            state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
+                     "samples": samples_fp, "sample_columns": sorted(sample_cols),
+                     "outputs": {"key": outputs_key, "files": _output_files(out_dir)}}
+            fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
+            if remote_out is not None:
+                _upload(out_dir, remote_out)
+                out_dir = remote_out
+    finally:
+        if spill is not None:
+            spill.close()
     memo = reader.check_report.memo if reader.check_report is not None else None
     if memo_path is not None and memo is not None and memo.changed:  # last: this recompute succeeded
         memo.save(memo_path)

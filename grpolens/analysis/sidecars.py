@@ -39,13 +39,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import polars as pl
 
 from grpolens.run import format as fmt
 from grpolens.run.format import RunFormatError
+from grpolens.run.step_table import write_step_table
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
 
@@ -279,8 +280,6 @@ class Completions:
     cfg: dict = field(default_factory=dict)
     name: str = "completions"
     collect: bool = True
-    #: step -> its token columns, for steps that train on completions an earlier step generated
-    reused: dict = field(default_factory=dict)
 
     def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
         p = shard_partials(batch, self.cfg)
@@ -291,29 +290,23 @@ class Completions:
 
         return sequence_columns(merge_partials(pieces), self.cfg)
 
-    def at_step(self, step: int, seqcols: pl.DataFrame, samples: pl.DataFrame | None) -> pl.DataFrame:
-        """The step's completions table, from the samples the recompute already read for the step;
-        completions it trains on but did not generate are added in ``finish`` (they need the run)."""
+    def at_step(self, step: int, seqcols: pl.DataFrame, samples: pl.DataFrame | None, run) -> pl.DataFrame:
+        """The step's completions table: the completions generated at it, from the samples the
+        recompute already read for the step, and those it trains on that an earlier step generated."""
         table = own_rows(step, samples, seqcols)
         if _trained(seqcols) - _ids(samples):
-            self.reused[step] = seqcols
+            table = concat([table, *reused_rows(run, step, seqcols, _ids(table))])
         return table
 
-    def finish(self, run: Path, out_dir: Path, by_step: dict[int, pl.DataFrame], kept_steps: set[int]) -> None:
-        """``by_step``: each recomputed step's :meth:`at_step` table."""
-        path = out_dir / COMPLETIONS_FILE
-        frames = []
-        if path.is_file() and kept_steps:
-            try:
-                frames.append(pl.read_parquet(path).filter(pl.col("step").is_in(sorted(kept_steps))))
-            except Exception:  # noqa: BLE001 - a damaged derived file: its kept steps are rebuilt on demand
-                pass
+    def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
+        """``by_step``: each recomputed step's :meth:`at_step` table (a :class:`SpilledSteps`)."""
         # steps with samples but no token shards: sample columns only
         sample_only = set(fmt.list_steps(run, fmt.SAMPLES)) - set(fmt.list_steps(run, fmt.TOKENS)) - kept_steps
-        frames += [by_step[s] if s in by_step else step_table(run, s, None) for s in sorted(set(by_step) | sample_only)]
-        for s, seqcols in self.reused.items():
-            frames += reused_rows(run, s, seqcols, _ids(by_step.get(s)))
-        fmt.atomic_write_table(path, concat(frames).to_arrow())
+        for s in sorted(sample_only - set(by_step)):
+            by_step.put(s, step_table(run, s, None))
+        write_step_table(out_dir / COMPLETIONS_FILE, by_step, kept_steps,
+                         sort=["step", "prompt_index", "completion_index"], order=column_order, empty=empty_table(),
+                         schemas=getattr(by_step, "schemas", None))
 
 
 @visitor("completions")

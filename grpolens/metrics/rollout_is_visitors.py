@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import polars as pl
@@ -25,6 +26,7 @@ from grpolens.metrics.rollout_is import (DELTA_VISITOR, FAMILY, OFFSET_MIN_AGREE
                                         batch_token_weights, batch_valid_weights)
 from grpolens.run import format as fmt
 from grpolens.run.reader import resolve_config
+from grpolens.run.step_table import write_step_table
 
 # ---------------------------------------------------------------------------------------------
 # Visitors
@@ -101,19 +103,13 @@ class ISHistogram:
             return None
         return {k: sum(p[k] for p in parts) for k in parts[0]}
 
-    def finish(self, run: Path, out_dir: Path, by_step: dict[int, dict | None], kept_steps: set[int]) -> None:
-        path = out_dir / "is_hist.parquet"
-        frames = [hist_frame(s, h) for s, h in sorted(by_step.items()) if h is not None]
-        if path.is_file() and kept_steps:
-            try:
-                old = pl.read_parquet(path)
-                frames.insert(0, old.filter(pl.col("step").is_in(sorted(kept_steps))))
-            except Exception:  # noqa: BLE001 - an unreadable old file is simply replaced
-                pass
-        if not frames:
-            return
-        df = pl.concat(frames, how="vertical_relaxed").sort(["step", "kind", "lo"])
-        fmt.atomic_write_table(path, df.to_arrow())
+    def at_step(self, step: int, h: dict | None, samples, run) -> pl.DataFrame | None:
+        return None if h is None else hist_frame(step, h)
+
+    def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
+        """``by_step``: each recomputed step's :meth:`at_step` table."""
+        write_step_table(out_dir / "is_hist.parquet", by_step, kept_steps, sort=["step", "kind", "lo"],
+                         schemas=getattr(by_step, "schemas", None))
 
 
 def hist_frame(step: int, h: dict) -> pl.DataFrame:

@@ -1,0 +1,198 @@
+"""Derived tables written step by step: memory holds one step's rows, not the run's.
+
+A recompute writes tables with rows for every step (the completions table, the top tokens, the
+rollout-IS histograms). Held in memory until the end, they grow with the number of steps (a
+10,000-step run's completions table alone is millions of rows). Instead each recomputed step's
+rows go to a spill file as soon as the step is done (:class:`StepSpill`), and
+:func:`write_step_table` writes the final file in step order from the spilled steps and the
+earlier file's rows of the steps kept from the cache, one step (or one row group) at a time.
+
+The file is the one a single ``concat(...).sort(...)`` of everything would give: columns in order
+of first appearance (earlier file first, then the steps in order), each column cast to the common
+type of its pieces, rows sorted by the given keys (step first).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
+
+import polars as pl
+
+#: rows per Parquet row group of the written table (a step is never split across two writes)
+ROW_GROUP_ROWS = 256 * 1024
+#: rows per batch when streaming the earlier file
+READ_BATCH_ROWS = 64 * 1024
+
+
+class StepSpill:
+    """Each step's rows of the recompute's derived tables, kept on disk until the tables are written.
+
+    Lives in a private temporary folder under ``parent`` (beside the cache, so on the run's disk,
+    not in a RAM-backed /tmp); :meth:`close` removes it, whatever happened."""
+
+    def __init__(self, parent: Path):
+        self.parent = parent
+        self.dir: Path | None = None  # made on the first put: a re-run with nothing new makes none
+        self._tables: dict[str, SpilledSteps] = {}
+
+    def _folder(self) -> Path:
+        if self.dir is None:
+            self.parent.mkdir(parents=True, exist_ok=True)
+            self.dir = Path(tempfile.mkdtemp(prefix=".spill-", dir=self.parent))
+        return self.dir
+
+    def put(self, table: str, step: int, rows: pl.DataFrame | None) -> None:
+        self.table(table).put(step, rows)
+
+    def table(self, name: str) -> "SpilledSteps":
+        if name not in self._tables:
+            self._tables[name] = SpilledSteps(lambda: self._folder() / name)
+        return self._tables[name]
+
+    def close(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> "StepSpill":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SpilledSteps(Mapping[int, pl.DataFrame]):
+    """step -> that step's rows, read back from its spill file on access (steps without rows are absent)."""
+
+    def __init__(self, folder: Callable[[], Path]):
+        self._folder = folder
+        self._files: dict[int, Path] = {}
+        self.schemas: dict[int, pl.Schema] = {}
+
+    def put(self, step: int, rows: pl.DataFrame | None) -> None:
+        if rows is None or rows.height == 0:
+            return
+        folder = self._folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{step}.parquet"
+        rows.write_parquet(path, compression="lz4", statistics=False)  # read back once: fast, not small
+        self._files[step] = path
+        self.schemas[step] = rows.schema
+
+    def __getitem__(self, step: int) -> pl.DataFrame:
+        return pl.read_parquet(self._files[step])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._files))
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def write_step_table(path: Path, new: Mapping[int, pl.DataFrame], kept_steps: Iterable[int], sort: list[str],
+                     descending: list[bool] | None = None, order: Callable[[list[str]], list[str]] | None = None,
+                     empty: pl.DataFrame | None = None, schemas: Mapping[int, pl.Schema] | None = None) -> bool:
+    """Write ``path`` (atomically): the earlier file's rows of ``kept_steps`` and the rows of each step
+    in ``new``, in step order, sorted by ``sort`` (``sort[0]`` is ``"step"``); ``order`` reorders the
+    columns. With no rows at all, ``empty`` is written if given; else nothing is written (False).
+
+    ``schemas`` (step -> schema of ``new[step]``) saves reading every spilled step twice."""
+    import pyarrow.parquet as pq
+
+    from grpolens.run.atomic import atomic_file
+    from grpolens.run.format import DICTIONARY_COLUMNS, atomic_write_table
+
+    assert sort[0] == "step"
+    descending = descending or [False] * len(sort)
+    kept = set(kept_steps) - set(new)
+    old_schema = _old_schema(path) if kept else None
+    pieces_schemas = ([old_schema] if old_schema is not None else []) + [
+        (schemas[s] if schemas is not None and s in schemas else new[s].schema) for s in sorted(new)]
+    if not pieces_schemas:
+        if empty is None:
+            return False
+        atomic_write_table(path, empty.to_arrow())
+        return True
+    unified = pl.concat([pl.DataFrame(schema=s) for s in pieces_schemas], how="diagonal_relaxed")
+    columns = order(unified.columns) if order else unified.columns
+    template = unified.select(columns)
+
+    def conform(df: pl.DataFrame) -> pl.DataFrame:
+        return pl.concat([template, df], how="diagonal_relaxed").select(columns)
+
+    def new_rows(step: int) -> pl.DataFrame:
+        return new[step].sort(sort, descending=descending)
+
+    chunks = _merged(_old_chunks(path, kept, sort, descending) if old_schema is not None else iter(()),
+                     sorted(new), new_rows)
+    arrow_schema = template.to_arrow().schema
+    dictionary = [c for c in DICTIONARY_COLUMNS if c in columns]
+    wrote = False
+    with atomic_file(path) as f:
+        writer = pq.ParquetWriter(f, arrow_schema, compression="zstd", use_dictionary=dictionary)
+        buffer: list[pl.DataFrame] = []
+        rows = 0
+        for chunk in chunks:
+            if chunk.height == 0:
+                continue
+            buffer.append(conform(chunk))
+            rows += chunk.height
+            if rows >= ROW_GROUP_ROWS:
+                writer.write_table(pl.concat(buffer).to_arrow().cast(arrow_schema))
+                buffer, rows, wrote = [], 0, True
+        if buffer:
+            writer.write_table(pl.concat(buffer).to_arrow().cast(arrow_schema))
+            wrote = True
+        if not wrote and empty is not None:
+            writer.write_table(conform(empty.head(0)).to_arrow().cast(arrow_schema))
+        writer.close()
+    return True
+
+
+def _old_schema(path: Path) -> pl.Schema | None:
+    try:
+        return pl.read_parquet_schema(path) if path.is_file() else None
+    except Exception:  # noqa: BLE001 - an unreadable earlier file: its kept steps are simply not carried
+        return None
+
+
+def _old_chunks(path: Path, kept: set[int], sort: list[str], descending: list[bool]) -> Iterator[pl.DataFrame]:
+    """The earlier file's rows of ``kept`` steps in step order, a batch at a time. Every writer of
+    these tables sorts by step; a file that is not sorted (written by another tool) is read whole
+    and sorted, as before streaming. An unreadable file carries nothing: its steps are rebuilt."""
+    import pyarrow.parquet as pq
+
+    keep = sorted(kept)
+    try:
+        pf = pq.ParquetFile(path)
+        in_order = pl.from_arrow(pf.read(columns=["step"])).to_series().is_sorted()
+    except Exception:  # noqa: BLE001
+        return
+    if not in_order:
+        yield pl.read_parquet(path).filter(pl.col("step").is_in(keep)).sort(sort, descending=descending)
+        return
+    try:
+        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
+            part = pl.from_arrow(batch).filter(pl.col("step").is_in(keep))
+            if part.height:
+                yield part
+    except Exception:  # noqa: BLE001 - damaged half-way: the steps not yet read are rebuilt on demand
+        return
+
+
+def _merged(old: Iterator[pl.DataFrame], new_steps: list[int], new_rows: Callable[[int], pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    """Old chunks (sorted by step, steps disjoint from ``new_steps``) and new steps, in step order."""
+    i = 0
+    for chunk in old:
+        while i < len(new_steps) and chunk.height and new_steps[i] <= chunk["step"][-1]:
+            s = new_steps[i]
+            yield chunk.filter(pl.col("step") < s)
+            chunk = chunk.filter(pl.col("step") > s)
+            yield new_rows(s)
+            i += 1
+        yield chunk
+    for s in new_steps[i:]:
+        yield new_rows(s)
