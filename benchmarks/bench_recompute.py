@@ -4,6 +4,7 @@
     python benchmarks/bench_recompute.py --tokens 10e6 --reps 3        # alternate every command 3 times
     python benchmarks/bench_recompute.py --tokens 10e6 --sizes 25e6,50e6,100e6,200e6   # + RSS by size
     python benchmarks/bench_recompute.py --tokens 10e6 --rerun-steps 1000 --write-readme
+    python benchmarks/bench_recompute.py --tokens 0 --rerun-steps 999 --write-readme   # its own block
 
 Every figure comes from its own fresh process (wall time, CPU time of the process and its
 threads, peak RSS from ``wait4``), on one synthetic run (``grpolens synth``):
@@ -171,8 +172,9 @@ def thread_table(run: Path, rows: int, counts: list[int]) -> list[str]:
 
 
 def size_table(base: Path, sizes: list[float], keep: bool, threads: int) -> list[str]:
-    lines = ["| token rows | steps | read floor s | full recompute s | ratio | full recompute peak RSS MiB |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| token rows | steps | read floor wall s | full recompute wall s | ratio (wall) | read floor CPU s | "
+             "full recompute CPU s | ratio (CPU) | full recompute peak RSS MiB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size in sizes:
         run = base / f"run-{size:.0e}"
         steps = max(2, int(size / PER_STEP))
@@ -183,7 +185,8 @@ def size_table(base: Path, sizes: list[float], keep: bool, threads: int) -> list
         full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch)), threads)
         shutil.rmtree(scratch)
         lines.append(f"| {rows / 1e6:.1f} M | {steps} | {floor['wall']:.1f} | {full['wall']:.1f} | "
-                     f"{full['wall'] / floor['wall']:.2f} | {full['rss']:.0f} |")
+                     f"{full['wall'] / floor['wall']:.2f} | {floor['cpu']:.1f} | {full['cpu']:.1f} | "
+                     f"{full['cpu'] / floor['cpu']:.2f} | {full['rss']:.0f} |")
         print(lines[-1], flush=True)
         if not keep:
             shutil.rmtree(run)
@@ -194,8 +197,9 @@ def rerun_table(base: Path, n: int, keep: bool) -> list[str]:
     """An (n+1)-step run of small steps: the first n steps recomputed, then nothing new, then step n added."""
     run = base / f"run-{n + 1}-steps"
     synth(run, n + 1, ("--ranks", "1", "--groups", "2", "--generations", "2", "--max-len", "64"))
-    last = [d / f"step={n:08d}" for d in (run / "tokens", run / "samples")]
-    aside = [base / f"aside-{d.parent.name}" for d in last]
+    # step n's shards and its completion markers, set aside and brought back as a writer would add them
+    last = [d / f"step={n:08d}" for d in (run / "tokens", run / "samples")] + sorted((run / "complete").glob(f"step={n:08d}.*"))
+    aside = [base / f"aside-{d.parent.name}-{d.name}" for d in last]
     shutil.rmtree(run / "grpolens", ignore_errors=True)
     for a, b in zip(last, aside):
         a.rename(b)
@@ -218,14 +222,15 @@ def rerun_table(base: Path, n: int, keep: bool) -> list[str]:
             f"{alone['rss']:.0f} |"]
 
 
-def write_readme(text: str) -> None:
-    write_block("README.md", "bench_recompute", "benchmarks/bench_recompute.py", text, flag="--write-readme",
-                after="## Performance\n")
+def write_readme(text: str, block: str = "bench_recompute") -> None:
+    write_block("README.md", block, "benchmarks/bench_recompute.py", text, flag="--write-readme",
+                after="## Performance\n" if block == "bench_recompute" else "<!-- bench_recompute: end -->\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=float, default=10e6, help="approximate token rows of the main run")
+    ap.add_argument("--tokens", type=float, default=10e6,
+                    help="approximate token rows of the main run (0: only --sizes and --rerun-steps, in their own README block)")
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
     ap.add_argument("--threads", default="1,2", help="thread counts for the rows/s table (comma-separated)")
     ap.add_argument("--sizes", default="", help="token row counts for the RSS table, e.g. 25e6,50e6,100e6,200e6")
@@ -239,23 +244,25 @@ def main() -> None:
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="grpolens-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    run = base / f"run-{args.tokens:.0e}"
-    synth(run, max(2, int(args.tokens / PER_STEP)))
-    rows = rows_of(run)
-    size = sum(f.stat().st_size for f in run.rglob("*.parquet")) / 2**20
-    steps = len(list((run / "tokens").iterdir()))
     started = dt.datetime.now(dt.timezone.utc)
-    out = [f"Run: {rows:,} token rows, {steps} steps, {size:.0f} MiB (`grpolens synth --steps {steps} "
-           f"{' '.join(SHAPE)} --seed 1`); {threads} worker threads unless stated.", ""]
-    lines, _ = main_table(run, rows, args.reps, threads)
-    out += lines
-    print("\n".join(out), flush=True)
-    if counts:
-        t = thread_table(run, rows, counts)
-        print("\n".join(t), flush=True)
-        out += ["", *t]
-    if not args.keep and args.dir is None:
-        shutil.rmtree(run)
+    out: list[str] = []
+    if args.tokens > 0:
+        run = base / f"run-{args.tokens:.0e}"
+        synth(run, max(2, int(args.tokens / PER_STEP)))
+        rows = rows_of(run)
+        size = sum(f.stat().st_size for f in run.rglob("*.parquet")) / 2**20
+        steps = len(list((run / "tokens").iterdir()))
+        out = [f"Run: {rows:,} token rows, {steps} steps, {size:.0f} MiB (`grpolens synth --steps {steps} "
+               f"{' '.join(SHAPE)} --seed 1`); {threads} worker threads unless stated.", ""]
+        lines, _ = main_table(run, rows, args.reps, threads)
+        out += lines
+        print("\n".join(out), flush=True)
+        if counts:
+            t = thread_table(run, rows, counts)
+            print("\n".join(t), flush=True)
+            out += ["", *t]
+        if not args.keep and args.dir is None:
+            shutil.rmtree(run)
     if args.sizes:
         out += ["", *size_table(base, [float(s) for s in args.sizes.split(",")], args.keep, threads)]
     if args.rerun_steps:
@@ -266,7 +273,8 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     header = doc_header(shown_command("benchmarks/bench_recompute.py", sys.argv[1:]), started)
     if args.write_readme:
-        write_readme(header + "\n\n" + "\n".join(out))
+        # --tokens 0 measures only --sizes / --rerun-steps: its own block, after the main one
+        write_readme(header + "\n\n" + "\n".join(out).strip(), "bench_recompute" if args.tokens > 0 else "bench_recompute_more")
         print("README.md updated")
 
 
