@@ -110,3 +110,15 @@ def test_checker_catches_broken_links(tmp_path):
         assert "missing.md: no such file" in msg and "#no-such" in msg and "no-such-anchor" in msg
     finally:
         page.unlink()
+
+
+def test_every_page_is_linked_from_another():
+    """A page under docs/ that no other page links to is one a reader never finds (a new page is
+    checked by every test here without being named; this makes sure it is also reachable)."""
+    linked = set()
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in target:
+                linked.add((page.parent / target).resolve())
+    orphans = [_ids(p) for p in PAGES if p != ROOT / "README.md" and p.resolve() not in linked]
+    assert not orphans, f"no page links to {orphans}: link each from README.md or a page that covers its topic"
