@@ -43,18 +43,52 @@ def test_every_loss_type_is_documented():
     assert not missing, f"docs/run-format.md and docs/metrics.md do not name the loss type(s) {missing}"
 
 
+def _bounds(rule) -> list[str]:
+    """The table's cells for a rule's thresholds, written from the rule itself."""
+    g = "{:g}".format
+    cells = []
+    if rule.early is not None:
+        e = rule.early
+        cells.append(f"≤ {g(e.factor)} × early + {g(e.abs)}" if rule.direction == "upper"
+                     else f"≥ early / {g(e.factor)}" + (f" + {g(e.abs)}" if e.abs else ""))
+    if rule.sustained is not None:
+        cells.append(f"sustained: {rule.sustained.count} of any {rule.sustained.window} consecutive steps")
+    if rule.rel is not None:
+        cells.append(f"≤ {g(1 + rule.rel)} b + {g(rule.abs)}" if rule.direction == "upper" else f"≥ {g(1 - rule.rel)} b")
+    if rule.max is not None and rule.min is None and rule.max == 0:
+        cells.append("= 0")
+    if rule.finite:
+        cells.append("finite")
+    return cells
+
+
 def test_builtin_check_rules_are_in_the_table():
+    """Every built-in rule has a row naming its metric, and the row's thresholds are the rule's
+    (factor, floor, sustained window, baseline bounds); the prose's numbers about them too."""
     from grpolens.check.rules import default_rules
 
-    table = (DOCS / "check.md").read_text(encoding="utf-8").split("## Built-in rules", 1)[1]
+    text = (DOCS / "check.md").read_text(encoding="utf-8")
+    table = text.split("## Built-in rules", 1)[1]
     rows = [line for line in table.splitlines() if line.startswith("| ")]
-    missing = []
-    for rule in default_rules().rules:
-        if rule.metric == "*":  # the general "finite metrics" rule is described in prose
-            continue
-        if not any(f"`{rule.metric}`" in row for row in rows):
+    missing, wrong = [], []
+    rules = default_rules().rules
+    for rule in rules:
+        row = next((r for r in rows if f"`{rule.metric}`" in r), None)
+        if row is None:
             missing.append(f"{rule.name} ({rule.metric})")
+            continue
+        wrong += [f"{rule.name}: {cell!r} not in {row[:80]!r}…" for cell in _bounds(rule) if cell not in row]
+        if rule.early is not None and rule.direction == "upper" and "leaves room" in row:
+            assert f"{rule.early.factor:g}× leaves room" in row, row
     assert not missing, f"docs/check.md's built-in rules table lacks {missing}"
+    assert not wrong, "docs/check.md's built-in rules table and the rules differ:\n" + "\n".join(wrong)
+    flat = re.sub(r"\s+", " ", text)
+    fractions = {r.early.fraction for r in rules if r.early is not None}
+    assert len(fractions) == 1 and f"first {100 * fractions.pop():g} % of steps" in flat
+    clip = [r for r in rules if r.metric in ("clip/low", "clip/high")]
+    assert clip and all(r.sustained and r.early for r in clip)
+    assert f"keep their floor of {100 * clip[0].early.abs:g} points" in flat
+    assert f"only when {clip[0].sustained.count} of some {clip[0].sustained.window} consecutive steps" in flat
 
 
 def test_dashboard_pages_match_the_layout():
@@ -63,3 +97,26 @@ def test_dashboard_pages_match_the_layout():
     section = (DOCS / "serve.md").read_text(encoding="utf-8").split("## Pages", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^\| \*\*([^*]+)\*\* \|", section, re.M)
     assert documented == [label for _, label in PAGES], "docs/serve.md's Pages table and serve/layout.PAGES differ"
+
+
+def test_every_storage_option_is_documented():
+    from grpolens.run.storage import OPTION_KEYS
+
+    text = re.sub(r"\s+", " ", (DOCS / "distributed.md").read_text(encoding="utf-8"))
+    listed = text.split("`--storage-option key=value` (", 1)[1].split(")", 1)[0]
+    assert re.findall(r"`(\w+)`", listed) == list(OPTION_KEYS), \
+        "docs/distributed.md's list of --storage-option keys and run/storage.OPTION_KEYS differ"
+
+
+def test_every_export_target_is_documented_with_its_extra():
+    import tomllib
+
+    from grpolens.export import TRACKERS
+
+    text = (DOCS / "export.md").read_text(encoding="utf-8")
+    synopsis = re.search(r"grpolens export RUN --to ([\w|]+)", text)
+    assert synopsis and synopsis.group(1).split("|") == list(TRACKERS), "docs/export.md's --to list and TRACKERS differ"
+    extras = tomllib.loads((DOCS.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    for tracker in TRACKERS:
+        assert f'`pip install "grpolens[{tracker}]"`' in text, f"docs/export.md does not say how to install {tracker}"
+        assert tracker in extras, f"pyproject.toml has no extra {tracker!r}, which docs/export.md installs"
