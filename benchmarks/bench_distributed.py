@@ -278,6 +278,38 @@ def cmd_pieces(args) -> None:
     say(f"per-shard work (read + every visitor), one thread: {rows / work_s / 1e6:.2f} M token rows/s")
     say(f"driver merge (every visitor's combine) per step: mean {1e3 * sum(merge_s) / len(merge_s):.1f} ms")
     say(f"driver reduction (every metric from the merged step) per step: mean {1e3 * sum(reduce_s) / len(reduce_s):.1f} ms")
+    # per token row: the parallel part (read + visitors) and the serial part (the driver's merge and reduction)
+    work_us = 1e6 * work_s / rows
+    driver_us = 1e6 * (sum(merge_s) + sum(reduce_s)) / rows
+    say(f"per token row: {work_us:.2f} µs of per-shard work, {driver_us:.2f} µs on the driver "
+        f"(the driver's serial share: {driver_us / (work_us + driver_us):.0%})")
+    estimate(run, work_us, driver_us, sum(shard_bytes) / rows, per_visitor.get("sample_tokens", 0) / rows)
+
+
+#: the scale of the paper estimate: token rows, nodes, cores per node, and the bandwidth assumed
+#: for reading Parquet on each node and for the pieces arriving at the driver
+EST_ROWS, EST_NODES, EST_CORES, EST_GB_S = 1e10, 32, 16, 1.0
+
+
+def estimate(run: Path, work_us: float, driver_us: float, piece_bytes: float, token_id_bytes: float) -> None:
+    """The measured per-row costs scaled to EST_ROWS rows on a cluster (arithmetic, not a measurement)."""
+    parquet = sum(f.stat().st_size for f in run.rglob("*.parquet")) / rows_of(run)
+    cores = EST_NODES * EST_CORES
+    work = EST_ROWS * work_us / 1e6 / cores
+    read = EST_ROWS * parquet / 1e9 / (EST_GB_S * EST_NODES)
+    pieces_gb = EST_ROWS * piece_bytes / 1e9
+    driver = EST_ROWS * driver_us / 1e6
+    say(f"paper estimate at these per-row costs, {EST_ROWS:,.0f} token rows on {EST_NODES} nodes x {EST_CORES} cores "
+        f"({EST_GB_S:g} GB/s per node and into the driver):")
+    say(f"  per-shard work: {work / 60:.1f} min on {cores} cores, plus reading {EST_ROWS * parquet / 1e9:.0f} GB "
+        f"of Parquet ({parquet:.1f} B/row): {read / 60:.1f} min")
+    say(f"  pieces to the driver: {pieces_gb:.0f} GB ({pieces_gb / EST_GB_S / 60:.1f} min before deserialising), "
+        f"{EST_ROWS * (piece_bytes - token_id_bytes) / 1e9:.0f} GB without the diversity metrics' token ids")
+    say(f"  driver merge + reduction: {driver / 60:.0f} min")
+    bound = "the driver" if driver > work + read else "the per-shard work"
+    alone = EST_ROWS * (work_us / EST_CORES + driver_us) / 1e6
+    say(f"  so the run is bound by {bound}: {(work + read + driver) / 3600:.1f} h in all, against "
+        f"{alone / 3600:.1f} h for the default engine on one {EST_CORES}-core machine using every core")
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TRL_TINY = ROOT / "sample_runs" / "trl-tiny"
 PAGES_QUOTING_PARITY = [ROOT / "README.md", ROOT / "docs" / "integrations" / "trl.md"]
@@ -48,3 +50,238 @@ def test_step_count_of_the_bundled_run_is_the_one_the_docs_quote():
             quoted.append((page.relative_to(ROOT), int(next(g for g in m.groups() if g))))
     assert len(quoted) >= 3, quoted  # README, check.md and the TRL page say it
     assert all(n == steps for _, n in quoted), f"sample_runs/trl-tiny has {steps} steps; the docs say {quoted}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ratios and counts in prose.
+#
+# A ratio ("7.5×", "0.86×", "3 %", "3 times") or a count ("283 of 327", "401 quantiles", "16 earlier
+# steps") in README.md or docs/ outside a block a script writes is either checked by a test against
+# the code (CHECKED names the test) or listed in ALLOWED_NUMBERS with the reason it needs no check.
+# Formulas ("10 × early", spaced), code spans and code blocks are not prose; generated pages are
+# generated. A new page under docs/ is scanned without being named here.
+
+from tests.test_doc_timings import BLOCK, CODE, GENERATED_PAGES, pages, sections  # noqa: E402
+
+INLINE_CODE = re.compile(r"`[^`]*`")
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
+COUNTED = (r"values|metrics|keys|profiles|tests|rules|pages|configurations|packages|quantiles|bins|files|mutants|"
+           r"families|modes|columns|checks|survivors|equivalents|logs|steps|tokens|completions|shards|commands|"
+           r"options|examples|snippets|links|points|characters|requests|visitors|ranks|processes")
+RATIO_OR_COUNT = re.compile(
+    r"(?<![\w.\-/])~?\d[\d,.]*(?:e-?\d+)?(?:×|x\b|\s?%|\s+times\b)"            # 7.5×, 2.5x, 3 %, 3 times
+    r"|(?<![\w.\-/])\d[\d,]*\s+of\s+\d[\d,]*"                                # 283 of 327
+    r"|(?<![\w.\-/=])\d[\d,]*(?:\s+[\w'-]+){0,2}?\s+(?:" + COUNTED + r")\b")  # 401 quantiles, 16 earlier steps
+
+#: (page, text around the number) -> the test that checks it against the code or the repository
+CHECKED = {
+    ("README.md", "bundled run (24 steps recorded"): "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote",
+    ("docs/check.md", "(real TRL training, 24 steps"): "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote",
+    ("docs/integrations/trl.md", "such a run (24 steps of real TRL"): "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote",
+    ("docs/integrations/trl.md", "(3 logs: steps 10 and 20"): "tests/test_doc_numbers.py::test_logs_of_the_bundled_run_are_the_ones_the_docs_quote",
+    ("docs/check.md", "first 20 % of steps"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
+    ("docs/check.md", "10× leaves room"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
+    ("docs/check.md", "2 of any 4 consecutive steps"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
+    ("docs/check.md", "keep their floor of 5 points"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
+    ("docs/check.md", "2 of some 4 consecutive steps"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
+    ("docs/check.md", "clips 50 of its 330 tokens"): "tests/test_doc_numbers.py::test_clip_fractions_of_the_bundled_run_are_the_ones_the_docs_quote",
+    ("docs/profiles.md", "283 of 327 values"): "tests/reference/test_verl_reference.py::test_docs_quote_the_count",
+    ("docs/profiles.md", "179 of 179 over 11"): "tests/reference/test_twinkle_reference.py::test_docs_quote_the_count",
+    ("docs/synth.md", "(about 5 %)"): "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions",
+    ("docs/synth.md", "about 3 % of tokens"): "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions",
+    ("docs/synth.md", "About 4 % of tokens"): "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions",
+}
+
+#: (page, a heading or the text around the number) -> why it needs no check
+ALLOWED_NUMBERS = {
+    ("docs/check.md", "moved ~3× since sampling (k3 > 1)"):
+        "arithmetic on the rule's threshold in the same row (k3 > 1 means a probability ratio beyond e^1.15)",
+    ("docs/check.md", "differ ~1e4× between engine and trainer"):
+        "the meaning of a veto (its bound), explaining the rule in the same row",
+    ("docs/check.md", "misses a drift of 8–10 %"): "arithmetic on the bundled run's clip fractions quoted before it",
+    ("docs/distributed.md", "Ray 2.5x turns token authentication"): "a Ray release series, not a ratio",
+    ("docs/distributed.md", "one LIST request per 1,000 shards"):
+        "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
+    ("docs/distributed.md", "S3 returns at most 1,000 keys"):
+        "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
+    ("docs/export.md", "(about 55 packages here)"):
+        "what pip installed for the trackers, beside the `/usr/bin/time -v pip install` command that shows it",
+    ("docs/synth.md", "(time constant 300 steps)"): "a parameter of the generator (grpolens/adapters/synth.py), described",
+    ("docs/synth.md", "≈1 % of each loss call's tokens"): "a parameter of the `nan@S` pathology (grpolens/adapters/synth.py), described",
+    ("docs/mutation-testing.md", "## Results"):
+        "mutmut's results, dated, with the command that reproduces them; a run takes hours, so no test re-runs it",
+    ("docs/mutation-testing.md", "[mutmut] (3.x)"): "a release series, not a ratio",
+    ("docs/mutation-testing.md", "32, 33, 64, 128 and 256 masked tokens"):
+        "the inputs of tests/metrics/test_boundaries.py that this sentence describes, not a result",
+    ("docs/mutation-testing.md", "a module of 250 mutants"): "a planning example (a module's size), not a result",
+}
+
+#: (page, the doc's phrase with the number as its group, the code's value): prose quoting a constant,
+#: checked by test_constants_the_docs_quote_are_the_codes (phrases hold no code span: the scan
+#: replaces those)
+DOC_CONSTANTS = [
+    ("docs/distributed.md", r"one per group of at most (\d+) shards",
+     lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).SHARDS_PER_TASK),
+    ("docs/distributed.md", r"retried by Ray, up to (\d+) times",
+     lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).MAX_RETRIES),
+    ("docs/distributed.md", r"alpha = ([\d.]+) %", lambda: 100 * _histogram().DEFAULT_ALPHA),
+    ("docs/distributed.md", r"A histogram has ([\d,]+) bins", lambda: _histogram().LogBins().size),
+    ("docs/distributed.md", r"at ([\d,]+) quantiles each", lambda: int(re.search(
+        r"np\.linspace\(0, 1, (\d+)\)", (ROOT / "tests/metrics/test_histogram.py").read_text()).group(1))),
+    ("docs/rollout-is.md", r"within ([\d.]+) % of the exact lower median", lambda: 100 * _histogram().DEFAULT_ALPHA),
+    ("docs/rollout-is.md", r"≥ (\d+) % of tokens lie on its side",
+     lambda: 100 * __import__("grpolens.metrics.rollout_is", fromlist=["x"]).OFFSET_MIN_AGREEMENT),
+    ("docs/serve.md", r"padded by (\d+)%", lambda: 100 * __import__("grpolens.serve.figures", fromlist=["x"]).ROBUST_PAD),
+    ("docs/serve.md", r"at most (\d+) evenly spaced steps", lambda: __import__("inspect").signature(
+        __import__("grpolens.serve.data.mismatch", fromlist=["x"]).is_heatmap).parameters["max_steps"].default),
+    ("docs/serve.md", r"curves of more than (\d+) points",
+     lambda: __import__("grpolens.serve.figures", fromlist=["x"]).GL_THRESHOLD),
+    ("docs/serve.md", r"downsamples them to ([\d,]+) points",
+     lambda: __import__("grpolens.serve.data.curves", fromlist=["x"]).CURVE_POINTS),
+    ("docs/serve.md", r"free text is cut to (\d+) characters",
+     lambda: __import__("grpolens.serve.urlstate", fromlist=["x"]).MAX_TEXT),
+    ("docs/serve.md", r"completion text first \(cut to (\d+) characters\)",
+     lambda: __import__("grpolens.serve.data.completions", fromlist=["x"]).PREVIEW_CHARS),
+    ("docs/sidecars.md", r"at most (\d+) earlier steps",
+     lambda: __import__("grpolens.analysis.sidecars", fromlist=["x"]).REUSE_LOOKBACK),
+    ("docs/export.md", r"cut to its first (\d+) steps", lambda: int(re.search(
+        r"^CUT = (\d+)$", (ROOT / "tests/export/test_export.py").read_text(), re.M).group(1))),
+    ("docs/integrations/trl.md", r"completions of ≤ (\d+) tokens to stay fast",
+     lambda: _trl_tiny().SIZES["max_completion_length"]),
+    ("docs/integrations/trl.md", r"over (\d+) steps\), also under",
+     lambda: int(_trl_tiny().WINDOW[_trl_tiny().WINDOW.index("--max-steps") + 1])),
+]
+
+
+def _histogram():
+    from grpolens.functional import histogram
+
+    return histogram
+
+
+def _trl_tiny():
+    from tests.integration import trl_tiny
+
+    return trl_tiny
+
+
+def prose_numbers(page: Path) -> list[tuple[str, str, str]]:
+    """(number, its context, its section heading) of every ratio or count in PAGE's prose."""
+    out = []
+    for heading, body in sections(page.read_text(encoding="utf-8")):
+        flat = re.sub(r"\s+", " ", LINK_TARGET.sub("]", CODE.sub("", BLOCK.sub("", body))))
+        flat = INLINE_CODE.sub("`…`", flat)
+        out += [(m.group(0), flat[max(0, m.start() - 60): m.end() + 40], heading.strip())
+                for m in RATIO_OR_COUNT.finditer(flat)]
+    return out
+
+
+def _covered(page: str, context: str, heading: str, table: dict) -> tuple[str, str] | None:
+    for p, around in table:
+        if p == page and (around == heading if around.startswith("#") else around in context):
+            return p, around
+    return None
+
+
+def test_no_ratio_or_count_in_prose_that_nothing_checks():
+    loose = []
+    for page in pages():
+        rel = str(page.relative_to(ROOT))
+        constants = [phrase for p, phrase, _ in DOC_CONSTANTS if p == rel]
+        loose += [f"{rel}: {num!r} in …{ctx}…" for num, ctx, heading in prose_numbers(page)
+                  if not _covered(rel, ctx, heading, CHECKED) and not _covered(rel, ctx, heading, ALLOWED_NUMBERS)
+                  and not any(re.search(phrase, ctx) for phrase in constants)]
+    assert not loose, ("ratios or counts in prose that no test checks: move them into a block the measuring "
+                       "script writes, check them in a test (CHECKED), or say in ALLOWED_NUMBERS why not:\n"
+                       + "\n".join(loose))
+
+
+def test_checked_and_allowed_entries_still_name_a_number_and_a_test():
+    entries = set(CHECKED) | set(ALLOWED_NUMBERS)
+    found = {entry for p in pages() for _, ctx, h in prose_numbers(p) for entry in entries
+             if _covered(str(p.relative_to(ROOT)), ctx, h, {entry: None})}
+    stale = entries - found
+    assert not stale, f"CHECKED / ALLOWED_NUMBERS name numbers the docs no longer show: {sorted(stale)}"
+    for test in set(CHECKED.values()):
+        path, name = test.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text(encoding="utf-8"), f"{test} does not exist"
+
+
+def test_the_pattern_catches_ratios_and_counts_and_leaves_formulas():
+    text = ("costs ~7.5× the CPU, 0.86× its CPU, 9× less; about 3 % of tokens; retried up to 3 times; "
+            "283 of 327 values; at 401 quantiles; over at most 16 earlier steps")
+    assert [m.group(0) for m in RATIO_OR_COUNT.finditer(text)] == [
+        "~7.5×", "0.86×", "9×", "3 %", "3 times", "283 of 327", "401 quantiles", "16 earlier steps"]
+    assert not RATIO_OR_COUNT.search("≤ 10 × early + 0.05; step 12; TRL 1.16; lr 1e-6; k3 > 1; rank 0 writes")
+
+
+def test_generated_pages_are_left_to_their_generators():
+    assert {"docs/cli.md", "docs/metrics.md"} <= GENERATED_PAGES
+    assert not {str(p.relative_to(ROOT)) for p in pages()} & GENERATED_PAGES
+
+
+@pytest.mark.parametrize("page,phrase,value", DOC_CONSTANTS, ids=[f"{p}:{ph[:30]}" for p, ph, _ in DOC_CONSTANTS])
+def test_constants_the_docs_quote_are_the_codes(page, phrase, value):
+    text = re.sub(r"\s+", " ", (ROOT / page).read_text(encoding="utf-8"))
+    m = re.search(phrase, text)
+    assert m, f"{page} no longer says {phrase!r}: update DOC_CONSTANTS with the page"
+    assert float(m.group(1).replace(",", "")) == pytest.approx(value()), \
+        f"{page} says {m.group(0)!r}; the code's value is {value()}"
+
+
+def test_logs_of_the_bundled_run_are_the_ones_the_docs_quote():
+    import json
+
+    steps = [json.loads(line)["step"] for line in (TRL_TINY / "grpolens" / "trl_log.jsonl").read_text().splitlines()]
+    text = re.sub(r"\s+", " ", (ROOT / "docs" / "integrations" / "trl.md").read_text(encoding="utf-8"))
+    m = re.search(r"\((\d+) logs: steps (\d+) and (\d+), and the summary at (\d+)\)", text)
+    assert m, "docs/integrations/trl.md no longer says which logs the bundled run has"
+    assert [int(g) for g in m.groups()] == [len(steps), *steps], f"trl_log.jsonl logs steps {steps}"
+
+
+def test_clip_fractions_of_the_bundled_run_are_the_ones_the_docs_quote(tmp_path):
+    """check.md: odd steps clip nothing (on-policy after each generation), step 2 clips N of its M
+    loss tokens low, step 4 a smaller fraction."""
+    import grpolens
+
+    run = tmp_path / "trl-tiny"
+    shutil.copytree(TRL_TINY, run)
+    rows = {r["step"]: r for r in grpolens.recompute(run, write=False).to_dicts()}
+    text = re.sub(r"\s+", " ", (ROOT / "docs" / "check.md").read_text(encoding="utf-8"))
+    m = re.search(r"the clip fractions are 0 on every odd step.*? step (\d+) clips (\d+) of its (\d+) tokens low "
+                  r"\(([\d.]+)\) and step (\d+) only ([\d.]+)", text)
+    assert m, "docs/check.md no longer quotes the bundled run's clip fractions"
+    step_a, clipped, tokens, frac_a, step_b, frac_b = m.groups()
+    assert all(rows[s]["clip/low"] == 0.0 for s in rows if s % 2), "an odd step clips"
+    assert rows[int(step_a)]["health/masked_tokens"] == int(tokens)
+    assert rows[int(step_a)]["clip/low"] * int(tokens) == pytest.approx(int(clipped))
+    assert round(rows[int(step_a)]["clip/low"], 2) == float(frac_a)
+    assert round(rows[int(step_b)]["clip/low"], 2) == float(frac_b)
+
+
+def test_synth_page_quotes_the_generators_fractions():
+    """synth.md's "about N %" are the generator's rates: measured here on many draws, rounded."""
+    import numpy as np
+
+    from grpolens.adapters.synth import SynthSpec, generate_samples, generate_tokens
+
+    spec = SynthSpec(steps=4, groups=32, generations=8, max_len=256, micro_batches=1, seed=5)
+    truncated, outside, masked = [], [], []
+    for step in range(4):
+        s = generate_samples(spec, step, 0)
+        t = generate_tokens(spec, step, 0, 0, s)
+        truncated.append(np.asarray(s["truncated"], dtype=float))
+        ratio = np.exp(t["logp"].astype(np.float64) - t["old_logp"])
+        outside.append(((ratio < 0.8) | (ratio > 1.28)).astype(float))
+        masked.append(~np.asarray(t["mask"], dtype=bool))
+    text = re.sub(r"\s+", " ", (ROOT / "docs" / "synth.md").read_text(encoding="utf-8"))
+    quoted = {
+        "truncated": (r"are cut at L with `truncated = true` \(about (\d+) %\)", truncated),
+        "outside the ratio band": (r"about (\d+) % of tokens fall outside the `\[0\.8, 1\.28\]` ratio band", outside),
+        "masked": (r"About (\d+) % of tokens have `mask = false`", masked),
+    }
+    for what, (phrase, draws) in quoted.items():
+        m = re.search(phrase, text)
+        assert m, f"docs/synth.md no longer quotes the {what} fraction"
+        rate = 100 * float(np.mean(np.concatenate(draws)))
+        assert abs(rate - int(m.group(1))) <= 1.0, f"docs/synth.md says about {m.group(1)} % {what}; measured {rate:.1f} %"

@@ -31,8 +31,6 @@ ALLOWED = {
         "pip's install time for third-party trackers, with the `/usr/bin/time -v pip install` command",
     ("docs/mutation-testing.md", "5 to 50 s per mutant"):
         "mutmut's pace on a shared machine, to plan a run's length; it times mutmut's test runs, not grpolens",
-    ("docs/distributed.md", "### Paper estimate: 10^10 token rows on 32 nodes"):
-        "an estimate: arithmetic on the measured figures above, not a measurement",
 }
 
 BLOCK = re.compile(r"<!-- ([\w-]+): begin \(written by (benchmarks/[\w/]+\.py|tests/[\w/]+\.py) [^)]*\) -->"

@@ -72,6 +72,8 @@ def _kind(n: int) -> str:
 
 #: The share of the visible values the robust y range leaves out at each end (p1 to p99).
 ROBUST_QUANTILES = (0.01, 0.99)
+#: ... and the range between those quantiles is widened by this share of itself on each side.
+ROBUST_PAD = 0.05
 
 
 def y_axis_scale(values: np.ndarray, log: bool = False, robust: bool = False) -> tuple[dict, str]:
@@ -100,7 +102,7 @@ def y_axis_scale(values: np.ndarray, log: bool = False, robust: bool = False) ->
         if log:
             lo, hi = np.log10(lo), np.log10(hi)
         if hi > lo:
-            pad = 0.05 * (hi - lo)
+            pad = ROBUST_PAD * (hi - lo)
             axis["range"] = [float(lo - pad), float(hi + pad)]
             axis["autorange"] = False
     return axis, note

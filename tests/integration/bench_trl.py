@@ -19,6 +19,30 @@ import tempfile
 from pathlib import Path
 
 
+def run_shape(run: Path) -> str:
+    """What one optimizer step of the recorded run holds, read from its shards (the doc describes the
+    measured run from the run itself)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from grpolens.run import format as fmt
+
+    def read(table, columns):
+        return pa.concat_tables(pq.read_table(sh.path, columns=columns) for sh in fmt.list_shards(run, table))
+
+    tok = read(fmt.TOKENS, ["step", "rank", "micro_batch", "sample_id"])
+    calls = tok.group_by(["step", "rank", "micro_batch"]).aggregate([("sample_id", "count_distinct")])
+    per_step = calls.group_by(["step"]).aggregate([("micro_batch", "count")])
+    sam = read(fmt.SAMPLES, ["step", "completion_len"])
+    gens = sam.group_by(["step"]).aggregate([("completion_len", "count")])
+    return (f"Run measured: {pc.max(per_step['micro_batch_count']).as_py()} loss calls per optimizer step of at most "
+            f"{pc.max(calls['sample_id_count_distinct']).as_py()} completions each, the longest "
+            f"{pc.max(sam['completion_len']).as_py()} tokens; "
+            f"{pc.max(gens['completion_len_count']).as_py()} completions per generation, "
+            f"generated at {gens.num_rows} of its {per_step.num_rows} steps.")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -66,6 +90,7 @@ def main() -> None:
                     files = list((out / "run").rglob("*.parquet"))
                     size = sum(f.stat().st_size for f in files)
                     calls = len(list((out / "run" / "tokens").glob("step=*")))
+                    shape = run_shape(out / "run")
     w, wo = statistics.median(times["with"]), statistics.median(times["without"])
     n_steps = a.steps * a.repeats
     print(json.dumps({"steps": a.steps, "repeats": a.repeats, "per_step_s_without": round(wo, 4),
@@ -91,7 +116,7 @@ def main() -> None:
                  f"| wall time, with vs without | {w:.2f} s vs {wo:.2f} s |",
                  f"| disk | {size / 1e3:.0f} kB for {a.steps} steps with text (Parquet, zstd) |"]
         write_block("docs/integrations/trl.md", "bench_trl", script,
-                    header(shown_command(script, sys.argv[1:]), started) + "\n\n" + "\n".join(table))
+                    header(shown_command(script, sys.argv[1:]), started) + "\n\n" + shape + "\n\n" + "\n".join(table))
         print("docs/integrations/trl.md updated")
 
 

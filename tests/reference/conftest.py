@@ -22,8 +22,9 @@ def twinkle_python():
 
 
 def check_quoted_tally(trainer: str, expected: set[str], quote: str) -> None:
-    """docs/profiles.md quotes each trainer's count, ``quote`` formatted with ``got``, ``total`` and
-    ``configs``; checked once every configuration of the module ran (a ``-k`` subset skips it)."""
+    """docs/profiles.md quotes each trainer's count, ``quote`` formatted with ``got``, ``total``,
+    ``configs`` and ``missing`` (total - got); checked once every configuration of the module ran
+    (a ``-k`` subset skips it)."""
     from pathlib import Path
 
     rows = {c: v for (t, c), v in TALLY.items() if t == trainer}
@@ -32,7 +33,7 @@ def check_quoted_tally(trainer: str, expected: set[str], quote: str) -> None:
     got, total = sum(v[0] for v in rows.values()), sum(v[1] for v in rows.values())
     configs = len({c.split(" [")[0] for c in rows})
     text = " ".join((Path(__file__).parents[2] / "docs" / "profiles.md").read_text().split())
-    line = quote.format(got=got, total=total, configs=configs)
+    line = quote.format(got=got, total=total, configs=configs, missing=total - got)
     assert line in text, f"docs/profiles.md should say {line!r} (the count the reference tests just measured)"
 
 
