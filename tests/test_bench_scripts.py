@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from grpolens.metrics.engine import READ_COLUMNS
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -73,3 +75,30 @@ def test_serve_benchmark_fires_the_callbacks_the_dashboard_has(tmp_path):
             assert "error" not in r.get_data(as_text=True).lower()[:200], r.get_data(as_text=True)[:500]
             fired += 1
     assert fired == 4
+
+
+@pytest.mark.slow  # synthesises two steps of the benchmark's shape (260 k token rows): 14 s on a loaded machine
+def test_distributed_pieces_report_their_shares_and_the_estimate(tmp_path, monkeypatch, capsys):
+    """`bench_distributed.py pieces` on a tiny run: the report docs/distributed.md quotes (the
+    driver's share, the paper estimate) comes out of the measured per-row costs."""
+    import argparse
+
+    bench = _load("bench_distributed")
+    bench.cmd_pieces(argparse.Namespace(tokens=0.3e6, dir=str(tmp_path), steps=1))
+    report = "\n".join(bench.REPORT)
+    assert "the driver's serial share" in report and "paper estimate" in report
+    assert "so the run is bound by" in report
+    work_us, driver_us = (float(x) for x in __import__("re").search(
+        r"([\d.]+) µs of per-shard work, ([\d.]+) µs on the driver", report).groups())
+    assert work_us > 0 and driver_us > 0
+
+
+def test_trl_benchmark_describes_the_run_it_measured():
+    """bench_trl writes the measured run's shape into its doc block, read from the run's shards."""
+    spec = importlib.util.spec_from_file_location("bench_trl", BENCH.parent / "tests" / "integration" / "bench_trl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    shape = mod.run_shape(BENCH.parent / "sample_runs" / "trl-tiny")
+    # trl-tiny: 2 loss calls of 8 completions per step, 16 completions at every other step of 24
+    assert shape.startswith("Run measured: 2 loss calls per optimizer step of at most 8 completions each")
+    assert "16 completions per generation, generated at 12 of its 24 steps" in shape

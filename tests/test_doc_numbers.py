@@ -142,6 +142,8 @@ DOC_CONSTANTS = [
      lambda: __import__("grpolens.serve.urlstate", fromlist=["x"]).MAX_TEXT),
     ("docs/serve.md", r"completion text first \(cut to (\d+) characters\)",
      lambda: __import__("grpolens.serve.data.completions", fromlist=["x"]).PREVIEW_CHARS),
+    ("docs/hook.md", r"`max_queue_bytes` \(default (\d+) MiB\)", lambda: _writer_default("max_queue_bytes") / 2**20),
+    ("docs/hook.md", r"`max_part_rows` \(default (\d+) M rows\)", lambda: _writer_default("max_part_rows") / 1e6),
     ("docs/sidecars.md", r"at most (\d+) earlier steps",
      lambda: __import__("grpolens.analysis.sidecars", fromlist=["x"]).REUSE_LOOKBACK),
     ("docs/export.md", r"cut to its first (\d+) steps", lambda: int(re.search(
@@ -157,6 +159,14 @@ def _histogram():
     from grpolens.functional import histogram
 
     return histogram
+
+
+def _writer_default(option: str):
+    import inspect
+
+    from grpolens.capture.writer import ShardWriter
+
+    return inspect.signature(ShardWriter).parameters[option].default
 
 
 def _trl_tiny():
