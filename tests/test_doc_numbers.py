@@ -55,8 +55,8 @@ def test_step_count_of_the_bundled_run_is_the_one_the_docs_quote():
 # ---------------------------------------------------------------------------------------------------
 # Ratios and counts in prose.
 #
-# A ratio ("7.5×", "0.86×", "3 %", "3 times") or a count ("283 of 327", "401 quantiles", "16 earlier
-# steps") in README.md or docs/ outside a block a script writes is either checked by a test against
+# A ratio ("7.5×", "0.86×", "3 %", "3 times"), a count ("283 of 327", "401 quantiles", "16 earlier
+# steps") or a size ("2 KB", "50 M rows") in README.md or docs/ outside a block a script writes is either checked by a test against
 # the code (CHECKED names the test) or listed in ALLOWED_NUMBERS with the reason it needs no check.
 # Formulas ("10 × early", spaced), code spans and code blocks are not prose; generated pages are
 # generated. A new page under docs/ is scanned without being named here.
@@ -71,7 +71,9 @@ COUNTED = (r"values|metrics|keys|profiles|tests|rules|pages|configurations|packa
 RATIO_OR_COUNT = re.compile(
     r"(?<![\w.\-/])~?\d[\d,.]*(?:e-?\d+)?(?:×|x\b|\s?%|\s+times\b)"            # 7.5×, 2.5x, 3 %, 3 times
     r"|(?<![\w.\-/])\d[\d,]*\s+of\s+\d[\d,]*"                                # 283 of 327
-    r"|(?<![\w.\-/=])\d[\d,]*(?:\s+[\w'-]+){0,2}?\s+(?:" + COUNTED + r")\b")  # 401 quantiles, 16 earlier steps
+    r"|(?<![\w.\-/=])\d[\d,]*(?:\s+[\w'-]+){0,2}?\s+(?:" + COUNTED + r")\b"   # 401 quantiles, 16 earlier steps
+    r"|(?<![\w.])~?\d[\d,.]*\s?(?:k|M|G)?\s?(?:B|bytes|KiB|MiB|GiB|kB|KB|MB|GB)\b"  # sizes: 2 KB, 195 MiB
+    r"|(?<![\w.])\d[\d,.]*\s?(?:M|k) (?:token rows|rows|tokens)\b")                 # 50 M rows
 
 #: (page, text around the number) -> the test that checks it against the code or the repository
 CHECKED = {
@@ -104,6 +106,8 @@ ALLOWED_NUMBERS = {
         "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
     ("docs/distributed.md", "S3 returns at most 1,000 keys"):
         "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
+    ("docs/export.md", "and 253 MB of site-packages"):
+        "what pip installed for the trackers, beside the `/usr/bin/time -v pip install` command that shows it",
     ("docs/export.md", "(about 55 packages here)"):
         "what pip installed for the trackers, beside the `/usr/bin/time -v pip install` command that shows it",
     ("docs/synth.md", "(time constant 300 steps)"): "a parameter of the generator (grpolens/adapters/synth.py), described",
@@ -124,6 +128,10 @@ DOC_CONSTANTS = [
      lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).SHARDS_PER_TASK),
     ("docs/distributed.md", r"retried by Ray, up to (\d+) times",
      lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).MAX_RETRIES),
+    ("docs/distributed.md", r"At most (\d+) × \(cluster CPUs\) tasks are in flight",
+     lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).TASKS_PER_CPU),
+    ("docs/distributed.md", r"holds the pieces of up to (\d+) × CPUs tasks in flight",
+     lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).TASKS_PER_CPU),
     ("docs/distributed.md", r"alpha = ([\d.]+) %", lambda: 100 * _histogram().DEFAULT_ALPHA),
     ("docs/distributed.md", r"A histogram has ([\d,]+) bins", lambda: _histogram().LogBins().size),
     ("docs/distributed.md", r"at ([\d,]+) quantiles each", lambda: int(re.search(
@@ -142,8 +150,8 @@ DOC_CONSTANTS = [
      lambda: __import__("grpolens.serve.urlstate", fromlist=["x"]).MAX_TEXT),
     ("docs/serve.md", r"completion text first \(cut to (\d+) characters\)",
      lambda: __import__("grpolens.serve.data.completions", fromlist=["x"]).PREVIEW_CHARS),
-    ("docs/hook.md", r"`max_queue_bytes` \(default (\d+) MiB\)", lambda: _writer_default("max_queue_bytes") / 2**20),
-    ("docs/hook.md", r"`max_part_rows` \(default (\d+) M rows\)", lambda: _writer_default("max_part_rows") / 1e6),
+    ("docs/hook.md", r"\(default (\d+) MiB\); a call that would exceed it", lambda: _writer_default("max_queue_bytes") / 2**20),
+    ("docs/hook.md", r"\(default (\d+) M rows\) is split into", lambda: _writer_default("max_part_rows") / 1e6),
     ("docs/sidecars.md", r"at most (\d+) earlier steps",
      lambda: __import__("grpolens.analysis.sidecars", fromlist=["x"]).REUSE_LOOKBACK),
     ("docs/export.md", r"cut to its first (\d+) steps", lambda: int(re.search(
@@ -219,9 +227,9 @@ def test_checked_and_allowed_entries_still_name_a_number_and_a_test():
 
 def test_the_pattern_catches_ratios_and_counts_and_leaves_formulas():
     text = ("costs ~7.5× the CPU, 0.86× its CPU, 9× less; about 3 % of tokens; retried up to 3 times; "
-            "283 of 327 values; at 401 quantiles; over at most 16 earlier steps")
+            "283 of 327 values; at 401 quantiles; over at most 16 earlier steps; about 2 KB; at 50 M rows")
     assert [m.group(0) for m in RATIO_OR_COUNT.finditer(text)] == [
-        "~7.5×", "0.86×", "9×", "3 %", "3 times", "283 of 327", "401 quantiles", "16 earlier steps"]
+        "~7.5×", "0.86×", "9×", "3 %", "3 times", "283 of 327", "401 quantiles", "16 earlier steps", "2 KB", "50 M rows"]
     assert not RATIO_OR_COUNT.search("≤ 10 × early + 0.05; step 12; TRL 1.16; lr 1e-6; k3 > 1; rank 0 writes")
 
 

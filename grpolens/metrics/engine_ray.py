@@ -31,6 +31,9 @@ from grpolens.errors import RunFormatError, UserError
 SHARDS_PER_TASK = 8
 #: Ray retries a task this many times when its worker dies (not on an exception in grpolens).
 MAX_RETRIES = 3
+#: Tasks in flight per cluster CPU: enough to keep every worker busy while the driver merges, few
+#: enough that the driver holds only those tasks' pieces.
+TASKS_PER_CPU = 2
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class RayEngine:
         order = sorted(by_step)
         tasks = [(step, by_step[step][i:i + self.shards_per_task])
                  for step in order for i in range(0, len(by_step[step]), self.shards_per_task)]
-        window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        window = max(2, TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
         pending: dict[int, list] = {s: [] for s in order}  # step -> its tasks' refs, in shard order
         remaining = {s: sum(1 for t, _ in tasks if t == s) for s in order}
         done: dict[Any, Any] = {}
