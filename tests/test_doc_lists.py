@@ -120,3 +120,13 @@ def test_every_export_target_is_documented_with_its_extra():
     for tracker in TRACKERS:
         assert f'`pip install "grpolens[{tracker}]"`' in text, f"docs/export.md does not say how to install {tracker}"
         assert tracker in extras, f"pyproject.toml has no extra {tracker!r}, which docs/export.md installs"
+
+
+def test_families_token_metrics_names_exist():
+    from grpolens.metrics.registry import FAMILIES, load_builtins
+
+    load_builtins()
+    first = (DOCS / "token-metrics.md").read_text(encoding="utf-8").split("metric families are recomputed", 1)[0]
+    named = re.findall(r"`(\w+)`", first.rsplit("\n\n", 1)[-1])
+    assert named and not set(named) - set(FAMILIES), \
+        f"docs/token-metrics.md names families {named}; the registry has {list(FAMILIES)}"

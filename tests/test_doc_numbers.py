@@ -65,33 +65,41 @@ from tests.test_doc_timings import BLOCK, CODE, GENERATED_PAGES, pages, sections
 
 INLINE_CODE = re.compile(r"`[^`]*`")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
-COUNTED = (r"values|metrics|keys|profiles|tests|rules|pages|configurations|packages|quantiles|bins|files|mutants|"
+COUNTED = (r"values|trainers|metrics|keys|profiles|tests|rules|pages|configurations|packages|quantiles|bins|files|mutants|"
            r"families|modes|columns|checks|survivors|equivalents|logs|steps|tokens|completions|shards|commands|"
            r"options|examples|snippets|links|points|characters|requests|visitors|ranks|processes")
+NUMBER_WORDS = r"[Tt]wo|[Tt]hree|[Ff]our|[Ff]ive|[Ss]ix|[Ss]even|[Ee]ight|[Nn]ine|[Tt]en|[Ee]leven|[Tt]welve"
+WORD_VALUES = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
 RATIO_OR_COUNT = re.compile(
     r"(?<![\w.\-/])~?\d[\d,.]*(?:e-?\d+)?(?:×|x\b|\s?%|\s+times\b)"            # 7.5×, 2.5x, 3 %, 3 times
     r"|(?<![\w.\-/])\d[\d,]*\s+of\s+\d[\d,]*"                                # 283 of 327
-    r"|(?<![\w.\-/=])\d[\d,]*(?:\s+[\w'-]+){0,2}?\s+(?:" + COUNTED + r")\b"   # 401 quantiles, 16 earlier steps
+    r"|(?:(?<![\w.\-/=])\d[\d,]*|\b(?:" + NUMBER_WORDS + r"))(?:\s+[\w'-]+){0,2}?\s+(?:" + COUNTED + r")\b"
+    # ... 401 quantiles, 16 earlier steps, four log-prob columns
     r"|(?<![\w.])~?\d[\d,.]*\s?(?:k|M|G)?\s?(?:B|bytes|KiB|MiB|GiB|kB|KB|MB|GB)\b"  # sizes: 2 KB, 195 MiB
     r"|(?<![\w.])\d[\d,.]*\s?(?:M|k) (?:token rows|rows|tokens)\b")                 # 50 M rows
 
+_STEPS = "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote"
+_LOGS = "tests/test_doc_numbers.py::test_logs_of_the_bundled_run_are_the_ones_the_docs_quote"
+_CLIPS = "tests/test_doc_numbers.py::test_clip_fractions_of_the_bundled_run_are_the_ones_the_docs_quote"
+_SYNTH = "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions"
+_RULES = "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table"
 #: (page, text around the number) -> the test that checks it against the code or the repository
 CHECKED = {
-    ("README.md", "bundled run (24 steps recorded"): "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote",
-    ("docs/check.md", "(real TRL training, 24 steps"): "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote",
-    ("docs/integrations/trl.md", "such a run (24 steps of real TRL"): "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote",
-    ("docs/integrations/trl.md", "(3 logs: steps 10 and 20"): "tests/test_doc_numbers.py::test_logs_of_the_bundled_run_are_the_ones_the_docs_quote",
-    ("docs/check.md", "first 20 % of steps"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
-    ("docs/check.md", "10× leaves room"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
-    ("docs/check.md", "2 of any 4 consecutive steps"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
-    ("docs/check.md", "keep their floor of 5 points"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
-    ("docs/check.md", "2 of some 4 consecutive steps"): "tests/test_doc_lists.py::test_builtin_check_rules_are_in_the_table",
-    ("docs/check.md", "clips 50 of its 330 tokens"): "tests/test_doc_numbers.py::test_clip_fractions_of_the_bundled_run_are_the_ones_the_docs_quote",
+    ("README.md", "bundled run (24 steps recorded"): _STEPS,
+    ("docs/check.md", "(real TRL training, 24 steps"): _STEPS,
+    ("docs/integrations/trl.md", "such a run (24 steps of real TRL"): _STEPS,
+    ("docs/integrations/trl.md", "(3 logs: steps 10 and 20"): _LOGS,
+    ("docs/check.md", "first 20 % of steps"): _RULES,
+    ("docs/check.md", "10× leaves room"): _RULES,
+    ("docs/check.md", "2 of any 4 consecutive steps"): _RULES,
+    ("docs/check.md", "keep their floor of 5 points"): _RULES,
+    ("docs/check.md", "2 of some 4 consecutive steps"): _RULES,
+    ("docs/check.md", "clips 50 of its 330 tokens"): _CLIPS,
     ("docs/profiles.md", "283 of 327 values"): "tests/reference/test_verl_reference.py::test_docs_quote_the_count",
     ("docs/profiles.md", "179 of 179 over 11"): "tests/reference/test_twinkle_reference.py::test_docs_quote_the_count",
-    ("docs/synth.md", "(about 5 %)"): "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions",
-    ("docs/synth.md", "about 3 % of tokens"): "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions",
-    ("docs/synth.md", "About 4 % of tokens"): "tests/test_doc_numbers.py::test_synth_page_quotes_the_generators_fractions",
+    ("docs/synth.md", "(about 5 %)"): _SYNTH,
+    ("docs/synth.md", "about 3 % of tokens"): _SYNTH,
+    ("docs/synth.md", "About 4 % of tokens"): _SYNTH,
 }
 
 #: (page, a heading or the text around the number) -> why it needs no check
@@ -106,6 +114,14 @@ ALLOWED_NUMBERS = {
         "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
     ("docs/distributed.md", "S3 returns at most 1,000 keys"):
         "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
+    ("docs/hook.md", "one micro-batch is never in two files"): "not a count: one micro-batch never spans files",
+    ("docs/integrations/trl.md", "two processes"):
+        "a configuration of the tests (`torchrun --nproc_per_node 2`, trl_tiny's `ddp` cases), named where it is used",
+    ("docs/integrations/trl.md", "(one generation batch spans two optimizer steps)"):
+        "what `steps_per_generation=2`, named beside it, means",
+    ("docs/profiles.md", "Two verl values need what its driver computes"): "the two values are named in the same sentence",
+    ("docs/rollout-is.md", "the three conventions trainers use"): "the table that follows lists the three, one row each",
+    ("docs/run-format.md", "Two optional config keys only change"): "the two keys are named in the same sentence",
     ("docs/export.md", "and 253 MB of site-packages"):
         "what pip installed for the trackers, beside the `/usr/bin/time -v pip install` command that shows it",
     ("docs/export.md", "(about 55 packages here)"):
@@ -150,6 +166,8 @@ DOC_CONSTANTS = [
      lambda: __import__("grpolens.serve.urlstate", fromlist=["x"]).MAX_TEXT),
     ("docs/serve.md", r"completion text first \(cut to (\d+) characters\)",
      lambda: __import__("grpolens.serve.data.completions", fromlist=["x"]).PREVIEW_CHARS),
+    ("docs/run-format.md", r"\(in any of the (\w+) log-prob columns\)",
+     lambda: sum(c.name.endswith("logp") for c in __import__("grpolens.run.format", fromlist=["x"]).TOKEN_COLUMNS)),
     ("docs/hook.md", r"\(default (\d+) MiB\); a call that would exceed it", lambda: _writer_default("max_queue_bytes") / 2**20),
     ("docs/hook.md", r"\(default (\d+) M rows\) is split into", lambda: _writer_default("max_part_rows") / 1e6),
     ("docs/sidecars.md", r"at most (\d+) earlier steps",
@@ -227,9 +245,11 @@ def test_checked_and_allowed_entries_still_name_a_number_and_a_test():
 
 def test_the_pattern_catches_ratios_and_counts_and_leaves_formulas():
     text = ("costs ~7.5× the CPU, 0.86× its CPU, 9× less; about 3 % of tokens; retried up to 3 times; "
-            "283 of 327 values; at 401 quantiles; over at most 16 earlier steps; about 2 KB; at 50 M rows")
+            "283 of 327 values; at 401 quantiles; over at most 16 earlier steps; about 2 KB; at 50 M rows; "
+            "the four log-prob columns")
     assert [m.group(0) for m in RATIO_OR_COUNT.finditer(text)] == [
-        "~7.5×", "0.86×", "9×", "3 %", "3 times", "283 of 327", "401 quantiles", "16 earlier steps", "2 KB", "50 M rows"]
+        "~7.5×", "0.86×", "9×", "3 %", "3 times", "283 of 327", "401 quantiles", "16 earlier steps", "2 KB", "50 M rows",
+        "four log-prob columns"]
     assert not RATIO_OR_COUNT.search("≤ 10 × early + 0.05; step 12; TRL 1.16; lr 1e-6; k3 > 1; rank 0 writes")
 
 
@@ -243,7 +263,8 @@ def test_constants_the_docs_quote_are_the_codes(page, phrase, value):
     text = re.sub(r"\s+", " ", (ROOT / page).read_text(encoding="utf-8"))
     m = re.search(phrase, text)
     assert m, f"{page} no longer says {phrase!r}: update DOC_CONSTANTS with the page"
-    assert float(m.group(1).replace(",", "")) == pytest.approx(value()), \
+    quoted = WORD_VALUES.get(m.group(1).lower()) or float(m.group(1).replace(",", ""))
+    assert quoted == pytest.approx(value()), \
         f"{page} says {m.group(0)!r}; the code's value is {value()}"
 
 
