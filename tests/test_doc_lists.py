@@ -130,3 +130,25 @@ def test_families_token_metrics_names_exist():
     named = re.findall(r"`(\w+)`", first.rsplit("\n\n", 1)[-1])
     assert named and not set(named) - set(FAMILIES), \
         f"docs/token-metrics.md names families {named}; the registry has {list(FAMILIES)}"
+
+
+def test_trl_versions_the_docs_name_are_the_ones_recorded_and_trained():
+    """The TRL releases docs/integrations/trl.md and the trl profile say were run are the recorded
+    runs under tests/data/ plus the release the dev extra pins (the one the suite trains)."""
+    import tomllib
+
+    from grpolens.metrics.registry import PROFILES, load_builtins
+
+    recorded = sorted((p.name.split("-", 1)[1] for p in (DOCS.parent / "tests" / "data").glob("trl-*")),
+                      key=lambda v: tuple(map(int, v.split("."))))
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    dev = project["optional-dependencies"]["dev"]
+    trained = next(d.split("==", 1)[1] for d in dev if d.startswith("trl=="))
+    text = re.sub(r"\s+", " ", (DOCS / "integrations" / "trl.md").read_text(encoding="utf-8"))
+    m = re.search(r"Runs trained by TRL \*\*([\d., and]+)\*\* themselves", text)
+    assert m and re.findall(r"\d+\.\d+\.\d+", m.group(1)) == recorded, \
+        f"trl.md names {m and m.group(1)}; tests/data has {recorded}"
+    assert f"the suite trains TRL **{trained}**" in text, f"the dev extra pins trl=={trained}"
+    load_builtins()
+    ran = re.search(r"\(run on ([\d., ]+)\)", PROFILES["trl"].reference)
+    assert ran and ran.group(1).split(", ") == [*recorded, trained], PROFILES["trl"].reference
