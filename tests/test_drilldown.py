@@ -40,8 +40,8 @@ def test_top_tokens_equal_global_top_k(tmp_path, parts, nonfinite):
     rng = np.random.default_rng(11)
     calls = random_calls(rng, steps=(0, 1), ranks=3, micro_batches=3, batch=5, max_len=12, nonfinite=nonfinite)
     run = write_run(tmp_path / "run", calls, parts=parts, rng=rng)
-    grpolens.recompute(run, overrides={"top_k_tokens": 7})
-    top = pl.read_parquet(run / "grpolens" / "top_tokens.parquet")
+    res = grpolens.recompute(run, overrides={"top_k_tokens": 7}, result=True)  # a what-if: under variants/
+    top = pl.read_parquet(res.out_dir / "top_tokens.parquet")
     for step in (0, 1):
         for by in drilldown.SCORES:
             vals = np.concatenate([ref_scores(c, by)[c.valid] for c in calls if c.step == step])

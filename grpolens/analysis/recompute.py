@@ -32,6 +32,7 @@ from grpolens.metrics.registry import REGISTRY, Metric
 from grpolens import plugins
 from grpolens.run.reader import RunReader, read_samples
 from grpolens.run.step_table import StepSpill
+from grpolens.run.variants import Variant, effective_overrides
 
 CACHE_VERSION = 2  # 2: rows of a profile with a log schedule carry appended-value counts
 
@@ -43,6 +44,7 @@ class RecomputeResult:
     computed_steps: list[int]
     reused_steps: list[int]
     notes: list[str] = field(default_factory=list)
+    variant: Variant | None = None  # the what-if this recompute was (config overrides), else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,10 +114,12 @@ def _fingerprint(shards: list[fmt.Shard]) -> list:
     return [sh.fingerprint() for sh in shards]
 
 
-def _output_dirs(reader: RunReader, out, profile: str) -> tuple[Path, Path, Any]:
+def _output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = None) -> tuple[Path, Path, Any]:
     """``(out_dir, cache_root, remote_out)``: where outputs and the per-step cache go. A local run
     keeps both under ``RUN/grpolens/`` unless ``--out``; a run on object storage writes locally by
-    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end."""
+    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end.
+    A what-if (``variant``) keeps both in its own directory, ``RUN/grpolens/variants/<key>/``, or
+    in ``--out`` when given: never in the run's own, whose metrics and cache it would replace."""
     from grpolens.run.storage import is_remote, location
 
     if out is not None and (is_remote(str(out)) if isinstance(out, str) else fmt.is_remote_run(out)):
@@ -128,6 +132,9 @@ def _output_dirs(reader: RunReader, out, profile: str) -> tuple[Path, Path, Any]
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes((remote_out / rel).read_bytes())
         return staging, staging, remote_out
+    if variant is not None:
+        root = Path(out) if out is not None else variant.dir
+        return (root if out is not None or profile == "grpolens" else root / profile), root, None
     if fmt.is_remote_run(reader.path):  # the local fmt.derived_dir of the run (./<run name>.grpolens)
         root = Path(out) if out is not None else fmt.derived_dir(reader.path)
         return (root if out is not None or profile == "grpolens" else root / profile), root, None
@@ -236,7 +243,9 @@ def recompute(
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
     ``profile`` picks names and reductions (a registered profile: see ``docs/profiles.md``);
-    ``overrides`` replace manifest config keys (what-if analysis);
+    ``overrides`` (and ``config_file``) replace manifest config keys (what-if analysis): such a
+    recompute is a *variant* of the run and writes under ``RUN/grpolens/variants/<key>/``
+    (:mod:`grpolens.run.variants`; ``out`` when given), never over the run's own metrics;
     ``steps`` is ``"A:B"``. ``run`` may be ``s3://bucket/prefix`` (``storage_options``: see
     :mod:`grpolens.run.storage`), and so may ``out``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
@@ -256,8 +265,13 @@ def recompute(
     per log of the trainer; ``per_step=True`` keeps one row per optimizer step (for TRL: what it
     would log with ``logging_steps=1``).
     """
+    given = getattr(run, "variant", None)  # a VariantRun (the dashboard's): recompute that variant
+    if given is not None and overrides is None and config_file is None:
+        overrides = given.overrides
     reader = RunReader(run, storage_options)
     run = reader.path
+    what_if = effective_overrides(overrides, config_file)
+    variant = Variant.of(run, what_if) if what_if else None
     prof = plugins.get(profile)
     # refuse what `grpolens validate` would reject, from the Parquet footers; a recompute that keeps
     # its cache remembers the files that passed, so a re-run opens only new or changed ones
@@ -273,8 +287,11 @@ def recompute(
     sample_steps = reader.steps(fmt.SAMPLES)
     all_steps = reader.steps()
 
-    out_dir, cache_root, remote_out = _output_dirs(reader, out, profile) if write or fmt.is_remote_run(run) \
-        else (Path(out) if out is not None else reader.out_dir(profile), fmt.derived_dir(run), None)
+    # a what-if reads (and writes) its own cache even when not writing, unless staged from object storage
+    if write or fmt.is_remote_run(run) or (variant is not None and (out is None or not fmt.is_remote_run(out))):
+        out_dir, cache_root, remote_out = _output_dirs(reader, out, profile, variant)
+    else:
+        out_dir, cache_root, remote_out = Path(out) if out is not None else reader.out_dir(profile), fmt.derived_dir(run), None
     chash = _config_hash({**cfg, "_trainer": reader.manifest.trainer}, profile)
 
     # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
@@ -396,6 +413,8 @@ def recompute(
             out_dir.mkdir(parents=True, exist_ok=True)
             fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
             fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
+        if write and only is None and variant is not None and out is None:
+            variant.write_record()  # what this directory is: the overrides and their label (serve lists it)
         if write and only is None and not unchanged:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             kept = set(cached_rows)
@@ -423,7 +442,7 @@ def recompute(
         memo.save(memo_path)
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
-                               sorted(cached_rows), notes)
+                               sorted(cached_rows), notes, variant)
     return final
 
 

@@ -10,6 +10,7 @@ import typer
 from grpolens.commands.storage_option import STORAGE_OPTION
 
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
+from grpolens.commands.variant_option import VARIANT_OPTION
 
 
 def check_cmd(
@@ -26,6 +27,7 @@ def check_cmd(
                                                 "values of the rules' metrics as a golden JSON baseline."),
     set_: List[str] = typer.Option([], "--set", help="Override a config key for the recompute of the run "
                                    "and of a baseline run: key=value. Repeatable."),
+    variant: Optional[str] = VARIANT_OPTION,
     show_rules: bool = typer.Option(False, "--show-rules", help="Print the built-in rules as TOML (a starting point "
                                     "for your own), or with --rules check that file and list its rules; then exit."),
     engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
@@ -63,6 +65,10 @@ def check_cmd(
         # said before the check runs, so no report is half-written
         raise UserError(f"--summary-md: {summary_md} is a directory; give a file to append to")
     overrides = parse_overrides(set_)
+    if variant is not None:
+        from grpolens.commands.variant_option import variant_overrides
+
+        overrides, _ = variant_overrides(run, variant, set_)
     from grpolens.metrics.engine import make_engine
 
     report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden,

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.variant_option import VARIANT_OPTION
 
 
 def export_cmd(
@@ -30,6 +31,7 @@ def export_cmd(
                                                     "else sqlite:///RUN/grpolens/mlflow.db]."),
     tables: bool = typer.Option(True, "--tables/--no-tables",
                                 help="Also export the completions and top-token tables (where the tracker has a table type)."),
+    variant: Optional[str] = VARIANT_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary line."),
     storage_option: List[str] = STORAGE_OPTION,
 ) -> None:
@@ -38,7 +40,8 @@ def export_cmd(
 
     Nothing leaves the machine unless asked: W&B writes an offline run (--online to send), MLflow a
     local SQLite store, TensorBoard and trackio local files. Re-exporting adds only the steps the
-    destination lacks. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
+    destination lacks. --variant exports a what-if variant of the run (recompute --set) as a
+    tracker run of its own, named RUN @ LABEL. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
     tensorboard, mlflow, trackio). See docs/export.md.
     """
     from rich.console import Console
@@ -57,8 +60,13 @@ def export_cmd(
     if tracking_uri is not None and to != "mlflow":
         raise UserError("--tracking-uri applies to --to mlflow only")
     console = Console(stderr=True)
+    what_if = None
+    if variant is not None:
+        from grpolens.commands.variant_option import variant_overrides
+
+        _, what_if = variant_overrides(run, variant, [])
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
-        source = ExportSource.load(run, profile, progress=tick)
+        source = ExportSource.load(run, profile, progress=tick, variant=what_if)
     options = ExportOptions(project=project, name=name, resume=resume, online=online, logdir=logdir,
                             tracking_uri=tracking_uri, tables=tables)
     exporter = cls(source, options)

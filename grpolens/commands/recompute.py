@@ -13,7 +13,7 @@ from grpolens.profiles import profile_help
 
 def recompute_cmd(
     run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (docs/distributed.md)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory or s3:// prefix [default: RUN/grpolens, or RUN/grpolens/<profile>; for an s3:// run ./<run name>.grpolens]."),
+    out: Optional[str] = typer.Option(None, "--out", help="Output directory or s3:// prefix [default: RUN/grpolens, or RUN/grpolens/<profile>; for an s3:// run ./<run name>.grpolens; with --set/--config RUN/grpolens/variants/<key>]."),
     profile: str = typer.Option("grpolens", "--profile", "-p", help=profile_help()),
     steps: Optional[str] = typer.Option(None, "--steps", help="Step range A:B (inclusive; either end optional) or one step N."),
     set_: List[str] = typer.Option([], "--set", help="Override a config key: key=value (JSON value; a.b=v for nested). Repeatable."),
@@ -34,6 +34,11 @@ def recompute_cmd(
     Writes metrics.parquet (one row per step) and metrics.jsonl (one JSON object per step). Under
     --profile trl a row is one of TRL's logs (the mean over its logging window, at the step TRL
     logged), unless --per-step.
+
+    With --set or --config the recompute is a what-if variant of the run: it writes under
+    RUN/grpolens/variants/<key>/ (key: a hash of the overrides, recorded with a label in
+    variant.json there), never over the run's own metrics; serve lists it as a run of its own
+    (docs/variants.md).
     """
     from rich.console import Console
 
@@ -71,8 +76,12 @@ def recompute_cmd(
     out_console.print(summary_table(res.metrics, last=last, columns=cols or None, title=title))
     console.print(
         f"{len(res.computed_steps)} step(s) computed, {len(res.reused_steps)} reused from cache -> "
-        f"{res.out_dir / 'metrics.parquet'}", highlight=False,
+        f"{res.out_dir / 'metrics.parquet'}", highlight=False, markup=False,
     )
+    if res.variant is not None and out is None:
+        console.print(f"what-if variant {res.variant.key} ({res.variant.label}): the run's own metrics are untouched; "
+                      f"grpolens serve lists it, check/export take --variant {res.variant.key}",
+                      highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -37,11 +37,13 @@ class ExportSource:
     out_dir: Path
     rows: list[dict[str, Any]]
     config: dict[str, Any] = field(default_factory=dict)
+    variant: str | None = None  # the what-if variant's key (grpolens.run.variants), None for the run's own metrics
 
     @property
     def key(self) -> str:
-        """A stable id of this run and profile: the same destination run on every re-export."""
-        return hashlib.sha1(f"{self.where}|{self.profile}".encode()).hexdigest()[:12]
+        """A stable id of this run, profile (and variant): the same destination run on every re-export."""
+        what = f"{self.where}|{self.profile}" + (f"|{self.variant}" if self.variant else "")
+        return hashlib.sha1(what.encode()).hexdigest()[:12]
 
     @property
     def where(self) -> str:
@@ -58,17 +60,24 @@ class ExportSource:
         return pl.read_parquet(path) if path.is_file() else None
 
     @classmethod
-    def load(cls, run: Path, profile: str, progress: Callable[[int, int], None] | None = None) -> "ExportSource":
-        """Recompute (incrementally: cheap when up to date) and read the profile's ``metrics.jsonl``."""
+    def load(cls, run: Path, profile: str, progress: Callable[[int, int], None] | None = None,
+             variant=None) -> "ExportSource":
+        """Recompute (incrementally: cheap when up to date) and read the profile's ``metrics.jsonl``;
+        with a ``variant`` (:class:`grpolens.run.variants.Variant`), that what-if's, named ``RUN @ LABEL``."""
         from grpolens.analysis.recompute import recompute
         from grpolens.run import format as fmt
+        from grpolens.run.reader import deep_update
 
         run = fmt.as_run(run)
         manifest = fmt.read_manifest(run)
-        res = recompute(run, profile=profile, progress=progress, result=True)
+        overrides = variant.overrides if variant is not None else None
+        res = recompute(run, profile=profile, progress=progress, result=True, overrides=overrides)
         path = res.out_dir / "metrics.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return cls(run, manifest.run_name, profile, res.out_dir, rows, manifest.resolved_config())
+        if variant is None:
+            return cls(run, manifest.run_name, profile, res.out_dir, rows, manifest.resolved_config())
+        return cls(run, f"{manifest.run_name} @ {variant.label}", profile, res.out_dir, rows,
+                   deep_update(manifest.resolved_config(), variant.overrides), variant.key)
 
 
 class Exporter:

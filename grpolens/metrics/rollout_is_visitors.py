@@ -299,5 +299,10 @@ def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path
         if "rollout_logp" not in pq.ParquetFile(fmt.parquet_source(shards[0].path)).schema_arrow.names:
             raise UserError(f"--is-weights: {shards[0].path} has no rollout_logp column, so there are no IS weights")
     w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)))
+    from grpolens.run.variants import Variant, effective_overrides
+
+    what_if = effective_overrides(overrides, config_file)
+    if what_if:  # a what-if's weights go beside its metrics (RUN/grpolens/variants/<key>/), never over the run's own
+        w.root = Variant.of(run, what_if).dir / "is_weights"
     w.write_config()
     return w

@@ -320,7 +320,12 @@ def list_steps(run: os.PathLike | str, table: str = TOKENS, *, complete_only: bo
 def derived_dir(run: os.PathLike | str) -> Path:
     """Where grpolens keeps what it derives from ``run``: ``RUN/grpolens/``; for a run on object
     storage the local directory ``./<run name>.grpolens/`` (nothing is written to the bucket unless
-    asked: ``recompute --out s3://...``), so every command finds a remote run's outputs there."""
+    asked: ``recompute --out s3://...``), so every command finds a remote run's outputs there.
+    A run read through one of its what-if variants (:class:`grpolens.run.variants.VariantRun`)
+    derives into the variant's directory, ``RUN/grpolens/variants/<key>/``."""
+    variant = getattr(run, "variant", None)
+    if variant is not None:
+        return variant.dir
     if is_remote_run(run):
         return Path(f"{_remote_run_name(as_run(run))}.grpolens")
     return as_run(run) / DERIVED_DIR

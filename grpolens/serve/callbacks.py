@@ -478,6 +478,7 @@ def click_target(runs: RunSet, names: list[str] | None, click: dict | None, by: 
     else:
         name = (names or runs.names)[0]
     runs.path(name)
+    name = runs.run_of(name)  # a what-if variant's tokens are its run's
     return "/tokens", tokens_search(name, step, by=by, k=as_int(k), color=color)
 
 

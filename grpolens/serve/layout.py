@@ -36,8 +36,9 @@ TABLE_STYLE = dict(
 )
 
 
-def _run_options(runs: RunSet) -> list[dict]:
-    return [{"label": n + (" (baseline)" if n == runs.baseline else ""), "value": n} for n in runs.names]
+def _run_options(runs: RunSet, names: list[str] | None = None) -> list[dict]:
+    return [{"label": n + (" (baseline)" if n == runs.baseline else ""), "value": n}
+            for n in (runs.names if names is None else names)]
 
 
 def _labelled(label: str, component, cls: str = "ctl") -> html.Label:
@@ -45,8 +46,9 @@ def _labelled(label: str, component, cls: str = "ctl") -> html.Label:
 
 
 def default_runs(runs: RunSet) -> list[str]:
-    """The runs the header selects when the URL names none: the first six besides the baseline."""
-    return [n for n in runs.names if n != runs.baseline][:6] or runs.names[:1]
+    """The runs the header selects when the URL names none: the first six besides the baseline
+    (runs, not their what-if variants, which one adds from the list)."""
+    return [n for n in runs.run_names if n != runs.baseline][:6] or runs.names[:1]
 
 
 def header(runs: RunSet) -> html.Header:
@@ -91,7 +93,7 @@ def curve_page(name: str) -> html.Div:
 def tokens_page(runs: RunSet) -> html.Div:
     return html.Div([
         html.Div([
-            _labelled("run", dcc.Dropdown(id="tok-run", options=_run_options(runs), value=runs.names[0],
+            _labelled("run", dcc.Dropdown(id="tok-run", options=_run_options(runs, runs.run_names), value=runs.run_names[0],
                                           clearable=False)),
             _labelled("step", dcc.Input(id="tok-step", type="number", min=0, step=1, debounce=True)),
             _labelled("rank tokens by", dcc.RadioItems(
@@ -118,7 +120,7 @@ def completions_page(runs: RunSet) -> html.Div:
     bool_opts = [{"label": "any", "value": "any"}, {"label": "yes", "value": "yes"}, {"label": "no", "value": "no"}]
     return html.Div([
         html.Div([
-            _labelled("run", dcc.Dropdown(id="comp-run", options=_run_options(runs), value=runs.names[0],
+            _labelled("run", dcc.Dropdown(id="comp-run", options=_run_options(runs, runs.run_names), value=runs.run_names[0],
                                           clearable=False)),
             _labelled("step", dcc.Input(id="comp-step", type="number", min=0, step=1, debounce=True)),
             _labelled("group", dcc.Input(id="comp-group", type="number", step=1, debounce=True)),

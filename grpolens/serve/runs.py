@@ -16,6 +16,7 @@ from typing import Iterable
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.run.reader import RunReader
+from grpolens.run.variants import list_variants, variant_run
 
 #: Directories never searched for runs (a run's own tables, caches, VCS, environments).
 _SKIP = {fmt.TOKENS, fmt.SAMPLES, fmt.DERIVED_DIR, fmt.COMPLETE_DIR, ".git", "__pycache__", "node_modules", ".venv"}
@@ -55,6 +56,22 @@ class RunSet:
     @property
     def names(self) -> list[str]:
         return list(self.runs)
+
+    def is_variant(self, name: str) -> bool:
+        """Whether ``name`` is a what-if variant of a run (``RUN @ label``), not a run itself."""
+        return getattr(self.runs.get(name), "variant", None) is not None
+
+    def run_of(self, name: str) -> str:
+        """The run a variant belongs to (``name`` itself for a run)."""
+        if not self.is_variant(name):
+            return name
+        return self._by_path.get(Path(self.runs[name]), name)
+
+    @property
+    def run_names(self) -> list[str]:
+        """The runs themselves, without their variants (the Tokens and Completions pages: a
+        variant's shards are its run's)."""
+        return [n for n in self.runs if not self.is_variant(n)]
 
     def path(self, name: object) -> Path:
         """The directory of run ``name``; :class:`UnknownRun` for anything else."""
@@ -102,7 +119,9 @@ def _resolved(p):
 def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str | None = None) -> RunSet:
     """Runs named on the command line (each a run or a directory holding runs) and the baseline.
 
-    Names are the runs' ``run_name`` (or directory name), made unique with a suffix.
+    Names are the runs' ``run_name`` (or directory name), made unique with a suffix. Each local run's
+    what-if variants (``RUN/grpolens/variants/``, :mod:`grpolens.run.variants`) follow it, named
+    ``RUN @ label`` (``trl-tiny @ epsilon=0.1``); the baseline's are left out.
     """
     paths: list[Path] = []
     for a in args:
@@ -140,6 +159,9 @@ def resolve_runs(args: Iterable[os.PathLike | str], baseline: os.PathLike | str 
         runs[name] = rp
         if base_path is not None and rp == _resolved(base_path):
             base_name = name
+        elif not fmt.is_remote_run(rp):  # its what-ifs (recompute --set), each a run of its own, after it
+            for v in list_variants(rp):
+                runs[_unique_name(f"{name} @ {v.label}", set(runs))] = variant_run(v)
     if not runs:
         raise UserError("no runs to serve")
     return RunSet(runs, base_name)

@@ -11,7 +11,7 @@ import polars as pl
 
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
-from grpolens.serve.data.memo import _RUN_MEMO, _STEP_MEMO, _stat, _step_fingerprint
+from grpolens.serve.data.memo import _RUN_MEMO, _STEP_MEMO, _stat, _step_fingerprint, run_key
 from grpolens.serve.data.tokens import DIVERGING, _run_config, step_samples, step_tokens
 
 
@@ -53,7 +53,7 @@ def sequence_table(run: Path, step: int) -> pl.DataFrame:
                 out = out.with_columns(pl.col(c).str.slice(0, PREVIEW_CHARS))
         return out.sort("sample_id")
 
-    key = ("seqtable", str(run), step, _step_fingerprint(run, step), _stat(completions_file(run)))
+    key = ("seqtable", run_key(run), step, _step_fingerprint(run, step), _stat(completions_file(run)))
     return _STEP_MEMO.get(key, make)
 
 

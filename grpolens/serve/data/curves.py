@@ -12,7 +12,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from grpolens.run import format as fmt
-from grpolens.serve.data.memo import _RUN_MEMO, _stat, metrics_path, run_version
+from grpolens.serve.data.memo import _RUN_MEMO, _stat, metrics_path, run_key, run_version
 
 
 #: Points per curve sent to the browser; longer curves are min/max-downsampled (spikes survive).
@@ -34,7 +34,7 @@ def read_metrics(run: Path) -> pl.DataFrame:
         except Exception as e:  # noqa: BLE001 - a damaged file is the user's to fix
             raise fmt.RunFormatError(p, f"unreadable or truncated Parquet file: {e}") from None
 
-    return _RUN_MEMO.get(("metrics", str(run), _stat(p)), make)
+    return _RUN_MEMO.get(("metrics", run_key(run), _stat(p)), make)
 
 
 def _reward_columns(files: list[Path]) -> list[str]:
@@ -106,7 +106,7 @@ def series(run: Path, with_samples: bool = False) -> pl.DataFrame:
             return m
         return m.join(s, on="step", how="full", coalesce=True).sort("step")
 
-    return _RUN_MEMO.get(("series", str(run), run_version(run), with_samples), make)
+    return _RUN_MEMO.get(("series", run_key(run), run_version(run), with_samples), make)
 
 
 def metric_families() -> dict[str, str]:

@@ -53,6 +53,14 @@ def _stat(path: Path) -> tuple:
         return (None, None)
 
 
+def run_key(run: Path) -> str:
+    """The cache key of what grpolens derived for ``run``: its path, and for a what-if variant
+    (:class:`grpolens.run.variants.VariantRun`, the same path) the variant's key too. Keys of the
+    raw shards' views stay the path alone: a run and its variants share them."""
+    variant = getattr(run, "variant", None)
+    return str(run) if variant is None else f"{run}@{variant.key}"
+
+
 def run_version(run: Path) -> tuple:
     """Changes whenever the run's metrics are rewritten or a step appears (cheap: two stats)."""
     return (_stat(metrics_path(run)), _stat(run / fmt.TOKENS), _stat(run / fmt.SAMPLES))

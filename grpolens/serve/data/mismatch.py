@@ -10,7 +10,7 @@ import polars as pl
 
 from grpolens.run import format as fmt
 from grpolens.serve.data.curves import read_metrics
-from grpolens.serve.data.memo import _RUN_MEMO, _stat, run_version
+from grpolens.serve.data.memo import _RUN_MEMO, _stat, run_key, run_version
 from grpolens.serve.data.tokens import _run_config, step_tokens
 
 
@@ -44,7 +44,7 @@ def is_hist_table(run: Path) -> pl.DataFrame | None:
             return None
         return df if {"step", "kind", "lo", "hi", "count"} <= set(df.columns) else None
 
-    return _RUN_MEMO.get(("ishist", str(run), _stat(p)), make)
+    return _RUN_MEMO.get(("ishist", run_key(run), _stat(p)), make)
 
 
 def _hist_from_table(df: pl.DataFrame, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,7 +73,7 @@ def is_heatmap(run: Path, max_steps: int = 64) -> dict[str, Any]:
             steps, edges, counts = _hist_from_table(tab, "raw")
             return {"steps": steps, "log10_edges": edges, "counts": counts, "source": is_hist_file(run).name}
 
-        return _RUN_MEMO.get(("ishist-map", str(run), _stat(is_hist_file(run))), from_file)
+        return _RUN_MEMO.get(("ishist-map", run_key(run), _stat(is_hist_file(run))), from_file)
 
     def make() -> dict[str, Any]:
         all_steps = fmt.list_steps(run, fmt.TOKENS)

@@ -1,6 +1,7 @@
 """The Runs page's table: one row per served run, its manifest's config as columns (flattened:
 ``config.rollout_is.mode``), its trainer, its steps, and the last value of a few headline
-metrics (``reward/mean@last``)."""
+metrics (``reward/mean@last``). A what-if variant's row shows its overrides (``variant``) and the
+config they make."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from grpolens.run import format as fmt
+from grpolens.run.reader import deep_update
 from grpolens.serve.data.curves import series
 
 #: Headline metrics shown with their value at the run's last logged step.
@@ -47,22 +49,28 @@ def runs_table(runs: dict[str, Path]) -> pl.DataFrame:
         raw = m.to_json()
         trainer = raw.get("trainer") or {}
         s = series(path)
+        variant = getattr(path, "variant", None)  # a what-if: its config is the run's with its overrides
+        config = raw.get("config") or {}
+        if variant is not None:
+            config = deep_update(config, variant.overrides)
         row: dict[str, Any] = {
             "run": name,
+            **({"variant": variant.label} if variant is not None else {}),  # a column only when there are variants
             "trainer": " ".join(str(trainer.get(k)) for k in ("name", "version") if trainer.get(k)) or None,
             "steps": int(s["step"].n_unique()) if s.height else 0,
             "last_step": int(s["step"].max()) if s.height else None,
             "world_size": m.world_size,
         }
         row.update({f"{c}@last": _last(s, c) for c in LAST_METRICS})
-        row.update({f"config.{k}": v for k, v in flatten(raw.get("config") or {}).items()})
+        row.update({f"config.{k}": v for k, v in flatten(config).items()})
         rows.append(row)
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
     config = [k for k in keys if k.startswith("config.")]
     differs = [k for k in config if len({json.dumps(r.get(k), sort_keys=True, default=str) for r in rows}) > 1]
-    fixed = [k for k in keys if not k.startswith("config.")]
+    fixed = [k for k in keys if not k.startswith("config.") and k != "variant"]
+    fixed[1:1] = ["variant"] if "variant" in keys else []
     order = fixed + differs + [k for k in config if k not in differs]
     return pl.DataFrame({k: _column([r.get(k) for r in rows]) for k in order})
 

@@ -9,7 +9,7 @@ import polars as pl
 
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
-from grpolens.serve.data.memo import _RUN_MEMO, _STEP_MEMO, _stat, _step_fingerprint
+from grpolens.serve.data.memo import _RUN_MEMO, _STEP_MEMO, _stat, _step_fingerprint, run_key
 
 
 #: Per-token scores (name -> definition shown in the UI). Sequential scores are >= 0.
@@ -133,7 +133,7 @@ def _precomputed_top(run: Path, step: int, by: str, k: int) -> pl.DataFrame | No
         except Exception:  # noqa: BLE001 - fall back to ranking the step's tokens here
             return None
 
-    sel = _STEP_MEMO.get(("top", str(run), step, by, _stat(p)), make)
+    sel = _STEP_MEMO.get(("top", run_key(run), step, by, _stat(p)), make)
     if sel is None or sel.height < k:  # recompute kept fewer than asked for: rank this step's tokens here
         return None
     sel = sel.sort("score", descending=True, maintain_order=True).head(k)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpolens.serve.data.curves import read_metrics
-from grpolens.serve.data.memo import _RUN_MEMO, run_version
+from grpolens.serve.data.memo import _RUN_MEMO, run_key, run_version
 
 
 def check_verdicts(run: Path, baseline: Path | None = None) -> list[dict]:
@@ -30,5 +30,5 @@ def check_verdicts(run: Path, baseline: Path | None = None) -> list[dict]:
         return [{"metric": o.metric, "step": o.step, "status": o.status, "message": o.message}
                 for o in outs if o.status in (FAIL, NO_DATA, ERROR)]
 
-    bkey = None if baseline is None else (str(baseline), run_version(baseline))
-    return _RUN_MEMO.get(("verdicts", str(run), run_version(run), bkey), make)
+    bkey = None if baseline is None else (run_key(baseline), run_version(baseline))
+    return _RUN_MEMO.get(("verdicts", run_key(run), run_version(run), bkey), make)
