@@ -54,10 +54,11 @@ def grown(tmp_path):
     return run, grow
 
 
-def expected(run: Path) -> dict[str, dict[int, float]]:
-    """metrics.jsonl as grpolens/<metric> -> {step: value}, grpolens/step included."""
+def expected(run: Path, where: Path | None = None) -> dict[str, dict[int, float]]:
+    """metrics.jsonl (the run's, or the one in ``where``) as grpolens/<metric> -> {step: value},
+    grpolens/step included."""
     out: dict[str, dict[int, float]] = {}
-    for line in (run / "grpolens" / "metrics.jsonl").read_text().splitlines():
+    for line in ((where or run / "grpolens") / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         step = row.pop("step")
         out.setdefault("grpolens/step", {})[step] = step
@@ -91,6 +92,21 @@ def test_tensorboard_logdir_option(grown, tmp_path):
     assert cli("export", run, "--to", "tensorboard", "--logdir", tmp_path / "tb", "--name", "mine", "-q") == 0
     got = tensorboard_scalars(tmp_path / "tb" / "mine")
     assert_no_duplicates_and_equal(got, expected(run))
+
+
+def test_tensorboard_variant(grown, tmp_path):
+    """--variant exports a what-if's metrics (recompute --set), as a tracker run of its own."""
+    from grpolens.run.variants import variant_key
+
+    run, _ = grown
+    assert cli("recompute", run, "--set", "epsilon=0.1", "-q") == 0
+    where = run / "grpolens" / "variants" / variant_key({"epsilon": 0.1})
+    assert cli("export", run, "--variant", "epsilon=0.1", "--to", "tensorboard", "--logdir", tmp_path / "tb", "-q") == 0
+    got = tensorboard_scalars(tmp_path / "tb" / "trl-tiny @ epsilon=0.1")
+    assert_no_duplicates_and_equal(got, expected(run, where))
+    assert cli("recompute", run, "-q") == 0
+    assert expected(run, where) != expected(run)  # the what-if's values were exported, not the run's
+    assert cli("export", run, "--variant", "epsilon=9", "--to", "tensorboard", "-q") == 2
 
 
 @pytest.mark.slow  # MLflow creates its SQLite schema through ~100 alembic migrations: ~20 s
