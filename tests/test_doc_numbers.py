@@ -56,8 +56,10 @@ def test_step_count_of_the_bundled_run_is_the_one_the_docs_quote():
 # Ratios and counts in prose.
 #
 # A ratio ("7.5×", "0.86×", "3 %", "3 times"), a count ("283 of 327", "401 quantiles", "16 earlier
-# steps") or a size ("2 KB", "50 M rows") in README.md or docs/ outside a block a script writes is either checked by a test against
-# the code (CHECKED names the test) or listed in ALLOWED_NUMBERS with the reason it needs no check.
+# steps"), a size ("2 KB", "50 M rows") or a value given to four significant digits or more (a
+# measurement: "2.30922e-4") in README.md or docs/ outside a block a script writes is either
+# checked by a test against the code (CHECKED names the test) or listed in ALLOWED_NUMBERS with the
+# reason it needs no check.
 # Formulas ("10 × early", spaced), code spans and code blocks are not prose; generated pages are
 # generated. A new page under docs/ is scanned without being named here.
 
@@ -76,7 +78,8 @@ RATIO_OR_COUNT = re.compile(
     r"|(?:(?<![\w.\-/=])\d[\d,]*|\b(?:" + NUMBER_WORDS + r"))(?:\s+[\w'-]+){0,2}?\s+(?:" + COUNTED + r")\b"
     # ... 401 quantiles, 16 earlier steps, four log-prob columns
     r"|(?<![\w.])~?\d[\d,.]*\s?(?:k|M|G)?\s?(?:B|bytes|KiB|MiB|GiB|kB|KB|MB|GB)\b"  # sizes: 2 KB, 195 MiB
-    r"|(?<![\w.])\d[\d,.]*\s?(?:M|k) (?:token rows|rows|tokens)\b")                 # 50 M rows
+    r"|(?<![\w.])\d[\d,.]*\s?(?:M|k) (?:token rows|rows|tokens)\b"                 # 50 M rows
+    r"|(?<![\w.\-])\d*\.0*[1-9]\d{3,}(?:e[-+]?\d+)?(?![\w.])")                       # measured: 2.30922e-4
 
 _STEPS = "tests/test_doc_numbers.py::test_step_count_of_the_bundled_run_is_the_one_the_docs_quote"
 _LOGS = "tests/test_doc_numbers.py::test_logs_of_the_bundled_run_are_the_ones_the_docs_quote"
@@ -246,11 +249,12 @@ def test_checked_and_allowed_entries_still_name_a_number_and_a_test():
 def test_the_pattern_catches_ratios_and_counts_and_leaves_formulas():
     text = ("costs ~7.5× the CPU, 0.86× its CPU, 9× less; about 3 % of tokens; retried up to 3 times; "
             "283 of 327 values; at 401 quantiles; over at most 16 earlier steps; about 2 KB; at 50 M rows; "
-            "the four log-prob columns")
+            "the four log-prob columns; TRL logged 2.30922e-4 and 0.151515")
     assert [m.group(0) for m in RATIO_OR_COUNT.finditer(text)] == [
         "~7.5×", "0.86×", "9×", "3 %", "3 times", "283 of 327", "401 quantiles", "16 earlier steps", "2 KB", "50 M rows",
-        "four log-prob columns"]
-    assert not RATIO_OR_COUNT.search("≤ 10 × early + 0.05; step 12; TRL 1.16; lr 1e-6; k3 > 1; rank 0 writes")
+        "four log-prob columns", "2.30922e-4", "0.151515"]
+    assert not RATIO_OR_COUNT.search("≤ 10 × early + 0.05; step 12; TRL 1.16; lr 1e-6; k3 > 1; rank 0 writes; "
+                                     "≤ 2 b + 0.0005; TRL 0.29.0 and 1.16.0")
 
 
 def test_generated_pages_are_left_to_their_generators():
