@@ -490,17 +490,13 @@ def to_jsonl(df: pl.DataFrame) -> str:
 
 def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
     """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
-    verl's rejection, so the rollout-correction values cannot be verl's (said once); a verl run in
-    bypass mode, which the profile reproduces only in part."""
+    verl's rejection, so the rollout-correction values cannot be verl's (said once). Bypass mode
+    has no rejection before the loss (the loss rejects per call, which the profile replays)."""
     from grpolens.functional.is_weights import ISConfig
-    from grpolens.metrics.verl_actor import bypass, bypass_reproduced
+    from grpolens.metrics.verl_actor import bypass
 
-    if not computed or "verl_algorithm" not in cfg:
+    if not computed or "verl_algorithm" not in cfg or bypass(cfg):
         return []
-    if bypass(cfg):
-        what = "actor/rollout_corr/* are" if bypass_reproduced(cfg) else "actor/* (loss_type reinforce) and actor/rollout_corr/* are"
-        return [f"verl bypass mode (rollout_correction.bypass_mode): {what} not reproduced, left empty "
-                "(docs/integrations/verl.md)"]
     if "rollout_rejected" in present or not ISConfig.from_cfg(cfg).rs:
         return []
     return ["no rollout_rejected in this run: verl's rollout_rs is re-applied to the mask after its rejection "

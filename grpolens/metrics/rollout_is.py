@@ -275,11 +275,19 @@ def verl_summary(sd) -> dict[str, float | None]:
     _, first = np.unique(np.asarray(p["sample_id"], dtype=np.int64), return_index=True)
     if len(first) < len(p["sample_id"]):
         p = _sub(p, np.sort(first))
-    c = ISConfig.from_cfg(sd.cfg)
+    return verl_batch_summary(p, ISConfig.from_cfg(sd.cfg), (sd.extra.get("pieces") or {}).get(RS_VISITOR))
+
+
+def verl_batch_summary(p: dict, c: ISConfig, rs: dict | None) -> dict[str, float | None]:
+    """What verl's ``compute_rollout_correction_and_rejection_mask`` reports for one batch: rows
+    ``p`` (IS and mismatch partials, each row once), ``rs`` its rejection filters' statistics
+    (:func:`~grpolens.metrics.rollout_is_visitors.rs_summary` of the same rows). verl calls it on
+    the driver over the whole step, and in bypass mode inside the loss once per micro-batch
+    (:mod:`grpolens.metrics.verl_actor`)."""
     out = mismatch_summary(p, all_rows=True)
     out.pop("mismatch/abs_logp_diff", None)
     out.pop("mismatch/abs_logp_diff_max", None)
-    out.update((sd.extra.get("pieces") or {}).get(RS_VISITOR) or {})
+    out.update(rs or {})
     if not (c.configured and c.has_band):
         return out
     sv = ris.seq_view(p, c)
@@ -316,6 +324,16 @@ def verl_summary(sd) -> dict[str, float | None]:
         o["zeroed_fraction"] = f(sv.changed.sum() / N)
     out.update({f"rollout_is/{k}": v for k, v in o.items()})
     return out
+
+
+#: what :func:`verl_batch_summary` can report besides its rejection filters' ``rollout_rs/*``
+VERL_KEYS = tuple(f"rollout_is/{k}" for k in (
+    "raw/fraction_high", "raw/fraction_low", "raw/seq_fraction_high", "raw/seq_fraction_low", "applied/mean",
+    "applied/std", "applied/min", "applied/max", "applied/ess", "applied/seq_mean", "applied/seq_std",
+    "applied/seq_min", "applied/seq_max", "applied/seq_max_deviation", "zeroed_fraction")) + tuple(
+    f"mismatch/{k}" for k in ("kl_k1", "kl_k3", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
+                              "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+                              "chi2_token", "chi2_seq"))
 
 
 def trl_summary(sd) -> dict[str, float | None]:

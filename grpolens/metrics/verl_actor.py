@@ -44,11 +44,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpolens.functional import is_weights as ris
 from grpolens.functional.is_weights import ISConfig, loss_weights
-from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
+from grpolens.metrics.engine import visitor
 from grpolens.metrics.partials import producer
-from grpolens.metrics.registry import Family, register_family, Metric, register
-from grpolens.metrics.rollout_is import batch_inputs, batch_partials
+from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
+from grpolens.metrics.rollout_is import VERL_KEYS, _mismatch_partials, batch_inputs, batch_partials, verl_batch_summary
+from grpolens.metrics.rollout_is_visitors import RSPartials, rs_summary
 
 CLAMP = 20.0
 _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
@@ -68,27 +71,32 @@ def _bypass_corr(cfg: dict) -> dict | None:
 
 def bypass(cfg: dict) -> bool:
     """verl's ``algorithm.rollout_correction.bypass_mode``: old log-probs are the rollout's and the
-    policy loss does the rollout correction per micro-batch, from the current policy against the
+    policy loss does the rollout correction per loss call, from the current policy against the
     rollout (its rejection applied to the policy loss' mask; its metrics logged as
-    ``actor/rollout_corr/*``, which are not reproduced)."""
+    ``actor/rollout_corr/*``)."""
     return _bypass_corr(cfg) is not None
 
 
-def bypass_reproduced(cfg: dict) -> bool:
-    """Bypass mode with ``loss_type: ppo_clip`` (verl's default): the actor metrics are reproduced;
-    ``reinforce`` is not (they are left empty)."""
+def bypass_loss(cfg: dict) -> str | None:
+    """The loss of verl's bypass mode (``rollout_correction.loss_type``): ``ppo_clip`` (verl's
+    vanilla PPO loss, no IS weight) or ``reinforce`` (−A·log π·w); None outside bypass mode."""
     corr = _bypass_corr(cfg)
-    return corr is not None and str(corr.get("loss_type", "ppo_clip")) == "ppo_clip"
+    return None if corr is None else str(corr.get("loss_type") or "ppo_clip")
+
+
+def _current(b: TokenBatch) -> TokenBatch:
+    """``b`` with the current policy's log-probs as the "old" ones: what verl's bypass-mode loss
+    hands its rollout correction (π_current against π_rollout; the stored ``old_logp`` is the rollout's)."""
+    return TokenBatch({**b.cols, "old_logp": b.logp}, b.present | {"old_logp"})
 
 
 def _bypass_keep(b: TokenBatch, cfg: dict) -> np.ndarray:
     """The tokens verl's bypass-mode loss keeps: its rejection filters on the current policy against
-    the rollout (the stored ``old_logp`` is the rollout's), decided per sequence of the loss call."""
+    the rollout, decided per sequence of the loss call."""
     isc = ISConfig.from_cfg(cfg)
     if not (isc.configured and b.has("rollout_logp")):
         return np.ones(b.n, dtype=bool)
-    current = TokenBatch({**b.cols, "old_logp": b.logp}, b.present | {"old_logp"})
-    return loss_weights(current, isc)[1]
+    return loss_weights(_current(b), isc)[1]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -137,7 +145,8 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         eh = a.get("clip_ratio_high", a.get("clip_ratio", 0.2))
         el = a.get("clip_ratio", 0.2) if el is None else el
         eh = a.get("clip_ratio", 0.2) if eh is None else eh
-        mode = "vanilla" if by else _mode(a)  # bypass ppo_clip is verl's vanilla loss
+        # bypass mode: ppo_clip is verl's vanilla loss whatever loss_mode says, reinforce its own
+        mode = {"ppo_clip": "vanilla", "reinforce": "reinforce"}.get(bypass_loss(cfg), "vanilla") if by else _mode(a)
         low = np.zeros(b.n)
         kl_tok = -dc
         if mode == "vanilla":
@@ -148,6 +157,10 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             L = np.where(A < 0, np.minimum(l3, lc), lc)
             clip = (l2 > l1).astype(np.float64)
             low = ((lc > l3) & (A < 0)).astype(np.float64)
+        elif mode == "reinforce":  # compute_policy_loss_reinforce: no ratio, no clipping, ppo_kl unclamped
+            L = -A * np.where(m, b.logp, 0.0)
+            clip = np.zeros(b.n)
+            kl_tok = -d
         elif mode == "gspo":
             s = np.exp(np.minimum(b.broadcast(b.seq_sum(d) / np.maximum(n, 1.0)), 10.0))
             l1, l2 = -A * s, -A * np.clip(s, 1 - el, 1 + eh)
@@ -165,9 +178,13 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         else:
             raise ValueError(f"verl policy_loss.loss_mode {mode!r} is not supported by the verl profile")
         isc = ISConfig.from_cfg(cfg)
-        if isc.configured and b.has("rollout_logp") and not by:  # bypass ppo_clip applies no IS weight
+        if isc.configured and b.has("rollout_logp") and not by:
             w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
             L = L * w
+        elif isc.configured and isc.has_band and b.has("rollout_logp") and mode == "reinforce":
+            # bypass reinforce: the loss' own IS weights, current policy against the rollout
+            # (bypass ppo_clip applies none: its ratio is already against the rollout)
+            L = L * loss_weights(_current(b), isc)[0]
         L = np.where(mp, L, 0.0)
         ent = np.where(m, b.cols["entropy"], 0.0) if b.has("entropy") else np.zeros(b.n)
         if b.has("ref_logp") and a.get("use_kl_loss"):
@@ -190,36 +207,39 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
 # Reductions
 # ---------------------------------------------------------------------------------------------
 
-def _calls(sd):
-    """Per loss call (rank, micro_batch): its mini-batch index and its sequences, or None when the
-    step cannot be split into verl's mini-batches."""
-    a = actor_cfg(sd.cfg)
-    if a is None or not sd.n_seq:
-        return None
-    key = ("verl_actor", "calls")
-    if key in sd.extra:
-        return sd.extra[key]
-    rank, mb, sid = (np.asarray(sd.col(k), dtype=np.int64) for k in ("rank", "micro_batch", "sample_id"))
+def loss_calls(rank: np.ndarray, micro_batch: np.ndarray, sample_id: np.ndarray, a: dict) -> list | None:
+    """verl's loss calls of a step from its rows' keys: per (rank, micro_batch) in order, its
+    mini-batch index and its row indices; None when the rows cannot be split into verl's
+    mini-batches (``ppo_mini_batch_size · rollout_n`` sequences over all ranks)."""
+    rank, mb, sid = (np.asarray(x, dtype=np.int64) for x in (rank, micro_batch, sample_id))
     G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
     ranks = np.unique(rank)
     rows = {int(r): len(np.unique(sid[rank == r])) for r in ranks}
     total = sum(rows.values())
-    out = None
-    if G > 0 and total % G == 0:
-        n_mini = total // G
-        calls = []  # (rank, micro_batch, mini index, sequence indices)
-        for r in ranks:
-            if rows[int(r)] % n_mini:
-                break
-            per_mini, seen = rows[int(r)] // n_mini, 0
-            for u in np.unique(mb[rank == r]):
-                idx = np.flatnonzero((rank == r) & (mb == u))
-                calls.append((int(r), int(u), seen // per_mini, idx))
-                seen += len(idx)
-        else:
-            out = calls
-    sd.extra[key] = out
-    return out
+    if G <= 0 or total % G:
+        return None
+    n_mini = total // G
+    calls = []  # (rank, micro_batch, mini index, row indices)
+    for r in ranks:
+        if rows[int(r)] % n_mini:
+            return None
+        per_mini, seen = rows[int(r)] // n_mini, 0
+        for u in np.unique(mb[rank == r]):
+            idx = np.flatnonzero((rank == r) & (mb == u))
+            calls.append((int(r), int(u), seen // per_mini, idx))
+            seen += len(idx)
+    return calls
+
+
+def _calls(sd):
+    """:func:`loss_calls` of the step's sequences (cached)."""
+    a = actor_cfg(sd.cfg)
+    if a is None or not sd.n_seq:
+        return None
+    key = ("verl_actor", "calls")
+    if key not in sd.extra:
+        sd.extra[key] = loss_calls(sd.col("rank"), sd.col("micro_batch"), sd.col("sample_id"), a)
+    return sd.extra[key]
 
 
 def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int, count: str = "va.n") -> float:
@@ -247,7 +267,7 @@ def _values(sd) -> dict[str, float]:
         return sd.extra[key]
     calls = _calls(sd)
     out: dict[str, float] = {}
-    if calls and (not bypass(sd.cfg) or bypass_reproduced(sd.cfg)):
+    if calls:
         a = actor_cfg(sd.cfg)
         dp = len({c[0] for c in calls})
         G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
@@ -278,8 +298,9 @@ def _values(sd) -> dict[str, float]:
                               "loss": sum(acc["loss"]) / dp, "clip": np.mean(acc["clip"]),
                               "low": np.mean(acc["low"]), "ppo_kl": np.mean(acc["ppo_kl"])}
         mean = lambda k: float(np.mean([v[k] for v in per_mini.values()]))  # noqa: E731
-        out = {"pg_loss": mean("pg"), "pg_clipfrac": mean("clip"), "pg_clipfrac_lower": mean("low"),
-               "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
+        out = {"pg_loss": mean("pg"), "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
+        if bypass_loss(sd.cfg) != "reinforce":  # verl's REINFORCE loss reports no clip fractions
+            out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
         if with_ent:
             out["entropy_loss"] = mean("ent")
         if with_kl:
@@ -344,6 +365,103 @@ _ENTROPY_DOC = (
 )
 register(Metric("verl_actor/entropy", _FAM, _ENTROPY_DOC, kind="custom", fn=_old_entropy, when=_WHEN,
                 requires=("old_entropy",), config=("verl_actor",)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bypass mode: the loss' own rollout correction (actor/rollout_corr/*)
+# ---------------------------------------------------------------------------------------------
+
+BYPASS_VISITOR = "verl_actor.bypass_corr"
+#: the rejection filters' partial columns carry this prefix (their names clash with nothing else then)
+_RS = "rs."
+
+
+class BypassCorrection:
+    """Per sequence of each loss call, the rollout-correction partials of the current policy against
+    the rollout (IS, mismatch and rejection-filter partials, as the driver-side summary reads them).
+    Combined: the step's rows, keyed like the token shards (one row per loss call and sequence)."""
+
+    name = BYPASS_VISITOR
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.c = ISConfig.from_cfg(cfg)
+
+    def shard(self, b: TokenBatch, shard) -> dict | None:
+        if not bypass(self.cfg) or not b.has("rollout_logp") or b.n_seq == 0:
+            return None
+        cur = _current(b)
+        out = dict(cur.seq_keys)
+        out.update(ris.sequence_partials(cur, ris.inputs(cur), self.c))
+        out.update(_mismatch_partials(cur, self.cfg))
+        if self.c.rs:
+            rs = RSPartials(self.c).shard(cur, shard)
+            out.update({_RS + k: v for k, v in rs.items() if k not in KEY_COLUMNS})
+        return out
+
+    def combine(self, step: int, pieces: list) -> dict | None:
+        parts = [p for p in pieces if p is not None]
+        if not parts:
+            return None
+        out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.lexsort([out[k] for k in KEY_COLUMNS][::-1])
+        return {k: v[order] for k, v in out.items()}
+
+
+@visitor(BYPASS_VISITOR, families=("verl_actor",))
+def _bypass_visitor(cfg: dict) -> BypassCorrection:
+    return BypassCorrection(cfg)
+
+
+def _bypass_corr_values(sd) -> dict[str, float]:
+    """verl's ``actor/rollout_corr/*`` in bypass mode: its loss runs the driver's rollout correction
+    (:func:`~grpolens.metrics.rollout_is.verl_batch_summary`) on each loss call's rows, current
+    policy against rollout, with the call's response mask (no rejection before it in bypass mode).
+    Each value is a MEAN metric of the call: the mean over a mini-batch's calls (every rank's), then
+    verl's ``reduce_metrics`` over mini-batches and PPO epochs by the logged name: max if it
+    contains ``max``, else min if it contains ``min``, else the mean."""
+    key = ("verl_actor", "bypass_corr")
+    if key in sd.extra:
+        return sd.extra[key]
+    out: dict[str, float] = {}
+    p = (sd.extra.get("pieces") or {}).get(BYPASS_VISITOR)
+    a = actor_cfg(sd.cfg)
+    calls = loss_calls(p["rank"], p["micro_batch"], p["sample_id"], a) if p and a is not None else None
+    if calls:
+        c = ISConfig.from_cfg(sd.cfg)
+        per_mini: dict[int, list[dict]] = {}
+        for _, _, mini, idx in calls:
+            rows = {k: v[idx] for k, v in p.items()}
+            rs = rs_summary({k[len(_RS):]: v for k, v in rows.items() if k.startswith(_RS)}, c) if c.rs else None
+            per_mini.setdefault(mini, []).append(verl_batch_summary(rows, c, rs))
+        minis = [{k: float(np.mean([d.get(k) for d in ds])) for k in ds[0]
+                  if all(d.get(k) is not None for d in ds)} for ds in per_mini.values()]
+        for k in minis[0]:
+            vals = [m[k] for m in minis if k in m]
+            if len(vals) < len(minis):
+                continue
+            name = sd.profile.name_of(f"verl_actor/rollout_corr/{k}") or k
+            out[k] = float(np.max(vals) if "max" in name else np.min(vals) if "min" in name else np.mean(vals))
+    sd.extra[key] = out
+    return out
+
+
+def _bypass_value(name: str):
+    def fn(sd):
+        return _bypass_corr_values(sd).get(name)
+    fn.__name__ = f"verl_actor.rollout_corr[{name}]"
+    return fn
+
+
+_BYPASS_KEYS = VERL_KEYS + tuple(k for k in REGISTRY if k.startswith("rollout_rs/"))
+for _k in _BYPASS_KEYS:
+    register(Metric(
+        f"verl_actor/rollout_corr/{_k}", _FAM,
+        f"verl bypass mode: {_k} as verl's loss computes it on each loss call (current policy against the "
+        "rollout), the mean over a mini-batch's calls, then over mini-batches and epochs the max (a logged "
+        "name containing max), the min (containing min) or the mean.",
+        kind="custom", fn=_bypass_value(_k), when=bypass, requires=("rollout_logp",),
+        config=("verl_actor", "verl_algorithm", "rollout_is")))
 
 
 register_family(Family("verl_actor", page="policy"))

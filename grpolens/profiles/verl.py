@@ -46,6 +46,8 @@ _RS = {m: "rollout_rs_" + m[len("rollout_rs/"):].replace("/", "_")
        for m in REGISTRY if m.startswith("rollout_rs/")}
 
 NAMES = {k: PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()}
+# bypass mode: the loss' own rollout correction, per loss call
+NAMES.update({f"verl_actor/rollout_corr/{k}": "actor/" + PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()})
 NAMES.update({f"verl_actor/{k}": f"actor/{k}" for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
                                                          "entropy_loss", "kl_loss", "loss", "entropy")})
 
@@ -53,4 +55,8 @@ PROFILE = register_profile(Profile(
     "verl", "verl's rollout_corr and actor keys", reference="verl 0.9.1 (its own code, tests/reference)",
     token_mean="pooled", extrema="over the batch", empty="null",
     names=NAMES, rollout_is_summary=rollout_is.verl_summary,
+    # verl's IS-weight std is sqrt(E[w²] − E[w]²) in float32 (compute_is_metrics): the difference
+    # cancels, ~1e-6 absolute on the variance with weights up to the threshold, a few 1e-6 on the
+    # std (grpolens, in float64, agrees with verl's code run in float64 to 1e-13)
+    float32_floors={f"{p}rollout_corr/rollout_is_std": 1e-5 for p in ("", "actor/")},
 ))
