@@ -316,3 +316,40 @@ def test_bypass_mode_logs_the_loss_side_rollout_correction(tmp_path, loss_type):
     assert {"actor/rollout_corr/rollout_is_mean", "actor/rollout_corr/kl", "actor/pg_loss", "actor/ppo_kl"} <= got
     assert ("actor/pg_clipfrac" in got) == (loss_type == "ppo_clip")
     assert not [n for n in res.notes if "bypass" in n]
+
+
+def test_batch_normalize_reaches_the_config_and_a_bad_value_is_one_line():
+    from grpolens.functional.is_weights import ISConfig
+    from grpolens.errors import UserError
+    from grpolens.run.config import check_config as _check
+    from grpolens.run.format import CONFIG_DEFAULTS
+
+    check_config = lambda cfg: _check({**CONFIG_DEFAULTS, **cfg})  # noqa: E731
+    corr = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True}
+    assert ISConfig.from_cfg(check_config(verl_config({}, {"rollout_correction": corr}))).batch_normalize
+    # verl normalises only weights it computes: nothing without rollout_is
+    assert not ISConfig.from_cfg(check_config(verl_config({}, {"rollout_correction": {**corr, "rollout_is": None}}))).batch_normalize
+    with pytest.raises(UserError, match="rollout_is.batch_normalize.*true or false"):
+        check_config({"rollout_is": {"rollout_is": "token", "rollout_is_threshold": 2.0, "batch_normalize": "yes"}})
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_bypass_batch_normalize_on_several_ranks_is_left_empty_and_said(tmp_path, ranks):
+    """verl all-reduces the bypass-mode loss' weight mean over the ranks per loss call: one rank is
+    reproduced (tests/reference), several are left empty with one note."""
+    corr = {"rollout_is": "token", "rollout_is_threshold": 2.0, "bypass_mode": True, "loss_type": "reinforce",
+            "rollout_is_batch_normalize": True}
+    cfg = verl_config({"ppo_mini_batch_size": 3 * ranks, "rollout_n": 4}, {"rollout_correction": corr})
+    for r in range(ranks):
+        rng = np.random.default_rng(20 + r)
+        data = make_batch(rng)
+        data.batch["old_log_probs"] = data.batch["rollout_log_probs"]
+        cap = VerlCapture(tmp_path / "run", config=cfg, rank=r, world_size=ranks)
+        update_policy(cap, data, rng)
+        cap.close()
+    res = grpolens.recompute(tmp_path / "run", profile="verl", write=False, result=True)
+    row = res.metrics.row(0, named=True)
+    said = [n for n in res.notes if "rollout_is_batch_normalize on several ranks" in n]
+    assert (row["actor/pg_loss"] is None) == (ranks == 2) == bool(said)
+    assert (row["actor/rollout_corr/rollout_is_batch_norm_factor"] is None) == (ranks == 2)
+    assert row["actor/rollout_corr/rollout_is_mean"] is not None and row["actor/ppo_kl"] is not None

@@ -98,6 +98,9 @@ class ISConfig:
     veto_upper: float | None = None
     rs: tuple[RSFilter, ...] = field(default_factory=tuple)
     configured: bool = False
+    #: verl's ``rollout_is_batch_normalize``: the applied weights divided by their batch mean (a
+    #: factor over the trainer's batch, applied where the trainer's batch is known: the verl profile)
+    batch_normalize: bool = False
 
     @classmethod
     def from_cfg(cls, cfg: dict | None) -> "ISConfig":
@@ -109,7 +112,8 @@ class ISConfig:
             return cls()
         rs = tuple(RSFilter(f["option"], f.get("lower"), float(f["upper"])) for f in ris.get("rs") or ())
         keys = ("level", "mode", "lower", "upper", "mask_lower", "mask_upper", "veto_lower", "veto_upper")
-        return cls(**{k: ris.get(k) for k in keys if ris.get(k) is not None}, rs=rs, configured=True)
+        return cls(**{k: ris.get(k) for k in keys if ris.get(k) is not None}, rs=rs, configured=True,
+                   batch_normalize=bool(ris.get("batch_normalize", False)))
 
     @property
     def has_band(self) -> bool:

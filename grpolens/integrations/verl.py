@@ -106,6 +106,8 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) 
     keys = ("rollout_rs", "rollout_rs_threshold")
     if corr.get("rollout_is") is not None:  # rollout_is_threshold (default 2.0) means nothing without it
         keys = ("rollout_is", "rollout_is_threshold") + keys
+    if corr.get("rollout_is") is not None and corr.get("rollout_is_batch_normalize"):
+        keys += ("rollout_is_batch_normalize",)
     ris = {k: corr[k] for k in keys if corr.get(k) is not None}
     cfg["rollout_is"] = ris or None
     cfg["verl_actor"] = _plain(actor)

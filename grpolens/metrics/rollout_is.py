@@ -322,6 +322,11 @@ def verl_batch_summary(p: dict, c: ISConfig, rs: dict | None) -> dict[str, float
     o["raw/seq_fraction_low"] = f(np.mean(s_raw < Lo)) if Lo is not None else 0.0
     if c.zeroes:
         o["zeroed_fraction"] = f(sv.changed.sum() / N)
+    if c.batch_normalize:
+        # the applied weights' mean over the batch (token level: over its tokens; sequence level:
+        # over its sequences with a token), 1.0 when not above 1e-8 (verl then leaves them as they are)
+        bn = m if c.level == "token" else (sv.a[ok].mean() if ok.any() else 0.0)
+        o["batch_norm_factor"] = f(bn) if bn > 1e-8 else 1.0
     out.update({f"rollout_is/{k}": v for k, v in o.items()})
     return out
 
@@ -330,7 +335,7 @@ def verl_batch_summary(p: dict, c: ISConfig, rs: dict | None) -> dict[str, float
 VERL_KEYS = tuple(f"rollout_is/{k}" for k in (
     "raw/fraction_high", "raw/fraction_low", "raw/seq_fraction_high", "raw/seq_fraction_low", "applied/mean",
     "applied/std", "applied/min", "applied/max", "applied/ess", "applied/seq_mean", "applied/seq_std",
-    "applied/seq_min", "applied/seq_max", "applied/seq_max_deviation", "zeroed_fraction")) + tuple(
+    "applied/seq_min", "applied/seq_max", "applied/seq_max_deviation", "zeroed_fraction", "batch_norm_factor")) + tuple(
     f"mismatch/{k}" for k in ("kl_k1", "kl_k3", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
                               "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
                               "chi2_token", "chi2_seq"))
@@ -407,6 +412,7 @@ WHEN = {
     "truncate": lambda cfg: _isc(cfg).truncates,
     "icepop": lambda cfg: _isc(cfg).zeroes,
     "mask": lambda cfg: _isc(cfg).masks,
+    "batch_normalize": lambda cfg: _isc(cfg).batch_normalize,
 }
 
 _IS_BAND = "lower, upper"
@@ -443,6 +449,7 @@ IS_METRICS: list[tuple[str, str, str | None]] = [
     ("applied/seq_max_deviation", "max_b |mean applied weight − 1|.", None),
     ("truncated_fraction", "Share of valid tokens whose weight truncation changed.", "truncate"),
     ("zeroed_fraction", "Share of valid tokens whose weight IcePop set to 0 (raw weight outside [lower, upper]).", "icepop"),
+    ("batch_norm_factor", "verl's rollout_is_batch_normalize: the batch mean of the applied weights (token level: over valid tokens; sequence level: over sequences with a token), which divides them; 1.0 when not above 1e-8 (verl profile only).", "batch_normalize"),
     ("mask/token_fraction", "Share of valid tokens rejected by the mask band [mask_lower, mask_upper] (mask/both modes).", "mask"),
     ("mask/seq_fraction", "Share of sequences with a token rejected by the mask band (xtuner: over every row of a pack).", "mask"),
     ("veto/seq_fraction", "Share of sequences vetoed: some token's raw ratio e^δ is outside [veto_lower, veto_upper].", "configured"),

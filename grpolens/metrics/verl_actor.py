@@ -22,11 +22,15 @@ token count ``N`` over all ranks and ``G = ppo_mini_batch_size · rollout_n`` se
     seq-mean-token-sum  Σ_{T_b>0} Σ_t L·m / G · dp (…-norm: ÷ loss_scale_factor, default the call's width)
     seq-mean-token-mean Σ_{T_b>0} (Σ_t L·m / (T_b + 1e-8)) / G · dp
 
-Bypass mode (``rollout_correction.bypass_mode``, ``loss_type: ppo_clip``): the stored ``old_logp`` is
-the rollout's, the loss is vanilla whatever ``loss_mode`` says, no IS weight is applied, and ``m`` for
-the policy-loss terms (``pg_loss``, the clip fractions, ``ppo_kl``) loses the tokens verl's loss
-rejects per call (its filters on ``logp`` against ``rollout_logp``); ``N`` stays the mini-batch's
-tokens before that rejection. ``reinforce`` is not reproduced (left empty).
+Bypass mode (``rollout_correction.bypass_mode``): the stored ``old_logp`` is the rollout's; with
+``loss_type: ppo_clip`` the loss is vanilla whatever ``loss_mode`` says, with no IS weight; with
+``reinforce`` it is ``L = −A·logp·w`` (``w`` the call's IS weight, current policy against the
+rollout), ``ppo_kl`` unclamped and no clip fractions. ``m`` for the policy-loss terms (``pg_loss``,
+the clip fractions, ``ppo_kl``) loses the tokens verl's loss rejects per call (its filters on
+``logp`` against ``rollout_logp``); ``N`` stays the mini-batch's tokens before that rejection. The
+loss' own rollout-correction statistics are ``actor/rollout_corr/*`` (:func:`_bypass_corr_values`).
+``rollout_is_batch_normalize`` divides ``w`` by its batch mean: the step's (decoupled mode) or the
+call's (bypass mode, one rank).
 
 ``actor/entropy`` is verl's driver's: the old-log-prob pass' entropy (``old_entropy``), aggregated
 over the whole step with ``agg_loss`` on the mask before rollout rejection.
@@ -50,7 +54,8 @@ from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
-from grpolens.metrics.rollout_is import VERL_KEYS, _mismatch_partials, batch_inputs, batch_partials, verl_batch_summary
+from grpolens.metrics.rollout_is import (VERL_KEYS, _mismatch_partials, batch_inputs, batch_partials, verl_batch_summary,
+                                        verl_summary)
 from grpolens.metrics.rollout_is_visitors import RSPartials, rs_summary
 
 CLAMP = 20.0
@@ -267,6 +272,7 @@ def _values(sd) -> dict[str, float]:
         return sd.extra[key]
     calls = _calls(sd)
     out: dict[str, float] = {}
+    norm = _norm_factors(sd) if calls else None
     if calls:
         a = actor_cfg(sd.cfg)
         dp = len({c[0] for c in calls})
@@ -280,12 +286,13 @@ def _values(sd) -> dict[str, float]:
             cs = [c for c in calls if c[2] == mini]
             N = float(sum(sd.col("va.n")[c[3]].sum() for c in cs))
             acc: dict[str, list] = {k: [] for k in ("pg", "ent", "kl", "clip", "low", "ppo_kl", "loss")}
-            for _, _, _, idx in cs:
+            for r, u, _, idx in cs:
                 nt = sd.col("va.n_pg")[idx].sum()
                 if sapo:  # verl's SAPO always aggregates seq-mean-token-mean
                     pg = float(sd.col("va.pg_tm")[idx][sd.col("va.n_pg")[idx] > 0].sum() / G * dp)
                 else:
                     pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G, count="va.n_pg")
+                pg /= norm.get((r, u), 1.0) if isinstance(norm, dict) else (norm or 1.0)  # linear in the IS weights
                 ent = _agg(sd, idx, "va.ent", "va.ent_tm", N, dp, G)
                 kl = _agg(sd, idx, "va.kld", "va.kld_tm", N, dp, G)
                 acc["pg"].append(pg)
@@ -301,12 +308,33 @@ def _values(sd) -> dict[str, float]:
         out = {"pg_loss": mean("pg"), "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
         if bypass_loss(sd.cfg) != "reinforce":  # verl's REINFORCE loss reports no clip fractions
             out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
+        if norm is None:  # the weights' normaliser is not known: the policy loss is not either
+            del out["pg_loss"], out["loss"]
         if with_ent:
             out["entropy_loss"] = mean("ent")
         if with_kl:
             out["kl_loss"] = mean("kl")
     sd.extra[key] = out
     return out
+
+
+def _norm_factors(sd) -> float | dict | None:
+    """What divides the policy loss' IS weights under ``rollout_is_batch_normalize``: 1.0 without
+    it; verl's driver factor over the whole step (decoupled mode); in bypass mode with
+    ``reinforce`` the loss' own factor per loss call ``{(rank, micro_batch): factor}``, which verl
+    all-reduces over the data-parallel ranks: not reproduced with several ranks (None: ``pg_loss``
+    and ``loss`` are left empty, and ``recompute`` says so)."""
+    c = ISConfig.from_cfg(sd.cfg)
+    if not (c.batch_normalize and c.configured and c.has_band):
+        return 1.0
+    if not bypass(sd.cfg):
+        return verl_summary(sd).get("rollout_is/batch_norm_factor") or 1.0
+    if bypass_loss(sd.cfg) != "reinforce":
+        return 1.0  # ppo_clip applies no IS weight
+    if len(set(np.asarray(sd.col("rank")).tolist())) > 1:
+        return None
+    _bypass_corr_values(sd)
+    return {k: v.get("rollout_is/batch_norm_factor") or 1.0 for k, v in sd.extra[("verl_actor", "bypass_calls")].items()}
 
 
 def _old_entropy(sd) -> float | None:
@@ -424,16 +452,19 @@ def _bypass_corr_values(sd) -> dict[str, float]:
     if key in sd.extra:
         return sd.extra[key]
     out: dict[str, float] = {}
+    per_call: dict[tuple[int, int], dict] = {}
+    sd.extra[("verl_actor", "bypass_calls")] = per_call
     p = (sd.extra.get("pieces") or {}).get(BYPASS_VISITOR)
     a = actor_cfg(sd.cfg)
     calls = loss_calls(p["rank"], p["micro_batch"], p["sample_id"], a) if p and a is not None else None
     if calls:
         c = ISConfig.from_cfg(sd.cfg)
         per_mini: dict[int, list[dict]] = {}
-        for _, _, mini, idx in calls:
+        for r, u, mini, idx in calls:
             rows = {k: v[idx] for k, v in p.items()}
             rs = rs_summary({k[len(_RS):]: v for k, v in rows.items() if k.startswith(_RS)}, c) if c.rs else None
-            per_mini.setdefault(mini, []).append(verl_batch_summary(rows, c, rs))
+            per_call[(r, u)] = verl_batch_summary(rows, c, rs)
+            per_mini.setdefault(mini, []).append(per_call[(r, u)])
         minis = [{k: float(np.mean([d.get(k) for d in ds])) for k in ds[0]
                   if all(d.get(k) is not None for d in ds)} for ds in per_mini.values()]
         for k in minis[0]:
@@ -442,6 +473,8 @@ def _bypass_corr_values(sd) -> dict[str, float]:
                 continue
             name = sd.profile.name_of(f"verl_actor/rollout_corr/{k}") or k
             out[k] = float(np.max(vals) if "max" in name else np.min(vals) if "min" in name else np.mean(vals))
+        if len({r for r, _, _, _ in calls}) > 1:  # verl all-reduces this one over the ranks: not reproduced
+            out.pop("rollout_is/batch_norm_factor", None)
     sd.extra[key] = out
     return out
 

@@ -27,6 +27,7 @@ _ROLLOUT = {
     "rollout_is/applied/seq_max": "rollout_is_seq_max",
     "rollout_is/applied/seq_max_deviation": "rollout_is_seq_max_deviation",
     "rollout_is/zeroed_fraction": "rollout_is_oob_ratio",
+    "rollout_is/batch_norm_factor": "rollout_is_batch_norm_factor",
     "mismatch/kl_k1": "kl",
     "mismatch/kl_k3": "k3_kl",
     "mismatch/training_ppl": "training_ppl",

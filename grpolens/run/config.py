@@ -115,6 +115,8 @@ _RIS_KEYS = {
     # xtuner (and verl: rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold)
     "rollout_is_level", "rollout_is_mode", "rollout_is_threshold", "rollout_is_mask_threshold",
     "rollout_is_veto_threshold", "rollout_is", "rollout_rs", "rollout_rs_threshold",
+    # verl
+    "rollout_is_batch_normalize", "batch_normalize",
     # TRL
     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_cap",
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
@@ -333,5 +335,11 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
 
     rs = _rs_filters(k("rs"), v.get("rs", v.get("rollout_rs")), v.get("rs_threshold", v.get("rollout_rs_threshold")),
                      k("rs_threshold"))
-    return {"level": level, "mode": mode, "lower": lower, "upper": upper, "mask_lower": mask_lower,
-            "mask_upper": mask_upper, "veto_lower": veto_lower, "veto_upper": veto_upper, "rs": rs}
+    out = {"level": level, "mode": mode, "lower": lower, "upper": upper, "mask_lower": mask_lower,
+           "mask_upper": mask_upper, "veto_lower": veto_lower, "veto_upper": veto_upper, "rs": rs}
+    bn = v.get("batch_normalize", v.get("rollout_is_batch_normalize", False))
+    if not isinstance(bn, bool):
+        raise _bad(k("batch_normalize"), "must be true or false", bn)
+    if bn:  # verl: the applied weights divided by their batch mean (absent: false)
+        out["batch_normalize"] = True
+    return out

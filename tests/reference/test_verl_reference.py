@@ -94,6 +94,15 @@ CASES = [
          corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "sequence",
                "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.9_1.1"},
          dp=2, mini_batches=2, epochs=2, seed=13, wild=0.3),
+    # rollout_is_batch_normalize: the applied weights divided by their batch mean (the driver's over
+    # the step; in bypass mode the loss' over each call)
+    Case("tis_batch_normalize", corr={**YAML_CORR, "rollout_is": "token", "rollout_is_batch_normalize": True},
+         mini_batches=2, seed=14, wild=0.3),
+    Case("seq_is_batch_normalize_dp2", corr={**YAML_CORR, "rollout_is": "sequence", "rollout_is_batch_normalize": True},
+         dp=2, seed=15, wild=0.2),
+    Case("bypass_reinforce_token_tis_batch_normalize",
+         corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token",
+               "rollout_is_batch_normalize": True}, mini_batches=2, seed=16, wild=0.3),
 ]
 
 
