@@ -353,3 +353,12 @@ def test_bypass_batch_normalize_on_several_ranks_is_left_empty_and_said(tmp_path
     assert (row["actor/pg_loss"] is None) == (ranks == 2) == bool(said)
     assert (row["actor/rollout_corr/rollout_is_batch_norm_factor"] is None) == (ranks == 2)
     assert row["actor/rollout_corr/rollout_is_mean"] is not None and row["actor/ppo_kl"] is not None
+
+
+def test_legacy_trainer_needs_its_response_length():
+    """verl's legacy trainer (trainer.use_v1: false) pads responses to rollout.response_length,
+    which -norm aggregation divides by; the default trainer pads to the longest response."""
+    assert "verl_rollout" not in verl_config({}, {}, rollout={"response_length": 64}, trainer={"use_v1": True})
+    assert verl_config({}, {}, rollout={"response_length": 64}, trainer={"use_v1": False})["verl_rollout"] == {"response_length": 64}
+    with pytest.raises(ValueError, match="rollout.response_length"):
+        verl_config({}, {}, trainer={"use_v1": False})

@@ -69,8 +69,16 @@ def _get(t: Any, key: str, required: bool = True):
     return None
 
 
-def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) -> dict[str, Any]:
+def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None,
+                rollout: Mapping | None = None, trainer: Mapping | None = None) -> dict[str, Any]:
     """grpolens config keys from verl's ``actor_rollout_ref.actor`` (and ``algorithm``) config.
+
+    ``trainer`` and ``rollout`` (optional): verl's ``trainer`` and ``actor_rollout_ref.rollout``.
+    Under ``loss_agg_mode: seq-mean-token-sum-norm`` without ``loss_scale_factor`` verl divides by
+    the padded response width: verl's default trainer (``trainer.use_v1: true``) pads nested
+    responses to the longest one of the batch (the step for ``actor/entropy``, the loss call for the
+    losses), which the run's lengths give; the legacy one (``use_v1: false``) keeps the rollout's
+    padding to ``rollout.response_length``, kept here as ``verl_rollout.response_length``.
 
     ``clip_ratio_low/high`` -> ``epsilon/epsilon_high``; ``kl_loss_coef`` (if ``use_kl_loss``) ->
     ``beta``; ``policy_loss.loss_mode`` gspo -> sequence-level ratios, cispo/sapo kept, anything
@@ -111,6 +119,13 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None) 
     ris = {k: corr[k] for k in keys if corr.get(k) is not None}
     cfg["rollout_is"] = ris or None
     cfg["verl_actor"] = _plain(actor)
+    get = lambda m, k: None if m is None else (m.get(k) if hasattr(m, "get") else getattr(m, k, None))  # noqa: E731
+    if trainer is not None and get(trainer, "use_v1") is False:
+        length = get(rollout, "response_length")
+        if length is None:
+            raise ValueError("verl_config: trainer.use_v1 is false (the legacy trainer pads responses to "
+                             "rollout.response_length): pass rollout= with its response_length")
+        cfg["verl_rollout"] = {"response_length": int(length)}
     if algorithm:
         cfg["verl_algorithm"] = _plain(algorithm)
     return {k: v for k, v in cfg.items() if v is not None or k == "rollout_is"}

@@ -19,7 +19,8 @@ aggregated by ``agg_loss`` with the engine's global information: ``dp`` ranks, t
 token count ``N`` over all ranks and ``G = ppo_mini_batch_size · rollout_n`` sequences:
 
     token-mean  Σ L·m / N · dp                 token-sum  Σ L·m · dp
-    seq-mean-token-sum  Σ_{T_b>0} Σ_t L·m / G · dp (…-norm: ÷ loss_scale_factor, default the call's width)
+    seq-mean-token-sum  Σ_{T_b>0} Σ_t L·m / G · dp (…-norm: ÷ loss_scale_factor, default the padded width:
+                        the call's longest response, or the legacy trainer's rollout.response_length)
     seq-mean-token-mean Σ_{T_b>0} (Σ_t L·m / (T_b + 1e-8)) / G · dp
 
 Bypass mode (``rollout_correction.bypass_mode``): the stored ``old_logp`` is the rollout's; with
@@ -259,7 +260,7 @@ def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int, count:
     if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
         v = float(sd.col(s)[idx][n > 0].sum() / G * dp)
         if mode.endswith("norm"):
-            v /= float(a.get("loss_scale_factor") or sd.col("va.width")[idx].max())
+            v /= float(a.get("loss_scale_factor") or response_length(sd.cfg) or sd.col("va.width")[idx].max())
         return v
     if mode == "seq-mean-token-mean":
         return float(sd.col(tm)[idx][n > 0].sum() / G * dp)
@@ -337,12 +338,21 @@ def _norm_factors(sd) -> float | dict | None:
     return {k: v.get("rollout_is/batch_norm_factor") or 1.0 for k, v in sd.extra[("verl_actor", "bypass_calls")].items()}
 
 
+def response_length(cfg: dict) -> int | None:
+    """The padded response width of verl's legacy trainer (``trainer.use_v1: false``), when the run
+    recorded it (``verl_config(..., rollout=..., trainer=...)``); None under the default trainer,
+    which pads to the longest response of what it aggregates."""
+    r = cfg.get("verl_rollout")
+    return int(r["response_length"]) if isinstance(r, dict) and r.get("response_length") else None
+
+
 def _old_entropy(sd) -> float | None:
     """``actor/entropy``: verl's driver aggregates the old-log-prob pass' entropy over the whole
     batch (every rank's rows, each completion once) with ``agg_loss`` on one process: the response
     mask before rollout rejection, ``dp_size`` 1, the global sequence count of sequences with a
-    token, and for ``seq-mean-token-sum-norm`` ``loss_scale_factor``, else the batch's response
-    width (here: the longest stored response of the step)."""
+    token, and for ``seq-mean-token-sum-norm`` ``loss_scale_factor``, else the batch's padded
+    response width: the longest response of the step (verl's default trainer pads its nested
+    entropies so), or the legacy trainer's ``rollout.response_length`` when the run recorded it."""
     a = actor_cfg(sd.cfg)
     if a is None or not sd.n_seq or "old_entropy" not in sd.present or bypass(sd.cfg):
         return None
@@ -358,7 +368,7 @@ def _old_entropy(sd) -> float | None:
         elif mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
             v = s[has].sum() / has.sum()
             if mode.endswith("norm"):
-                v /= float(a.get("loss_scale_factor") or sd.col("va.width").max())
+                v /= float(a.get("loss_scale_factor") or response_length(sd.cfg) or sd.col("va.width").max())
         elif mode == "seq-mean-token-mean":
             v = (s[has] / (n[has] + 1e-8)).sum() / has.sum()
         else:

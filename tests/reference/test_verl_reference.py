@@ -55,6 +55,8 @@ class Case:
     wild: float = 0.0
     #: one response fills the width (else every response may be shorter than the padded width)
     full: bool = True
+    #: verl's default trainer (``trainer.use_v1``); the legacy one keeps the rollout's padded width
+    v1: bool = True
 
 
 CASES = [
@@ -100,6 +102,12 @@ CASES = [
          mini_batches=2, seed=14, wild=0.3),
     Case("seq_is_batch_normalize_dp2", corr={**YAML_CORR, "rollout_is": "sequence", "rollout_is_batch_normalize": True},
          dp=2, seed=15, wild=0.2),
+    # -norm without loss_scale_factor and no response reaching the limit: verl divides by the padded
+    # width, the longest response (default trainer) or rollout.response_length (legacy trainer)
+    Case("seq_mean_token_sum_norm_short_responses", actor={"loss_agg_mode": "seq-mean-token-sum-norm"},
+         mini_batches=2, seed=17, full=False, width=12),
+    Case("seq_mean_token_sum_norm_short_responses_legacy_trainer", actor={"loss_agg_mode": "seq-mean-token-sum-norm"},
+         mini_batches=2, seed=18, full=False, width=12, v1=False),
     Case("bypass_reinforce_token_tis_batch_normalize",
          corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token",
                "rollout_is_batch_normalize": True}, mini_batches=2, seed=16, wild=0.3),
@@ -150,7 +158,7 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
                   fw_logp=np.concatenate(lp), fw_ent=np.concatenate(en))
     config = {"actor": {"ppo_mini_batch_size": case.prompts // case.mini_batches, "rollout_n": case.n,
                         **case.actor},
-              "rollout_correction": case.corr, "dp_size": case.dp}
+              "rollout_correction": case.corr, "dp_size": case.dp, "trainer_v1": case.v1}
     return arrays, config
 
 
@@ -177,7 +185,7 @@ def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
     per_rank = B // case.dp
     pw = 6
     algorithm = {} if case.corr is None else {"rollout_correction": case.corr}
-    cfg = verl_config(config["actor"], algorithm)
+    cfg = verl_config(config["actor"], algorithm, rollout={"response_length": T}, trainer={"use_v1": case.v1})
     meta, offs, rows_all = arrays["fw_meta"], arrays["fw_offsets"], arrays["fw_rows"]
     for r in range(case.dp):
         chunk = np.arange(r * per_rank, (r + 1) * per_rank)

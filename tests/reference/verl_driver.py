@@ -68,15 +68,17 @@ def actor_config(c: dict, bypass_corr: dict | None = None) -> FSDPActorConfig:
                            policy_loss=PolicyLossConfig(**policy), **kw)
 
 
-def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch_num_tokens, global_batch_size):
+def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch_num_tokens, global_batch_size,
+                     v1=True):
     """One micro-batch as ``ppo_loss`` receives it: prompts/responses/attention_mask to slice the
-    model output, the fields it selects padded to the micro-batch's longest response (what
-    ``to_padded_tensor`` of verl's nested tensors gives), and the model output in no-padding layout
-    (one value per prompt + response token, log-prob of response token i at
-    ``seq_end - resp_len - 1 + i``)."""
+    model output, the fields it selects padded to the micro-batch's longest response (``v1``: what
+    ``to_padded_tensor`` of the default trainer's nested tensors gives) or, under the legacy trainer
+    (``trainer.use_v1: false``, whose ``_update_actor`` keeps the rollout's padded tensors), to the
+    batch's width, and the model output in no-padding layout (one value per prompt + response token,
+    log-prob of response token i at ``seq_end - resp_len - 1 + i``)."""
     valid = d["response_mask"][rows]  # real response tokens (before rejection)
     lens = valid.sum(1).astype(np.int64)
-    width = int(lens.max())
+    width = int(lens.max()) if v1 else valid.shape[1]
     plen = d["prompt_len"][rows].astype(np.int64)
     pw = int(plen.max())
     n = len(rows)
@@ -113,6 +115,7 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
     bypass = bool(corr and corr.get("bypass_mode", False))
     actor = actor_config(c["actor"], corr if bypass else None)
     dp = int(c["dp_size"])
+    v1 = bool(c.get("trainer_v1", True))
     metrics: dict = {}
 
     resp_mask = torch.tensor(d["response_mask"])
@@ -121,9 +124,12 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
         # old_log_probs = rollout_log_probs, no rollout correction on the driver (the loss does it)
         d["old_log_probs"] = d["rollout_log_probs"]
     else:
-        # RayPPOTrainer.fit: the old-log-prob pass' entropy, aggregated over the whole batch with the
-        # response mask as it is then (before rollout rejection)
-        entropy_agg = agg_loss(loss_mat=torch.tensor(d["entropys"]), loss_mask=resp_mask,
+        # the old-log-prob pass' entropy, aggregated over the whole batch with the response mask as it
+        # is then (before rollout rejection): the default trainer (v1 _compute_old_log_prob) pads its
+        # nested entropies to the batch's longest response, the legacy one (RayPPOTrainer.fit) keeps
+        # the rollout's padded width
+        w = int(d["response_mask"].sum(1).max()) if v1 else resp_mask.shape[1]
+        entropy_agg = agg_loss(loss_mat=torch.tensor(d["entropys"][:, :w]), loss_mask=resp_mask[:, :w],
                                loss_agg_mode=actor.loss_agg_mode, loss_scale_factor=actor.loss_scale_factor)
         metrics["actor/entropy"] = entropy_agg.detach().item()
 
@@ -163,7 +169,7 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
                 rows = rows_all[offs[i]:offs[i + 1]]
                 mo, data = micro_batch_data(rows, d, mask_np, adv, weights, d["fw_logp"][offs[i]:offs[i + 1]],
                                             d["fw_ent"][offs[i]:offs[i + 1]], dp, batch_num_tokens,
-                                            global_batch_size)
+                                            global_batch_size, v1)
                 if not (actor.calculate_entropy or actor.entropy_coeff != 0):
                     mo.pop("entropy")
                 loss, m = ppo_loss(actor, mo, data)
