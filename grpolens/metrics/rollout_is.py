@@ -449,7 +449,7 @@ IS_METRICS: list[tuple[str, str, str | None]] = [
     ("applied/seq_max_deviation", "max_b |mean applied weight − 1|.", None),
     ("truncated_fraction", "Share of valid tokens whose weight truncation changed.", "truncate"),
     ("zeroed_fraction", "Share of valid tokens whose weight IcePop set to 0 (raw weight outside [lower, upper]).", "icepop"),
-    ("batch_norm_factor", "verl's rollout_is_batch_normalize: the batch mean of the applied weights (token level: over valid tokens; sequence level: over sequences with a token), which divides them; 1.0 when not above 1e-8 (verl profile only).", "batch_normalize"),
+    ("batch_norm_factor", "Under verl's rollout_is_batch_normalize: the batch mean of the applied weights (token level: over valid tokens; sequence level: over sequences with a token), which divides them; 1.0 when not above 1e-8 (verl profile only).", "batch_normalize"),
     ("mask/token_fraction", "Share of valid tokens rejected by the mask band [mask_lower, mask_upper] (mask/both modes).", "mask"),
     ("mask/seq_fraction", "Share of sequences with a token rejected by the mask band (xtuner: over every row of a pack).", "mask"),
     ("veto/seq_fraction", "Share of sequences vetoed: some token's raw ratio e^δ is outside [veto_lower, veto_upper].", "configured"),
