@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
 from grpolens.commands.variant_option import VARIANT_OPTION
@@ -43,6 +43,7 @@ def check_cmd(
     --json/--csv print one row per rule instead of the table (status, value, bounds, first
     failing step, drill-down command); the exit code is the same.
     """
+    refuse_unless_remote(storage_option, {"RUN": run, "--baseline": baseline})
     from grpolens.check.runner import check, resolve_rules
     from grpolens.run.reader import parse_overrides
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 #: --sort choice -> (column, descending)
 SORTS = {
@@ -48,6 +48,7 @@ def completions_cmd(
     computes that step only. Text is shown as plain text (markup and control characters escaped).
     --json/--csv print the rows (every column, full prompt and completion text) for scripts.
     """
+    refuse_unless_remote(storage_option, {"RUN": run})
     import polars as pl
     from rich.console import Console
 

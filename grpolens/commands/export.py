@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 from grpolens.commands.variant_option import VARIANT_OPTION
 
 
@@ -44,6 +44,7 @@ def export_cmd(
     tracker run of its own, named RUN @ LABEL. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
     tensorboard, mlflow, trackio). See docs/export.md.
     """
+    refuse_unless_remote(storage_option, {"RUN": run})
     from rich.console import Console
 
     from grpolens.commands.ui import progress_bar

@@ -8,7 +8,7 @@ import typer
 
 from grpolens.profiles import profile_help
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 
 def parity_cmd(
@@ -29,6 +29,7 @@ def parity_cmd(
     knows (grad_norm, learning_rate) are skipped. --json/--csv print every compared value as a
     row (step, key, logged, grpolens, status); the exit code is the same.
     """
+    refuse_unless_remote(storage_option, {"RUN": run, "--log": log})
     from rich.console import Console
     from rich.table import Table
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 from grpolens.profiles import profile_help
 
 
@@ -40,6 +40,7 @@ def recompute_cmd(
     variant.json there), never over the run's own metrics; serve lists it as a run of its own
     (docs/variants.md).
     """
+    refuse_unless_remote(storage_option, {"RUN": run, "--out": out})
     from rich.console import Console
 
     from grpolens.analysis.recompute import recompute

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -26,6 +26,7 @@ def serve_cmd(
     Recomputes missing or stale metrics first (incremental: cheap when up to date). The server
     reads only the runs named here.
     """
+    refuse_unless_remote(storage_option, {"PATHS": paths or ["."], "--baseline": baseline})
     from rich.console import Console
 
     from grpolens.errors import UserError

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 
 def sidecars_cmd(
@@ -23,6 +23,7 @@ def sidecars_cmd(
     Each file holds all completions generated at the step, across all ranks, with the reference's
     columns. completions.parquet is brought up to date first (an incremental recompute).
     """
+    refuse_unless_remote(storage_option, {"RUN": run})
     import polars as pl
     from rich.console import Console
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 
 def sweep_cmd(
@@ -27,6 +27,7 @@ def sweep_cmd(
 ) -> None:
     """Evaluate rollout-IS thresholds on a grid: veto and rejection rates, ESS, IS weights and the
     share of advantage mass removed, per step and grid point -- all points in one pass over the data."""
+    refuse_unless_remote(storage_option, {"RUN": run})
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from grpolens.commands.records import CSV_OPTION, JSON_OPTION
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 
 #: the score column's header where the score's name would repeat another column's ("ratio")
@@ -33,6 +33,7 @@ def tokens_cmd(
     --json/--csv print the listed tokens (with --sample: every token of that completion) as rows
     for scripts: ids, decoded text (null when the run has no tokenizer), score and log-probs.
     """
+    refuse_unless_remote(storage_option, {"RUN": run})
     from rich.console import Console
     from rich.table import Table
 

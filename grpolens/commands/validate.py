@@ -6,7 +6,7 @@ from typing import List
 
 import typer
 
-from grpolens.commands.storage_option import STORAGE_OPTION
+from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 
 
 def validate_cmd(
@@ -19,6 +19,7 @@ def validate_cmd(
     Exit status: 0 when there are no errors (warnings allowed), 1 when problems were found,
     2 for a usage error (the path is not a directory).
     """
+    refuse_unless_remote(storage_option, {"RUN": run})
     import json
 
     from rich.console import Console

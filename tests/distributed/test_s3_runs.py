@@ -90,6 +90,19 @@ def test_storage_options_override_environment(s3_env, remote, capsys, monkeypatc
     main(["recompute", remote, "-q", "--storage-option", f"endpoint_url={s3_env.endpoint}"])
 
 
+def test_storage_options_apply_to_a_remote_output_of_a_local_run(s3_env, synth_small, tmp_path, monkeypatch):
+    """A local run with --out s3://: the option is meaningful (it reaches the output) and is used."""
+    import shutil
+
+    run = tmp_path / "local-run"
+    shutil.copytree(synth_small, run, ignore=shutil.ignore_patterns("grpolens"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # only the option leads to the server
+    out = f"s3://runs/out-{tmp_path.name}"
+    main(["recompute", str(run), "--out", out, "-q", "--storage-option", f"endpoint_url={s3_env.endpoint}"])
+    keys = {o["Key"] for o in s3_env.client().list_objects_v2(Bucket="runs", Prefix=f"out-{tmp_path.name}/")["Contents"]}
+    assert f"out-{tmp_path.name}/metrics.parquet" in keys
+
+
 def test_shard_removed_mid_read(s3_env, remote):
     gone = fmt.list_shards(remote, fmt.TOKENS, steps=[4])[0]
     key = gone.path.path.split("/", 1)[1]
