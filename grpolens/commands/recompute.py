@@ -27,7 +27,7 @@ def recompute_cmd(
     storage_option: List[str] = STORAGE_OPTION,
     only: List[str] = typer.Option([], "--only", help="Compute only these metrics: families (clip, kl, ...), metric names or globs ('rollout_is/applied/*'), comma-separated or repeated. Only the work they need runs; no cache, no other outputs; written to --out [default: RUN/grpolens/only]."),
     per_step: bool = typer.Option(False, "--per-step", help="--profile trl: one row per optimizer step (what TRL logs with logging_steps=1) instead of one per TRL log (its logging windows, from the manifest)."),
-    is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (./<run name>.grpolens/is_weights/ for an s3:// run; see docs/rollout-is.md)."),
+    is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (./<run name>.grpolens/is_weights/ for an s3:// run), or OUT/is_weights/ with --out (a directory or s3:// prefix: each file uploaded atomically); see docs/rollout-is.md."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
 
@@ -56,7 +56,7 @@ def recompute_cmd(
     if is_weights:
         from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
-        extra = [is_weight_writer(run, overrides, config)]
+        extra = [is_weight_writer(run, overrides, config, out)]
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
                         incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,

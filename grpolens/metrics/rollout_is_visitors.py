@@ -238,15 +238,22 @@ def rs_summary(p: dict[str, np.ndarray], c: ISConfig) -> dict[str, float | None]
 
 class ISWeightWriter:
     """``recompute --is-weights``: per-token weights and the modified loss mask, one Parquet file
-    per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens."""
+    per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens
+    (``OUT/is_weights/...`` with ``--out``: a directory, or an ``s3://`` prefix where each file is
+    uploaded atomically as it is written, see :meth:`grpolens.run.storage.Location.atomic_writer`)."""
 
     name = "rollout_is.weights"
 
-    def __init__(self, run: Path, c: ISConfig):
-        self.root = fmt.derived_dir(run) / "is_weights"
+    def __init__(self, run: Path, c: ISConfig, out=None):
+        from grpolens.run.storage import is_remote, location
+
+        if out is None:
+            self.root = fmt.derived_dir(run) / "is_weights"
+        else:
+            self.root = (location(out) if is_remote(str(out)) else Path(out)) / "is_weights"
         self.c = c
 
-    def shard(self, b: TokenBatch, sh: fmt.Shard) -> Path | None:
+    def shard(self, b: TokenBatch, sh: fmt.Shard):
         if not b.has("rollout_logp"):
             return None
         import pyarrow as pa
@@ -266,12 +273,16 @@ class ISWeightWriter:
         return path
 
     def combine(self, step: int, pieces: list) -> int:
-        written = {p for p in pieces if p is not None}
+        written = {str(p) for p in pieces if p is not None}
         step_dir = self.root / f"step={step:08d}"
-        if step_dir.is_dir():  # files of an earlier layout of this step would be read as current
-            for f in step_dir.glob("rank=*.parquet"):
-                if f not in written:
-                    f.unlink()
+        # files of an earlier layout of this step (other ranks or parts) would be read as current
+        if isinstance(step_dir, Path):
+            stale = [f for f in step_dir.glob("rank=*.parquet") if str(f) not in written] if step_dir.is_dir() else []
+        else:  # an s3:// prefix: one LIST request per step
+            stale = [step_dir / e.name for e in step_dir.list_dir()
+                     if e.name.startswith("rank=") and e.name.endswith(".parquet") and str(step_dir / e.name) not in written]
+        for f in stale:
+            f.unlink()
         return len(written)
 
     def write_config(self) -> None:
@@ -287,8 +298,10 @@ class ISWeightWriter:
         fmt.atomic_write_bytes(self.root / "config.json", (json.dumps(doc, indent=2) + "\n").encode())
 
 
-def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path | None = None) -> ISWeightWriter:
-    """The ``--is-weights`` visitor for ``recompute`` (fails early when the run has no rollout_logp)."""
+def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path | None = None,
+                     out=None) -> ISWeightWriter:
+    """The ``--is-weights`` visitor for ``recompute`` (fails early when the run has no rollout_logp);
+    ``out`` is recompute's ``--out`` (a directory or an ``s3://`` prefix), the weights go below it."""
     from grpolens.errors import UserError
 
     run = fmt.as_run(run)  # a run on object storage: the weights go to its local ./<run name>.grpolens/
@@ -298,11 +311,11 @@ def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path
 
         if "rollout_logp" not in pq.ParquetFile(fmt.parquet_source(shards[0].path)).schema_arrow.names:
             raise UserError(f"--is-weights: {shards[0].path} has no rollout_logp column, so there are no IS weights")
-    w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)))
+    w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)), out)
     from grpolens.run.variants import Variant, effective_overrides
 
     what_if = effective_overrides(overrides, config_file)
-    if what_if:  # a what-if's weights go beside its metrics (RUN/grpolens/variants/<key>/), never over the run's own
+    if what_if and out is None:  # a what-if's weights go beside its metrics (RUN/grpolens/variants/<key>/)
         w.root = Variant.of(run, what_if).dir / "is_weights"
     w.write_config()
     return w

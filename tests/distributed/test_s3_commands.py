@@ -134,6 +134,34 @@ def test_recompute_is_weights(capsys, local_copy, remote):
     assert (remote_dir / "config.json").read_bytes() == (local_dir / "config.json").read_bytes()
 
 
+def test_recompute_is_weights_to_the_bucket(capsys, s3_env, local_copy, remote):
+    """--is-weights --out s3://: every weight file lands under OUT/is_weights/ in the bucket (each
+    uploaded atomically: no temporary key left), the same bytes' tables as the local run's, and
+    nothing of them is written locally."""
+    import io
+
+    import polars as pl
+
+    assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
+    out = f"{remote}-out"
+    code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q")
+    assert code == 0, err
+    base = out[len("s3://runs/"):] + "/is_weights/"
+    client = s3_env.client()
+    keys = sorted(o["Key"][len(base):] for o in client.list_objects_v2(Bucket="runs", Prefix=base)["Contents"]
+                  if not o["Key"].endswith("/"))
+    local_dir = local_copy / "grpolens" / "is_weights"
+    want = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
+    assert want and keys == want  # no .grpolens-tmp- key among them
+    for n in want:
+        body = client.get_object(Bucket="runs", Key=base + n)["Body"].read()
+        if n.endswith(".parquet"):
+            assert pl.read_parquet(io.BytesIO(body)).equals(pl.read_parquet(local_dir / n)), n
+        else:
+            assert body == (local_dir / n).read_bytes()
+    assert not Path("run.grpolens", "is_weights").exists()
+
+
 def test_parity_reads_the_trainers_log_from_the_bucket(capsys, s3_env, trl_remote):
     local, remote = trl_remote
     code_l, out_l, _ = run_cli(capsys, "parity", str(local), "--json")

@@ -758,6 +758,25 @@ def test_is_weights_output(tmp_path, level, mode):
     assert h.filter((pl.col("step") == 0) & (pl.col("kind") == "applied"))["count"].sum() == n_valid
 
 
+def test_is_weights_follow_out(tmp_path):
+    """With --out the weights go below it (OUT/is_weights/), the same files as without, none under RUN."""
+    calls = random_calls(np.random.default_rng(5), spread=0.3)
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"level": "token", "mode": "truncate", "threshold": [0.5, 2.0]}})
+    from grpolens.cli import main
+
+    main(["recompute", str(run), "--is-weights", "-q", "--out", str(tmp_path / "out")])
+    got = tmp_path / "out" / "is_weights"
+    assert not (run / "grpolens" / "is_weights").exists()
+    main(["recompute", str(run), "--is-weights", "-q", "--full"])
+    want = run / "grpolens" / "is_weights"
+    names = sorted(p.relative_to(want).as_posix() for p in want.rglob("*") if p.is_file())
+    assert "config.json" in names and len(names) > 1
+    assert names == sorted(p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file())
+    for n in names:
+        if n.endswith(".parquet"):
+            assert pl.read_parquet(got / n).equals(pl.read_parquet(want / n)), n
+
+
 def test_is_weights_needs_rollout(tmp_path):
     from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
