@@ -222,3 +222,54 @@ def test_check_against_a_baseline_in_the_bucket(capsys, synth_small, remote, tmp
 
     assert code_r == code_l and verdicts(out_r) == verdicts(out_l)
     assert any(row["rule"] == "baseline coverage" and row["status"] == "PASS" for row in json.loads(out_r))
+
+
+def test_serve_watch_picks_up_a_new_step_in_the_bucket(s3_env, synth_small, tmp_path, monkeypatch):
+    """serve --watch on an s3:// run: an idle poll is three LIST requests and nothing else; a step
+    uploaded while serving is recomputed once its completion markers are there, and the pages'
+    data (the curves' series, the run's version the page polls) show it."""
+    from polars.testing import assert_frame_equal
+    from rich.console import Console
+
+    from grpolens.analysis.recompute import recompute
+    from grpolens.commands.serve import _recompute_all
+    from grpolens.run import format as fmt
+    from grpolens.serve import data
+    from grpolens.serve.runs import resolve_runs
+    from grpolens.serve.watch import Watcher
+
+    monkeypatch.chdir(tmp_path)
+    client, prefix = s3_env.client(), f"watch-{tmp_path.name}"
+    files = {p.relative_to(synth_small).as_posix(): p for p in sorted(synth_small.rglob("*"))
+             if p.is_file() and p.relative_to(synth_small).parts[0] != "grpolens"}
+
+    def put(names):
+        for n in names:
+            client.put_object(Bucket="runs", Key=f"{prefix}/{n}", Body=files[n].read_bytes())
+
+    last = [n for n in files if "step=00000005" in n or "finished" in n]  # a run still training: step 5 to come
+    put(n for n in files if n not in last)
+    fmt.forget_listings()
+    data.clear_caches()
+    runs = resolve_runs([f"s3://runs/{prefix}"])
+    _recompute_all(runs, Console(quiet=True))
+    (name, run), = runs.runs.items()
+    assert data.series(run)["step"].to_list() == [0, 1, 2, 3, 4]
+    errors = []
+    watcher = Watcher(runs.runs, lambda n, e: errors.append((n, e)), every=0, remote_every=0)
+
+    s3_env.reset_counts()
+    assert [watcher.poll() for _ in range(3)] == [[], [], []]
+    assert s3_env.counts() == {"LIST": 9}  # tokens/, samples/, complete/ per poll; no GET, no HEAD
+    version = data.run_version(run)
+
+    put(n for n in last if not n.startswith("complete/"))  # the shards first, as the writer does
+    assert watcher.poll() == [name]
+    assert data.series(run)["step"].to_list() == [0, 1, 2, 3, 4]  # not complete yet: skipped
+    put(n for n in last if n.startswith("complete/"))
+    assert watcher.poll() == [name] and errors == []
+    assert data.run_version(run) != version
+    got = data.series(run)
+    assert got["step"].to_list() == [0, 1, 2, 3, 4, 5]
+    want = recompute(synth_small, write=False, incremental=False)
+    assert_frame_equal(got.select(want.columns), want, check_exact=True)

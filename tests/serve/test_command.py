@@ -44,6 +44,38 @@ def test_run_version_changes_when_a_step_appears(serve_runs, tmp_path):
     assert data.run_version(run) != before
 
 
+def test_watch_waits_for_the_completion_markers(serve_runs, tmp_path):
+    """--watch on a local run: a poll that falls between a step's shards and its completion markers
+    recomputes without the step, and the markers' arrival (complete/ changes, not tokens/) brings
+    it in at the next poll instead of at the next step."""
+    from grpolens.serve.watch import Watcher
+
+    run = tmp_path / "run"
+    shutil.copytree(serve_runs[1], run)
+    held = tmp_path / "held"
+    held.mkdir()
+    for marker in (run / "complete").glob("step=00000013.*"):
+        marker.rename(held / marker.name)
+    for f in (run / "complete").glob("finished.*"):
+        f.unlink()
+    for table in ("tokens", "samples"):
+        shutil.move(run / table / "step=00000013", held / table)
+    import grpolens
+
+    grpolens.recompute(run, write=True)
+    assert data.read_metrics(run)["step"].max() == 12
+    errors = []
+    w = Watcher({"run": run}, lambda n, e: errors.append(e), every=0)
+    assert w.poll() == []  # nothing changed: no recompute
+    for table in ("tokens", "samples"):
+        shutil.move(held / table, run / table / "step=00000013")
+    assert w.poll() == ["run"] and data.read_metrics(run)["step"].max() == 12  # no markers yet: skipped
+    for marker in held.glob("step=00000013.*"):
+        marker.rename(run / "complete" / marker.name)
+    assert w.poll() == ["run"] and errors == []
+    assert data.read_metrics(run)["step"].max() == 13
+
+
 def test_help_does_not_import_dash():
     code = "import sys, grpolens.cli; print(any(m.split('.')[0] in ('dash', 'plotly') for m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -61,9 +61,24 @@ def run_key(run: Path) -> str:
     return str(run) if variant is None else f"{run}@{variant.key}"
 
 
+#: run URL -> the digest of its listing at the last ``--watch`` poll (:mod:`grpolens.serve.watch`)
+_LISTINGS_SEEN: dict[str, tuple] = {}
+
+
+def note_listing(run: Any, digest: tuple) -> None:
+    """Record what the ``--watch`` poller last saw of an ``s3://`` run (its :func:`run_version`)."""
+    _LISTINGS_SEEN[str(run)] = digest
+
+
 def run_version(run: Path) -> tuple:
-    """Changes whenever the run's metrics are rewritten or a step appears (cheap: two stats)."""
-    return (_stat(metrics_path(run)), _stat(run / fmt.TOKENS), _stat(run / fmt.SAMPLES))
+    """Changes whenever the run's metrics are rewritten or a step appears or completes (cheap:
+    four stats). For a run on object storage, whose prefixes have no modification time, and
+    which the page's poll must not list every few seconds: the metrics' stat and the listing
+    digest of the last ``--watch`` poll."""
+    if fmt.is_remote_run(run):
+        return (_stat(metrics_path(run)), _LISTINGS_SEEN.get(str(run)))
+    return (_stat(metrics_path(run)), _stat(run / fmt.TOKENS), _stat(run / fmt.SAMPLES),
+            _stat(run / fmt.COMPLETE_DIR))
 
 
 def _step_fingerprint(run: Path, step: int) -> tuple:
