@@ -31,6 +31,12 @@ ALLOWED = {
         "pip's install time for third-party trackers, with the `/usr/bin/time -v pip install` command",
     ("docs/mutation-testing.md", "5 to 50 s per mutant"):
         "mutmut's pace on a shared machine, to plan a run's length; it times mutmut's test runs, not grpolens",
+    ("docs/distributed.md", "prefixes every 15 s and"):
+        "serve --watch's polling interval, a constant of grpolens/serve/watch.py (REMOTE_EVERY), not a measurement",
+    ("docs/serve.md", "a local run is looked at every 5 s"):
+        "serve --watch's polling interval, a constant of grpolens/serve/watch.py (LOCAL_EVERY), not a measurement",
+    ("docs/serve.md", "run is listed every 15 s"):
+        "serve --watch's polling interval, a constant of grpolens/serve/watch.py (REMOTE_EVERY), not a measurement",
 }
 
 BLOCK = re.compile(r"<!-- ([\w-]+): begin \(written by (benchmarks/[\w/]+\.py|tests/[\w/]+\.py) [^)]*\) -->"

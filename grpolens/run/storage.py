@@ -4,8 +4,9 @@ One small layer between grpolens and the bytes. Everything that lists, reads or 
 asks for a :class:`Location` and goes through it, so a command that works on a local run works on
 object storage unchanged. Both kinds are :mod:`pyarrow.fs` filesystems: the local one for
 directories, :class:`pyarrow.fs.S3FileSystem` for ``s3://``: C++ reads with ranged GETs, and
-already part of pyarrow, which the core depends on, so object storage needs no extra install
-(fsspec/s3fs would add aiobotocore and botocore; it has not been measured against it yet).
+already part of pyarrow, which the core depends on, so object storage needs no extra install.
+fsspec/s3fs, the alternative, lists and reads more slowly on the same run and would add
+aiobotocore (``benchmarks/bench_s3_layers.py``; docs/distributed.md).
 
 Credentials and endpoint, first found wins:
 
@@ -157,15 +158,21 @@ class S3Settings:
         return out
 
 
-_FS_CACHE: dict[S3Settings, pafs.FileSystem] = {}
+_FS_CACHE: dict[tuple[S3Settings, bool], pafs.FileSystem] = {}
 
 
-def s3_filesystem(settings: S3Settings) -> pafs.FileSystem:
-    """A pyarrow S3 filesystem for ``settings`` (one per settings per process: connections are reused)."""
-    fs = _FS_CACHE.get(settings)
+def s3_filesystem(settings: S3Settings, delayed_open: bool = False) -> pafs.FileSystem:
+    """A pyarrow S3 filesystem for ``settings`` (one per settings per process: connections are reused).
+
+    ``delayed_open``: the one :meth:`Location.atomic_writer` writes through. pyarrow then sends an
+    object smaller than its 10 MiB upload part as one PUT when the stream is closed, instead of a
+    multipart upload's three requests (create, part, complete); a failure (no such bucket) is
+    reported at the close, which the writer wraps like the rest. Reads keep the immediate open, so
+    that a missing object is reported where it is opened."""
+    fs = _FS_CACHE.get((settings, delayed_open))
     if fs is None:
         kw: dict = {"region": settings.region or "us-east-1", "anonymous": settings.anonymous,
-                    "connect_timeout": 10, "request_timeout": 60}
+                    "connect_timeout": 10, "request_timeout": 60, "allow_delayed_open": delayed_open}
         if settings.endpoint_url:
             m = re.match(r"^(https?)://(.+?)/?$", settings.endpoint_url)
             if not m:
@@ -174,14 +181,17 @@ def s3_filesystem(settings: S3Settings) -> pafs.FileSystem:
         if settings.access_key_id:
             kw.update(access_key=settings.access_key_id, secret_key=settings.secret_access_key,
                       session_token=settings.session_token)
-        fs = _FS_CACHE[settings] = pafs.S3FileSystem(**kw)
+        fs = _FS_CACHE[(settings, delayed_open)] = pafs.S3FileSystem(**kw)
     return fs
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A listed file: its name (last path component), size, modification time and, for objects
-    whose store reports one, an ETag. :meth:`fingerprint` is what the per-step cache compares."""
+    """A listed file: its name (last path component), size and modification time.
+    :meth:`fingerprint` is what the per-step cache compares. No ETag: pyarrow's listing does not
+    carry it, and S3's LastModified has one-second resolution, so an object rewritten with the
+    same size within the second of the version a recompute read looks unchanged. grpolens' writer
+    never writes a key twice (docs/distributed.md, "Which S3 layer, and what the cache compares")."""
 
     name: str
     size: int
@@ -332,7 +342,20 @@ class Location:
 
         Local: :func:`grpolens.run.atomic.atomic_file` (temp file, fsync, rename). S3: the bytes go to
         a temporary key beside the final one, which is then copied onto the final key and deleted;
-        an error on the way deletes the temporary key and leaves the final key untouched."""
+        an error on the way deletes the temporary key and leaves the final key untouched.
+
+        Why not upload straight to the final key, as one PUT or a multipart upload that S3 makes
+        visible only when it is completed: pyarrow's Python streams cannot abort. Its C++ stream
+        has ``Abort()`` (AbortMultipartUpload), but ``NativeFile`` does not expose it, and closing
+        the stream, which leaving a ``with`` block does on an exception and which the stream's
+        destructor does too, *completes* the upload with whatever was written. A producer that
+        fails half-way (a Parquet writer error, a KeyboardInterrupt) would publish a truncated
+        object under the final key; ``tests/distributed/test_storage.py`` shows it on the local
+        server. Under a temporary key such a fragment is harmless (deleted here, or reported by
+        ``validate`` when the process died), and only the server-side COPY of a whole file touches
+        the final key. The price: a COPY and a DELETE per file (and pyarrow's HEAD and directory
+        marker PUT after a delete), on top of the upload, a single PUT for files under 10 MiB
+        (:func:`s3_filesystem` with ``delayed_open``)."""
         if not self.remote:
             from grpolens.run.atomic import atomic_file
 
@@ -343,7 +366,7 @@ class Location:
         tmp = f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex}-{name}"
         try:
             with storage_errors(self):
-                with self.fs.open_output_stream(tmp) as f:
+                with s3_filesystem(self.settings, delayed_open=True).open_output_stream(tmp) as f:
                     yield f
                 self.fs.copy_file(tmp, self.path)
         finally:

@@ -49,6 +49,32 @@ def test_failed_write_leaves_old_object_and_no_temporary_key(s3_env):
     assert _keys(s3_env, "atomic/") == ["atomic/metrics.parquet"]
 
 
+def test_pyarrow_publishes_what_a_failed_producer_wrote(s3_env):
+    """Why the atomic writer goes through a temporary key: a pyarrow output stream cannot be
+    aborted from Python, and leaving its ``with`` block on an exception completes the upload, so
+    writing straight to the final key would publish the fragment (Location.atomic_writer's
+    docstring). Should pyarrow ever abort instead, this fails and the COPY can go."""
+    loc = location("s3://runs/direct/metrics.parquet")
+    with pytest.raises(RuntimeError, match="producer failed"):
+        with loc.fs.open_output_stream(loc.path) as f:
+            f.write(b"PAR1 and half of a file")
+            raise RuntimeError("producer failed")
+    assert loc.read_bytes() == b"PAR1 and half of a file"  # visible under the final key
+    assert not hasattr(f, "abort")
+
+
+def test_atomic_write_costs(s3_env):
+    """A small file: one PUT of the temporary key (no multipart upload), one COPY, one DELETE, and
+    pyarrow's check of the parent after the delete (a HEAD, a directory-marker PUT)."""
+    loc = location("s3://runs/costs/metrics.parquet")
+    s3_env.reset_counts()
+    loc.write_bytes(b"x" * 100_000)
+    counts = s3_env.counts()
+    assert counts.get("POST", 0) == 0, counts
+    assert counts["COPY"] == 1 and counts["DELETE"] == 1 and sum(counts.values()) <= 5, counts
+    assert loc.read_bytes() == b"x" * 100_000
+
+
 def test_fingerprint_changes_when_object_is_rewritten(s3_env):
     loc = location("s3://runs/fp/f.bin")
     loc.write_bytes(b"1")
