@@ -102,3 +102,19 @@ def test_trl_benchmark_describes_the_run_it_measured():
     # trl-tiny: 2 loss calls of 8 completions per step, 16 completions at every other step of 24
     assert shape.startswith("Run measured: 2 loss calls per optimizer step of at most 8 completions each")
     assert "16 completions per generation, generated at 12 of its 24 steps" in shape
+
+
+@pytest.mark.slow  # a synthetic run, the S3 server and both layers: ~30 s
+def test_s3_layers_benchmark_on_a_small_run(tmp_path):
+    """bench_s3_layers.py end to end on a tiny input: both layers read the same rows and values
+    (the script asserts it) and list every key; a changed s3fs or pyarrow API fails here."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("s3fs", reason="s3fs (the bench and dev extras) is the layer measured against pyarrow's")
+    r = subprocess.run([sys.executable, str(BENCH / "bench_s3_layers.py"), "--tokens", "2e5", "--shards", "20",
+                        "--repeat", "1", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| read the recompute columns of " in r.stdout and "| list 20 shard keys" in r.stdout
+    assert "pyarrow: not exposed; s3fs: yes" in r.stdout

@@ -55,6 +55,8 @@ NOT_RUN = {
                                          "same commands against a local S3 server (moto)",
     ("docs/distributed.md", "python benchmarks/bench_distributed.py"): "benchmarks of minutes; "
                                          "tests/test_bench_scripts.py runs each on a small input",
+    ("docs/distributed.md", "python benchmarks/bench_s3_layers.py"): "a benchmark of minutes; "
+                                         "tests/test_bench_scripts.py runs it on a small input",
     ("docs/export.md", "wandb sync"): "uploads to wandb.ai",
     ("docs/export.md", "grpolens export RUN --to wandb --online"): "needs a W&B account and the network",
     ("docs/export.md", "tensorboard --logdir"): "starts TensorBoard's server",
