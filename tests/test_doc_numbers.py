@@ -101,6 +101,8 @@ CHECKED = {
     ("docs/profiles.md", "541 of 541 values over 18 configurations"): "tests/reference/test_verl_reference.py::test_docs_quote_the_count",
     ("docs/profiles.md", "179 of 179 over 11"): "tests/reference/test_twinkle_reference.py::test_docs_quote_the_count",
     ("docs/synth.md", "(about 5 %)"): _SYNTH,
+    ("docs/distributed.md", "an idle poll is 3 LIST requests"):
+        "tests/distributed/test_s3_commands.py::test_serve_watch_picks_up_a_new_step_in_the_bucket",
     ("docs/synth.md", "about 3 % of tokens"): _SYNTH,
     ("docs/synth.md", "About 4 % of tokens"): _SYNTH,
 }
@@ -117,6 +119,10 @@ ALLOWED_NUMBERS = {
         "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
     ("docs/distributed.md", "S3 returns at most 1,000 keys"):
         "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
+    ("docs/distributed.md", "(one more per 1,000 keys)"):
+        "S3's page size (a listing returns at most 1,000 keys); the listing block measures it",
+    ("docs/distributed.md", "(one LIST per 1,000 keys)"):
+        "S3's page size (a listing returns at most 1,000 keys); the layers' block measures it",
     ("docs/hook.md", "one micro-batch is never in two files"): "not a count: one micro-batch never spans files",
     ("docs/integrations/trl.md", "two processes"):
         "a configuration of the tests (`torchrun --nproc_per_node 2`, trl_tiny's `ddp` cases), named where it is used",
