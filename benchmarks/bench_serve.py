@@ -55,7 +55,8 @@ def page_requests(name: str, step: int) -> dict[str, list[Request]]:
             [("overview-graphs", "children")],
             [("url", "pathname", "/"), ("runs", "value", [name]), ("smoothing", "value", 0.6),
              ("range", "value", None), ("show-baseline", "value", []),
-             ("metric-filter", "value", None), ("y-scale", "value", []), ("version", "data", None)], [])],
+             ("metric-filter", "value", None), ("y-scale", "value", []), ("version", "data", None)],
+            [("url", "search", "")])],
         "Tokens page, one step": [
             ([("tok-summary", "children"), ("tok-table", "data"), ("tok-table", "columns")],
              [("url", "pathname", "/tokens"), ("tok-run", "value", name), ("tok-step", "value", step),

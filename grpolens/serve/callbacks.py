@@ -21,11 +21,11 @@ from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.run.format import RunFormatError
 from grpolens.plot_config import plot_config
-from grpolens.serve import data, downloads, figures
+from grpolens.serve import data, downloads, figures, urlstate
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
 from grpolens.serve.components import csv_anchor, diverging_cell_styles, error_box, rows_json, table_columns
 from grpolens.serve.runs import RunSet
-from grpolens.serve.url_callbacks import completions_search, range_value, register_url_callbacks, tokens_search
+from grpolens.serve.url_callbacks import completions_search, register_url_callbacks, tokens_search
 from grpolens.serve.urlstate import as_int
 
 #: Most tokens drawn in the completion view (the rest is summarised).
@@ -139,10 +139,18 @@ def _matches(column: str, pattern: str | None) -> bool:
 
 
 def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: float = 0.0, rng=None,
-                        with_baseline: bool = True, pattern: str | None = None, y_scale=()) -> list:
+                        with_baseline: bool = True, pattern: str | None = None, y_scale=(),
+                        panels: dict[str, bool] | None = None) -> list:
     """The graphs of a curve page (overview, policy, mismatch, rewards) for the selected runs;
-    ``pattern``: only metrics whose name contains each of its words; ``y_scale``: "log", "robust"."""
+    ``pattern``: only metrics whose name contains each of its words; ``y_scale``: "log", "robust";
+    ``panels``: metric -> log y of the panels whose own box says otherwise than the header."""
     y_scale = frozenset(y_scale or ())
+    panels = panels or {}
+
+    def ys(col: str) -> frozenset:  # the header's y options, with the panel's own log y where it has one
+        own = panels.get(col)
+        return y_scale if own is None else (y_scale | {"log"}) if own else (y_scale - {"log"})
+
     names = runs.check(names)
     if not names:
         return [error_box("select at least one run")]
@@ -153,13 +161,13 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
     if page == "overview":
         for label, col in data.overview_metrics(frames):
             g = curve_graph(runs, page, names, col, f"{label} <span style='font-size:10px;color:#888'>{col}</span>",
-                            lo, hi, smoothing, with_baseline, y_scale)
+                            lo, hi, smoothing, with_baseline, ys(col))
             if g is not None:
                 out.append(g)
     elif page == "rewards":
         out += reward_graphs(runs, names, frames, lo, hi)
         for col in (f"{data.SAMPLES_PREFIX}zero_std_group_frac", f"{data.SAMPLES_PREFIX}truncated_frac"):
-            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline, y_scale)
+            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline, ys(col))
             if g is not None:
                 out.append(g)
     pages = data.page_families()
@@ -168,7 +176,7 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
         cols = [c for c in data.family_metrics(frames, pages[page]) if c not in banded]
         cols = prioritised(page, [c for c in cols if _matches(c, pattern)])
         for col in cols[:MAX_GRAPHS]:
-            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline, y_scale, docs.get(col))
+            g = curve_graph(runs, page, names, col, col, lo, hi, smoothing, with_baseline, ys(col), docs.get(col))
             if g is not None:
                 out.append(g)
         if len(cols) > MAX_GRAPHS:
@@ -479,7 +487,10 @@ def click_target(runs: RunSet, names: list[str] | None, click: dict | None, by: 
         name = (names or runs.names)[0]
     runs.path(name)
     name = runs.run_of(name)  # a what-if variant's tokens are its run's
-    return "/tokens", tokens_search(name, step, by=by, k=as_int(k), color=color)
+    from grpolens.serve.layout import default_runs
+
+    return "/tokens", tokens_search(name, step, by=by, k=as_int(k), color=color, header_runs=names,
+                                    default_header=default_runs(runs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,6 +511,8 @@ def _guard(fn, n_out: int):
 
 
 def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wires every page
+    from grpolens.serve.layout import default_runs
+
     page_paths = [p for p, _ in PAGES]
 
     @app.callback([Output(f"page-{PAGE_IDS[p]}", "style") for p in page_paths]
@@ -512,38 +525,22 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         navs = ["nav-link active" if p == path else "nav-link" for p in page_paths]
         return [*styles, *navs, {} if path in CURVE_PAGES or path == "/compare" else {"display": "none"}]
 
-    @app.callback(Output("range", "min"), Output("range", "max"), Output("range", "value"), Output("range", "marks"),
-                  Input("runs", "value"), Input("version", "data"), Input("url", "search"),
-                  State("url", "pathname"), State("range", "value"), State("range", "min"), State("range", "max"))
-    def set_range(names, _version, search, pathname, value, old_min, old_max):
-        """The step slider spans the selected runs' steps; its value is the URL's ``from``/``to``
-        on the pages that have them, else the current value (clamped)."""
-        try:
-            names = runs.check(names)
-        except UserError:
-            raise PreventUpdate from None
-        lo, hi = data.step_bounds([data.series(runs.path(n)) for n in names]) if names else (0, 1)
-        hi = max(hi, lo + 1)
-        marks = {int(v): str(int(v)) for v in np.linspace(lo, hi, 5).round()}
-        want = range_value(search, pathname, lo, hi)
-        if want is None:  # a page without a step range: keep a narrowed range, clamped
-            narrowed = value and old_max is not None and (value[1] < old_max or value[0] > (old_min or 0))
-            want = [max(value[0], lo), min(value[1], hi)] if narrowed and value[0] <= hi else [lo, hi]
-        if (lo, hi, want) == (old_min, old_max, value):
-            raise PreventUpdate
-        return lo, hi, want, marks
+    # the step slider's bounds and value: sync_header (grpolens.serve.url_callbacks), with the URL
 
     for path, page in CURVE_PAGES.items():
         def make(path=path, page=page):
             @app.callback(Output(f"{page}-graphs", "children"),
                           Input("url", "pathname"), Input("runs", "value"), Input("smoothing", "value"),
                           Input("range", "value"), Input("show-baseline", "value"), Input("metric-filter", "value"),
-                          Input("y-scale", "value"), Input("version", "data"))
-            def render(pathname, names, smoothing, rng, baseline, pattern, y_scale, _version):
+                          Input("y-scale", "value"), Input("version", "data"), State("url", "search"))
+            def render(pathname, names, smoothing, rng, baseline, pattern, y_scale, _version, search):
                 if (pathname or "/") != path:
                     return no_update
+                # the panels' own log y boxes, from the URL (sync_panel_log writes them there)
+                q = urlstate.decode("curves", search, runs.names)
+                panels = {**{m: True for m in q.get("log", [])}, **{m: False for m in q.get("lin", [])}}
                 return _guard(curve_page_children, 1)(runs, page, names, float(smoothing or 0), rng,
-                                                      bool(baseline), pattern, y_scale)
+                                                      bool(baseline), pattern, y_scale, panels)
         make()
 
     @app.callback(Output("mismatch-step", "children"),
@@ -597,13 +594,14 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
 
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Input("tok-table", "active_cell"), State("tok-run", "value"), State("tok-step", "value"),
-                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"),
+                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"), State("runs", "value"),
                   prevent_initial_call=True)
-    def on_token_row(cell, name, step, by, k, color):
+    def on_token_row(cell, name, step, by, k, color, header_runs):
         if not cell or cell.get("row_id") is None or name not in runs.runs:
             raise PreventUpdate
         sample, _, pos = str(cell["row_id"]).partition(":")
-        return tokens_search(name, as_int(step), as_int(sample), as_int(pos), by, as_int(k), color)
+        return tokens_search(name, as_int(step), as_int(sample), as_int(pos), by, as_int(k), color,
+                             header_runs, default_runs(runs))
 
     # -- Completions page -------------------------------------------------------------------------
     @app.callback(Output("comp-table", "data"), Output("comp-table", "columns"), Output("comp-table", "page_count"),
@@ -623,28 +621,34 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
 
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
                   Input("comp-table", "active_cell"), State("comp-run", "value"), State("comp-step", "value"),
-                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"),
+                  State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"), State("runs", "value"),
                   prevent_initial_call=True)
-    def on_completion_row(cell, name, step, by, k, color):
+    def on_completion_row(cell, name, step, by, k, color, header_runs):
         if not cell or cell.get("row_id") is None or name not in runs.runs:
             raise PreventUpdate
-        return "/tokens", tokens_search(name, as_int(step), as_int(cell["row_id"]), None, by, as_int(k), color)
+        return "/tokens", tokens_search(name, as_int(step), as_int(cell["row_id"]), None, by, as_int(k), color,
+                                        header_runs, default_runs(runs))
 
     # -- Compare page -------------------------------------------------------------------------------
     @app.callback(Output("cmp-summary", "children"), Output("cmp-table", "data"), Output("cmp-table", "columns"),
-                  Output("cmp-graphs", "children"), Output("cmp-metrics", "options"), Output("cmp-metrics", "value"),
+                  Output("cmp-graphs", "children"), Output("cmp-metrics", "options"), Output("cmp-metrics", "placeholder"),
                   Output("cmp-default", "data"), Output("cmp-table", "style_data_conditional"),
                   Input("url", "pathname"), Input("cmp-a", "value"), Input("cmp-b", "value"),
                   Input("cmp-metrics", "value"), Input("range", "value"), Input("version", "data"))
     def render_compare(pathname, a, b, metrics, rng, _version):
+        """The page for A and B. With no delta curves chosen the default ones are drawn and named in
+        the dropdown's placeholder, not set as its value: the dropdown's value is sync_compare's
+        alone (two writers that listen to each other would be a circular dependency)."""
         if pathname != "/compare":
             raise PreventUpdate
         try:
-            out = compare_view(runs, a, b, metrics, rng)
+            summary, rows, columns, graphs, options, _chosen, defaults = compare_view(runs, a, b, metrics, rng)
         except (UserError, RunFormatError) as e:
             msg = e.message if isinstance(e, UserError) else str(e)
-            return error_box(msg), [], [], [], [], [], [], []
-        return (*out, diverging_cell_styles(pl.DataFrame(out[1], infer_schema_length=None), COMPARE_COLOURED))
+            return error_box(msg), [], [], [], [], "delta curves", [], []
+        hint = "default: " + ", ".join(defaults) if defaults else "delta curves"
+        return (summary, rows, columns, graphs, options, hint, defaults,
+                diverging_cell_styles(pl.DataFrame(rows, infer_schema_length=None), COMPARE_COLOURED))
 
     # One panel's own log y, in the browser (no round trip): the figure is redrawn with plotly's
     # own range on the new axis (a robust range is in linear units, so it does not carry over).

@@ -3,8 +3,7 @@ selected runs overlaid on any curve page (as many as are ticked, not only A and 
 
 from __future__ import annotations
 
-from dash import Input, Output, State, dcc, no_update
-from dash.exceptions import PreventUpdate
+from dash import Input, Output, dcc, no_update
 
 from grpolens.serve import downloads, urlstate
 from grpolens.serve.components import csv_anchor
@@ -36,12 +35,7 @@ def register(app, runs: RunSet) -> None:
         """--watch: new steps change the steps and last values."""
         return runs_table_rows(runs)
 
-    @app.callback(Output("runs-table", "selected_rows"), Input("url", "pathname"), State("runs", "value"))
-    def tick_the_header_runs(pathname, names):
-        """On opening the page, the runs the header has selected are ticked."""
-        if pathname != "/runs":
-            raise PreventUpdate
-        return [runs.names.index(n) for n in (names or []) if n in runs.runs]
+    # the ticked rows follow the URL, else the header's runs: sync_runs in grpolens.serve.url_callbacks
 
     @app.callback(Output("runs-summary", "children"), Input("runs-table", "selected_rows"),
                   Input("url", "pathname"))

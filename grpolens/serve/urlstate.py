@@ -25,11 +25,14 @@ from urllib.parse import parse_qs, urlencode
 #: The page groups and, for each, the query keys its view is made of (in the order written).
 KEYS: dict[str, tuple[str, ...]] = {
     # Overview, Policy, Mismatch, Rewards share the header's curve controls.
-    "curves": ("runs", "smooth", "from", "to", "filter", "y", "baseline"),
-    "tokens": ("run", "step", "sample", "pos", "by", "k", "color"),
-    "completions": ("run", "step", "group", "rank", "truncated", "vetoed", "page", "sort", "where"),
+    # ``log``/``lin``: the panels whose own "log y" box differs from the header's (metric names)
+    "curves": ("runs", "smooth", "from", "to", "filter", "y", "baseline", "log", "lin"),
+    # ``runs``: the header's run selection, kept while one looks at tokens or completions
+    "tokens": ("run", "step", "sample", "pos", "by", "k", "color", "runs"),
+    "completions": ("run", "step", "group", "rank", "truncated", "vetoed", "page", "sort", "where", "runs"),
     "compare": ("a", "b", "delta", "from", "to"),
-    "runs": ("sort", "where"),
+    # ``tick``: the rows ticked for an overlay (run names)
+    "runs": ("sort", "where", "tick"),
 }
 #: URL path -> page group.
 GROUP_OF_PATH = {"/runs": "runs", "/": "curves", "/policy": "curves", "/mismatch": "curves", "/rewards": "curves",
@@ -39,6 +42,7 @@ GROUP_OF_PATH = {"/runs": "runs", "/": "curves", "/policy": "curves", "/mismatch
 MAX_TEXT = 200  # metric filter words, completions filter query
 MAX_RUNS = 64
 MAX_DELTA = 12  # the Compare page draws at most 12 delta curves
+MAX_PANELS = 64  # panels with their own log y box set
 MAX_SORT = 8
 MAX_INT = 10**12
 MAX_TOP_K = 500
@@ -132,7 +136,7 @@ def decode(group: str, search: str | None, run_names: Iterable[str], choices: di
             continue
         raw = _last(q, key)
         value: Any = None
-        if key == "runs":
+        if key in ("runs", "tick"):
             picked = []
             for v in q[key][:MAX_RUNS]:
                 if v in names and v not in picked:
@@ -161,9 +165,9 @@ def decode(group: str, search: str | None, run_names: Iterable[str], choices: di
             value = _choice(raw, YES_NO)
         elif key in ("by", "color"):
             value = _choice(raw, choices.get(key, ()))
-        elif key == "delta":
+        elif key in ("delta", "log", "lin"):
             picked = []
-            for v in q[key][:MAX_DELTA]:
+            for v in q[key][:MAX_DELTA if key == "delta" else MAX_PANELS]:
                 if _METRIC.match(v) and v not in picked:
                     picked.append(v)
             value = picked or None
@@ -173,6 +177,12 @@ def decode(group: str, search: str | None, run_names: Iterable[str], choices: di
             out[key] = value
     if "from" in out and "to" in out and out["from"] > out["to"]:
         del out["from"], out["to"]
+    both = set(out.get("log", ())) & set(out.get("lin", ()))
+    for key in ("log", "lin"):  # a panel named in both says nothing: the header's choice applies
+        if both and key in out:
+            out[key] = [m for m in out[key] if m not in both] or None
+            if out[key] is None:
+                del out[key]
     return out
 
 

@@ -483,3 +483,52 @@ def test_one_panel_has_its_own_log_toggle(server, browser):
     after = wait(browser, lambda d: (t := d.execute_script(axis_types)) and "log" in t and t, what="one log panel")
     assert after[1] == "log" and after.count("log") == 1, after
     assert severe_logs(browser) == []
+
+
+def test_panel_log_boxes_ticked_rows_and_header_runs_survive_a_reload(server, browser):
+    """The views not kept by the other URL tests: a panel's own log y box, the Runs page's ticked
+    rows, and the header's runs while on the Tokens and Completions pages."""
+    axis_types = ("return Array.from(document.querySelectorAll('#page-overview .js-plotly-plot'))"
+                  ".filter(g => g._fullLayout).map(g => g._fullLayout.yaxis.type)")
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    wait(browser, lambda d: css(d, "#page-overview .panel-log input")[1].click() or True, what="the second panel's box")
+    wait(browser, lambda d: "log=" in d.current_url, what="the panel's log y in the URL")
+    browser.refresh()
+    after = wait(browser, lambda d: (t := d.execute_script(axis_types)) and "log" in t and t, what="the log panel again")
+    assert after[1] == "log" and after.count("log") == 1, after
+    assert [i.is_selected() for i in css(browser, "#page-overview .panel-log input")][:2] == [False, True]
+    # unticked again: the key leaves the URL
+    wait(browser, lambda d: css(d, "#page-overview .panel-log input")[1].click() or True, what="untick it")
+    wait(browser, lambda d: "log=" not in d.current_url, what="the key gone")
+
+    # the Runs page: the ticked rows
+    go(browser, server, "/runs")
+    wait(browser, lambda d: [b.is_selected() for b in css(d, "#runs-table input[type=checkbox]")] == [True, True],
+         what="the header's runs ticked")
+    wait(browser, lambda d: css(d, "#runs-table input[type=checkbox]")[0].click() or True, what="untick alpha")
+    wait(browser, lambda d: "tick=beta" in d.current_url, what="the ticked rows in the URL")
+    browser.refresh()
+    wait(browser, lambda d: [b.is_selected() for b in css(d, "#runs-table input[type=checkbox]")] == [False, True],
+         what="beta alone ticked after a reload")
+
+    # Tokens and Completions: the header's runs
+    for page, ready in (("tokens", "#tok-table tbody tr td"), ("completions", "#comp-table tbody tr td")):
+        go(browser, server, f"/{page}?run=alpha&step=3&runs=beta")
+        wait(browser, lambda d: css(d, ready), what=f"the {page} page")
+        header = lambda d: [s.text for s in css(d, "#runs .dash-dropdown-value-item")]  # noqa: E731
+        wait(browser, lambda d: header(d) == ["beta"], what="the header's runs from the URL")
+        browser.refresh()
+        wait(browser, lambda d: header(d) == ["beta"] and css(d, ready), what="the header's runs after a reload")
+        assert "runs=beta" in browser.current_url
+    # and a change of the header's runs there goes into the URL
+    css(browser, "#runs")[0].click()
+    option = wait(browser, lambda d: [o for o in css(d, "[role=option]") if o.text.strip() == "alpha"],
+                  what="alpha in the header's list")[0]
+    option.click()
+    wait(browser, lambda d: parse_qs(urlparse(d.current_url).query).get("runs") in (None, ["alpha", "beta"],
+                                                                                   ["beta", "alpha"]),
+         what="the header's new runs in the Completions URL")
+    assert urlparse(browser.current_url).path == "/completions"
+    assert severe_logs(browser) == []
+

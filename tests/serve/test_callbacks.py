@@ -88,10 +88,12 @@ def test_check_verdicts_mark_the_kl_spike(runset):
 def test_click_leads_to_tokens_of_that_run_and_step(runset):
     click = {"points": [{"x": 7, "y": 0.1, "customdata": 1, "curveNumber": 0}]}
     assert cb.click_target(runset, ["alpha", "beta"], click) == ("/tokens", "?run=beta&step=7")
-    # a point without a run index (heat map drawn elsewhere): the first selected run
-    assert cb.click_target(runset, ["alpha"], {"points": [{"x": 3}]}) == ("/tokens", "?run=alpha&step=3")
+    # a point without a run index (heat map drawn elsewhere): the first selected run; the header's
+    # selection, not the default one here, goes along (a reload of the Tokens page keeps it)
+    assert cb.click_target(runset, ["alpha"], {"points": [{"x": 3}]}) == ("/tokens", "?run=alpha&step=3&runs=alpha")
     assert cb.click_target(runset, ["alpha"], None) is None
-    assert cb.click_target(runset, ["alpha"], {"points": [{"x": 3, "customdata": 99}]})[1] == "?run=alpha&step=3"
+    assert cb.click_target(runset, ["alpha"], {"points": [{"x": 3, "customdata": 99}]})[1] == \
+        "?run=alpha&step=3&runs=alpha"
 
 
 def test_top_tokens_view_rows(runset):
@@ -210,7 +212,8 @@ def test_server_refuses_forged_run_paths(runset, serve_runs):
                {"id": "show-baseline", "property": "value", "value": []},
                {"id": "metric-filter", "property": "value", "value": None},
                {"id": "y-scale", "property": "value", "value": []},
-               {"id": "version", "property": "data", "value": None}])
+               {"id": "version", "property": "data", "value": None}],
+              [{"id": "url", "property": "search", "value": "?log=kl/k3"}])
     assert "unknown run" in r.get_data(as_text=True) and "scatter" not in r.get_data(as_text=True)
 
 

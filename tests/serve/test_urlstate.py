@@ -137,3 +137,34 @@ def test_docs_list_every_key():
     assert set(rows) == set(groups)
     for label, group in groups.items():
         assert rows[label] == set(urlstate.KEYS[group]), label
+
+
+def test_panel_log_boxes_ticked_runs_and_the_headers_runs_roundtrip():
+    curves = {"runs": ["alpha"], "log": ["kl/k3", "clip/region"], "lin": ["entropy"]}
+    assert roundtrip("curves", curves) == curves
+    assert roundtrip("runs", {"tick": ["beta", "a&b=c#d?e"]}) == {"tick": ["beta", "a&b=c#d?e"]}
+    tokens = {"run": "alpha", "step": 3, "runs": ["beta", "comma,run"]}
+    assert roundtrip("tokens", tokens) == tokens
+    assert roundtrip("completions", {"run": "alpha", "runs": ["beta"]}) == {"run": "alpha", "runs": ["beta"]}
+
+
+@pytest.mark.parametrize("query, group, want", [
+    ("?log=kl/k3&lin=kl/k3&lin=entropy", "curves", {"lin": ["entropy"]}),  # named both ways: neither
+    ("?log=<script>&log=kl k3&lin=", "curves", {}),                        # not metric names
+    ("?tick=gamma&tick=../x&tick=beta&tick=beta", "runs", {"tick": ["beta"]}),  # unknown runs, twice
+    ("?runs=/etc/passwd", "tokens", {}),
+])
+def test_new_keys_refuse_what_is_not_theirs(query, group, want):
+    assert urlstate.decode(group, query, NAMES, CHOICES) == want
+
+
+def test_panel_flips_are_the_boxes_that_differ_from_the_header():
+    from grpolens.serve.url_callbacks import panel_flips
+
+    ids = [{"type": "panel-log", "key": k} for k in ("policy:kl/k3", "policy:entropy", "overview:kl/k3")]
+    # header linear: a ticked box is a flip to log; the other page's box is not this page's
+    assert panel_flips([["log"], [], ["log"]], ids, "policy", False) == {"log": ["kl/k3"]}
+    # header log: an unticked box is a flip to linear
+    assert panel_flips([["log"], [], []], ids, "policy", True) == {"lin": ["entropy"]}
+    # the flips of panels not drawn now (filtered out) stay; those drawn are re-read
+    assert panel_flips([[], []], ids[:2], "policy", False, {"log": ["kl/k3", "loss"]}) == {"log": ["loss"]}
