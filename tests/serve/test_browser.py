@@ -532,3 +532,33 @@ def test_panel_log_boxes_ticked_rows_and_header_runs_survive_a_reload(server, br
     assert urlparse(browser.current_url).path == "/completions"
     assert severe_logs(browser) == []
 
+
+def test_dark_mode_reaches_dropdowns_and_sliders(server, browser):
+    """Dash's own dropdowns (the box, its open list) and sliders (track, marks) turn dark too."""
+    def luminance(rgb: str) -> float:
+        r, g, b = [int(float(x)) for x in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3]]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    parts = """
+        const st = (sel, prop) => { const e = document.querySelector(sel); return e ? getComputedStyle(e)[prop] : null; };
+        return {box: st('#runs', 'backgroundColor'), boxText: st('#runs .dash-dropdown-value-item', 'color'),
+                list: st('.dash-dropdown-content', 'backgroundColor'), option: st('.dash-dropdown-option', 'color'),
+                mark: st('#range .dash-slider-mark, .dash-slider-mark', 'color')}"""
+    try:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        go(browser, server, "/")
+        wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+        css(browser, "#runs")[0].click()
+        got = wait(browser, lambda d: (p := d.execute_script(parts)) and p["list"] and p, what="the open run list")
+        shot(browser, "dropdown-dark")
+        assert luminance(got["box"]) < 40 and luminance(got["list"]) < 40, got
+        assert luminance(got["boxText"]) > 150 and luminance(got["option"]) > 150 and luminance(got["mark"]) > 150, got
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    css(browser, "#runs")[0].click()
+    got = wait(browser, lambda d: (p := d.execute_script(parts)) and p["list"] and p, what="the open run list")
+    assert luminance(got["box"]) > 200 and luminance(got["list"]) > 200 and luminance(got["option"]) < 120, got
