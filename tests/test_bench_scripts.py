@@ -118,3 +118,13 @@ def test_s3_layers_benchmark_on_a_small_run(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| read the recompute columns of " in r.stdout and "| list 20 shard keys" in r.stdout
     assert "pyarrow: not exposed; s3fs: yes" in r.stdout
+
+
+def test_serve_libs_benchmark_runs_and_both_sides_keep_the_extremes(capsys):
+    """bench_serve_libs.py on small sizes: one row per comparison, the library's picks and the
+    hand-written baseline's both holding the curve's global min and max."""
+    rows = _load("bench_serve_libs").main(["--points", "5000", "--repeat", "1", "--ops", "500"])
+    assert [r["what"].split(",")[0] for r in rows] == ["min-max downsampling", "LRU with a lock", "LRU with a lock"]
+    assert rows[0]["note"] == "extremes kept by both: True"
+    assert all(r["ours_ms"] > 0 and r["library_ms"] > 0 for r in rows)
+    assert "| library / hand-written |" in capsys.readouterr().out

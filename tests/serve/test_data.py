@@ -132,7 +132,14 @@ def test_downsample_keeps_spikes_and_bounds():
     assert len(idx) <= 2002 and idx[0] == 0 and idx[-1] == n - 1
     assert np.all(np.diff(idx) > 0)
     assert 54_321 in idx and 777 in idx
+    assert 1000 in idx  # the NaN stretch fills a whole bucket: one of its points keeps the gap in the line
+    assert np.isfinite(y[idx]).sum() >= len(idx) - 1
     np.testing.assert_array_equal(data.downsample_minmax(50, y[:50], 2000), np.arange(50))
+    # all finite (the library's fast path), an odd budget: still bounded, ends and extremes kept
+    z = np.cumsum(rng.normal(size=n))
+    idx = data.downsample_minmax(n, z, 1001)
+    assert len(idx) <= 1003 and idx[0] == 0 and idx[-1] == n - 1 and np.all(np.diff(idx) > 0)
+    assert {int(np.argmin(z)), int(np.argmax(z))} <= set(idx.tolist())
 
 
 def test_curve_range_and_nulls():

@@ -200,23 +200,34 @@ def ema(x: np.ndarray, y: np.ndarray, weight: float) -> np.ndarray:
 
 
 def downsample_minmax(n: int, y: np.ndarray, max_points: int = CURVE_POINTS) -> np.ndarray:
-    """Indices to keep so that at most ``max_points`` remain: per bucket, its min and its max
-    (a one-step spike is never averaged away). Sorted; first and last are always kept."""
+    """Indices to keep so that at most ``max_points`` (plus the two ends) remain: per bucket, its
+    min and its max (a one-step spike is never averaged away). Sorted; first and last are always
+    kept. Non-finite values are never a bucket's min or max; a bucket holding nothing else keeps
+    its first index, so a long NaN stretch still breaks the line.
+
+    The per-bucket argmin/argmax is tsdownsample's (Rust, SIMD): ``benchmarks/bench_serve_libs.py``
+    measured it 100x to 1,000x faster than the numpy loop over buckets it replaced."""
     if n <= max_points:
         return np.arange(n)
-    buckets = max(1, max_points // 2)
-    edges = np.linspace(0, n, buckets + 1).astype(int)
-    keep = [0, n - 1]
-    yy = np.where(np.isfinite(y), y, np.nan)
-    for a, b in zip(edges[:-1], edges[1:]):
-        if b <= a:
-            continue
-        seg = yy[a:b]
-        if np.all(np.isnan(seg)):
-            keep.append(a)
-            continue
-        keep += [a + int(np.nanargmin(seg)), a + int(np.nanargmax(seg))]
-    return np.unique(np.asarray(keep))
+    from tsdownsample import MinMaxDownsampler
+
+    y = np.asarray(y, dtype=np.float64)
+    n_out = max(2, max_points - max_points % 2)  # the library wants an even count: two per bucket
+    finite = np.isfinite(y)
+    keep = [np.array([0, n - 1])]
+    if finite.all():
+        keep.append(MinMaxDownsampler().downsample(y, n_out=n_out).astype(np.int64))
+    else:
+        edges = np.linspace(0, n, n_out // 2 + 1).astype(np.int64)[:-1]
+        gaps = edges[np.add.reduceat(finite.astype(np.int64), edges) == 0]  # buckets with no finite value
+        keep.append(gaps)
+        where = np.flatnonzero(finite)
+        room = max(2, n_out - 2 * gaps.size)  # the gaps' points come out of the budget
+        if where.size > room:
+            keep.append(where[MinMaxDownsampler().downsample(y[where], n_out=room).astype(np.int64)])
+        else:
+            keep.append(where)
+    return np.unique(np.concatenate(keep))
 
 
 def curve(df: pl.DataFrame, column: str, lo: int | None = None, hi: int | None = None,
