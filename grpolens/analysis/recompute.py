@@ -399,7 +399,7 @@ def recompute(
         if schedule is not None and not per_step:
             final = schedule.log_view(final, raw, metrics)
 
-        notes = _absent_notes(run, metrics, raw, present_any, computed) + _verl_notes(cfg, present_any, computed, raw)
+        notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
         from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
 
         notes += offset_notes(raw)
@@ -488,27 +488,14 @@ def to_jsonl(df: pl.DataFrame) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def _verl_notes(cfg: dict, present: set[str], computed, raw) -> list[str]:
+def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
     """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
     verl's rejection, so the rollout-correction values cannot be verl's (said once). Bypass mode
-    has no rejection before the loss (the loss rejects per call, which the profile replays); there
-    the one gap is ``rollout_is_batch_normalize`` over several ranks (verl all-reduces its factor)."""
-    if not computed or "verl_algorithm" not in cfg:
-        return []
-    return _verl_corr_notes(cfg, present, raw)
-
-
-def _verl_corr_notes(cfg: dict, present: set[str], raw) -> list[str]:
+    has no rejection before the loss (the loss rejects per call, which the profile replays)."""
     from grpolens.functional.is_weights import ISConfig
     from grpolens.metrics.verl_actor import bypass
 
-    if bypass(cfg):
-        col = "verl_actor/rollout_corr/rollout_is/batch_norm_factor"
-        if ISConfig.from_cfg(cfg).batch_normalize and col in raw.columns and raw[col].null_count() == raw.height:
-            return ["verl bypass mode with rollout_is_batch_normalize on several ranks: verl all-reduces the "
-                    "loss' weight mean over the ranks per loss call, which is not reproduced; actor/rollout_corr/"
-                    "rollout_is_batch_norm_factor and, under loss_type reinforce, actor/pg_loss and actor/loss are "
-                    "left empty (docs/integrations/verl.md)"]
+    if not computed or "verl_algorithm" not in cfg or bypass(cfg):
         return []
     if "rollout_rejected" in present or not ISConfig.from_cfg(cfg).rs:
         return []

@@ -30,8 +30,8 @@ rollout), ``ppo_kl`` unclamped and no clip fractions. ``m`` for the policy-loss 
 the clip fractions, ``ppo_kl``) loses the tokens verl's loss rejects per call (its filters on
 ``logp`` against ``rollout_logp``); ``N`` stays the mini-batch's tokens before that rejection. The
 loss' own rollout-correction statistics are ``actor/rollout_corr/*`` (:func:`_bypass_corr_values`).
-``rollout_is_batch_normalize`` divides ``w`` by its batch mean: the step's (decoupled mode) or the
-call's (bypass mode, one rank).
+``rollout_is_batch_normalize`` divides ``w`` by its batch mean: the step's (decoupled mode) or, in
+bypass mode, that of the ranks' calls made together (verl all-reduces it).
 
 ``actor/entropy`` is verl's driver's: the old-log-prob pass' entropy (``old_entropy``), aggregated
 over the whole step with ``agg_loss`` on the mask before rollout rejection.
@@ -273,7 +273,7 @@ def _values(sd) -> dict[str, float]:
         return sd.extra[key]
     calls = _calls(sd)
     out: dict[str, float] = {}
-    norm = _norm_factors(sd) if calls else None
+    norm = _norm_factors(sd) if calls else 1.0
     if calls:
         a = actor_cfg(sd.cfg)
         dp = len({c[0] for c in calls})
@@ -293,7 +293,7 @@ def _values(sd) -> dict[str, float]:
                     pg = float(sd.col("va.pg_tm")[idx][sd.col("va.n_pg")[idx] > 0].sum() / G * dp)
                 else:
                     pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G, count="va.n_pg")
-                pg /= norm.get((r, u), 1.0) if isinstance(norm, dict) else (norm or 1.0)  # linear in the IS weights
+                pg /= norm.get((r, u), 1.0) if isinstance(norm, dict) else norm  # linear in the IS weights
                 ent = _agg(sd, idx, "va.ent", "va.ent_tm", N, dp, G)
                 kl = _agg(sd, idx, "va.kld", "va.kld_tm", N, dp, G)
                 acc["pg"].append(pg)
@@ -309,8 +309,6 @@ def _values(sd) -> dict[str, float]:
         out = {"pg_loss": mean("pg"), "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
         if bypass_loss(sd.cfg) != "reinforce":  # verl's REINFORCE loss reports no clip fractions
             out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
-        if norm is None:  # the weights' normaliser is not known: the policy loss is not either
-            del out["pg_loss"], out["loss"]
         if with_ent:
             out["entropy_loss"] = mean("ent")
         if with_kl:
@@ -319,12 +317,11 @@ def _values(sd) -> dict[str, float]:
     return out
 
 
-def _norm_factors(sd) -> float | dict | None:
+def _norm_factors(sd) -> float | dict:
     """What divides the policy loss' IS weights under ``rollout_is_batch_normalize``: 1.0 without
     it; verl's driver factor over the whole step (decoupled mode); in bypass mode with
-    ``reinforce`` the loss' own factor per loss call ``{(rank, micro_batch): factor}``, which verl
-    all-reduces over the data-parallel ranks: not reproduced with several ranks (None: ``pg_loss``
-    and ``loss`` are left empty, and ``recompute`` says so)."""
+    ``reinforce`` the loss' own factor per loss call ``{(rank, micro_batch): factor}`` (all-reduced
+    over the data-parallel ranks' calls made together: :func:`_bypass_corr_values`)."""
     c = ISConfig.from_cfg(sd.cfg)
     if not (c.batch_normalize and c.configured and c.has_band):
         return 1.0
@@ -332,8 +329,6 @@ def _norm_factors(sd) -> float | dict | None:
         return verl_summary(sd).get("rollout_is/batch_norm_factor") or 1.0
     if bypass_loss(sd.cfg) != "reinforce":
         return 1.0  # ppo_clip applies no IS weight
-    if len(set(np.asarray(sd.col("rank")).tolist())) > 1:
-        return None
     _bypass_corr_values(sd)
     return {k: v.get("rollout_is/batch_norm_factor") or 1.0 for k, v in sd.extra[("verl_actor", "bypass_calls")].items()}
 
@@ -470,11 +465,27 @@ def _bypass_corr_values(sd) -> dict[str, float]:
     if calls:
         c = ISConfig.from_cfg(sd.cfg)
         per_mini: dict[int, list[dict]] = {}
+        norm_parts: dict[tuple[int, int], list] = {}  # (mini, k-th call of a rank in it) -> [Σ w, count]
+        seen: dict[tuple[int, int], int] = {}
         for r, u, mini, idx in calls:
             rows = {k: v[idx] for k, v in p.items()}
             rs = rs_summary({k[len(_RS):]: v for k, v in rows.items() if k.startswith(_RS)}, c) if c.rs else None
             per_call[(r, u)] = verl_batch_summary(rows, c, rs)
             per_mini.setdefault(mini, []).append(per_call[(r, u)])
+            if c.batch_normalize and c.configured and c.has_band:
+                k = seen.get((r, mini), 0)
+                seen[(r, mini)] = k + 1
+                part = norm_parts.setdefault((mini, k), [0.0, 0.0, []])
+                w, n = _weight_sum(rows, c)
+                part[0] += w
+                part[1] += n
+                part[2].append((r, u))
+        # the loss' batch mean of the weights is all-reduced over the ranks' k-th calls
+        # (distributed_masked_mean): every rank's call gets the group's factor
+        for w, n, members in norm_parts.values():
+            factor = w / n if n > 0 else 0.0
+            for ru in members:
+                per_call[ru]["rollout_is/batch_norm_factor"] = float(factor) if factor > 1e-8 else 1.0
         minis = [{k: float(np.mean([d.get(k) for d in ds])) for k in ds[0]
                   if all(d.get(k) is not None for d in ds)} for ds in per_mini.values()]
         for k in minis[0]:
@@ -483,10 +494,19 @@ def _bypass_corr_values(sd) -> dict[str, float]:
                 continue
             name = sd.profile.name_of(f"verl_actor/rollout_corr/{k}") or k
             out[k] = float(np.max(vals) if "max" in name else np.min(vals) if "min" in name else np.mean(vals))
-        if len({r for r, _, _, _ in calls}) > 1:  # verl all-reduces this one over the ranks: not reproduced
-            out.pop("rollout_is/batch_norm_factor", None)
     sd.extra[key] = out
     return out
+
+
+def _weight_sum(rows: dict, c: ISConfig) -> tuple[float, float]:
+    """What verl's bypass-mode loss sums for the weights' batch mean on one call: the applied token
+    weights and the response tokens (token level), or the sequences' weights and the sequences with
+    a token (sequence level)."""
+    sv = ris.seq_view(rows, c)
+    ok = sv.n > 0
+    if c.level == "token":
+        return float(ris._col(rows, "ris.ta").sum()), float(sv.n.sum())
+    return float(sv.a[ok].sum()), float(ok.sum())
 
 
 def _bypass_value(name: str):

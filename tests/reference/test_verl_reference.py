@@ -111,6 +111,13 @@ CASES = [
     Case("bypass_reinforce_token_tis_batch_normalize",
          corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token",
                "rollout_is_batch_normalize": True}, mini_batches=2, seed=16, wild=0.3),
+    # over two ranks verl all-reduces the loss' weight mean across the ranks' calls made together
+    Case("bypass_reinforce_seq_is_batch_normalize_dp2",
+         corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "sequence",
+               "rollout_is_batch_normalize": True}, dp=2, mini_batches=2, seed=19, wild=0.3),
+    Case("bypass_reinforce_token_tis_batch_normalize_dp2_epochs2", actor={"ppo_epochs": 2},
+         corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token",
+               "rollout_is_batch_normalize": True}, dp=2, epochs=2, seed=20, wild=0.3),
 ]
 
 

@@ -109,6 +109,32 @@ def micro_batch_data(rows, d, resp_mask, adv, weights, logp, ent, dp_size, batch
     return out, data
 
 
+class DataParallelGroup:
+    """``torch.distributed`` as the loss sees it on the actor's data-parallel ranks: they run their
+    k-th loss call of a mini-batch together, so an ``all_reduce`` (SUM) in it sums that tensor over
+    the ranks' k-th calls (verl's bypass-mode loss does, for ``rollout_is_batch_normalize``).
+    Simulated in two passes over a mini-batch: ``record`` keeps what each rank's call reduces,
+    ``reduce`` hands every rank the sum. Outside the loss it is off (verl's driver process has no
+    process group)."""
+
+    def __init__(self):
+        self.mode, self.call, self.n, self.recorded = None, None, 0, {}
+
+    def at(self, mode, call):
+        self.mode, self.call, self.n = mode, call, 0
+
+    def is_initialized(self):
+        return self.mode is not None
+
+    def all_reduce(self, tensor, op=None, group=None):
+        key = (self.call, self.n)
+        self.n += 1
+        if self.mode == "record":
+            self.recorded.setdefault(key, []).append(tensor.detach().clone())
+        else:
+            tensor.copy_(torch.stack(self.recorded[key]).sum(0))
+
+
 def run_case(inp: str, c: dict, out_path: str) -> dict:
     d = dict(np.load(inp, allow_pickle=False))
     corr = c.get("rollout_correction")
@@ -158,21 +184,37 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
     meta, offs, rows_all = d["fw_meta"], d["fw_offsets"], d["fw_rows"]
     global_batch_size = int(c["actor"]["ppo_mini_batch_size"]) * int(c["actor"].get("rollout_n", 1))
     mini_outputs = []
+    group = DataParallelGroup()
+    torch.distributed.is_initialized = group.is_initialized
+    torch.distributed.all_reduce = group.all_reduce
     for key in sorted({(int(e), int(m)) for e, m, _, _ in meta}):
+        group.recorded = {}
         fws = [i for i in range(len(meta)) if (int(meta[i][0]), int(meta[i][1])) == key]
         mini_rows = np.concatenate([rows_all[offs[i]:offs[i + 1]] for i in fws])
         batch_num_tokens = int(mask_np[mini_rows].sum())  # all-reduced SUM over the DP group
+        calls = {r: sorted((i for i in fws if int(meta[i][2]) == r), key=lambda i: int(meta[i][3])) for r in range(dp)}
+
+        def loss_call(i):
+            rows = rows_all[offs[i]:offs[i + 1]]
+            mo, data = micro_batch_data(rows, d, mask_np, adv, weights, d["fw_logp"][offs[i]:offs[i + 1]],
+                                        d["fw_ent"][offs[i]:offs[i + 1]], dp, batch_num_tokens,
+                                        global_batch_size, v1)
+            if not (actor.calculate_entropy or actor.entropy_coeff != 0):
+                mo.pop("entropy")
+            return ppo_loss(actor, mo, data)
+
+        if bypass:  # the loss runs on the workers, where the ranks' calls reduce together
+            for r in range(dp):
+                for k, i in enumerate(calls[r]):
+                    group.at("record", k)
+                    loss_call(i)
         per_rank = []
         for r in range(dp):
             outs = []
-            for i in sorted((i for i in fws if int(meta[i][2]) == r), key=lambda i: int(meta[i][3])):
-                rows = rows_all[offs[i]:offs[i + 1]]
-                mo, data = micro_batch_data(rows, d, mask_np, adv, weights, d["fw_logp"][offs[i]:offs[i + 1]],
-                                            d["fw_ent"][offs[i]:offs[i + 1]], dp, batch_num_tokens,
-                                            global_batch_size, v1)
-                if not (actor.calculate_entropy or actor.entropy_coeff != 0):
-                    mo.pop("entropy")
-                loss, m = ppo_loss(actor, mo, data)
+            for k, i in enumerate(calls[r]):
+                group.at("reduce", k)
+                loss, m = loss_call(i)
+                group.at(None, None)
                 outs.append({"loss": loss.detach().item(), "metrics": m})
             # postprocess_batch_func: losses and metrics as per-micro-batch lists
             agg: dict = {}
