@@ -890,3 +890,48 @@ def test_veto_ratio_exactly_on_its_bound_is_kept(tmp_path):
     for side, kept in (("veto_lower", [True, True, False]), ("veto_upper", [True, False, True])):
         run, _ = one_call(tmp_path, old, rollout, config={"level": "token", "mode": "none", side: 1.0}, name=side)
         assert weights_of(run).sort("sample_id")["is_mask"].to_list() == kept, side
+
+
+def _partials(**cols):
+    """Merged per-sequence IS partials, every column 0 except those given (max columns -inf)."""
+    from grpolens.functional.is_weights import IS_MERGE
+
+    n = len(next(iter(cols.values())))
+    base = {k: np.full(n, -np.inf if rule == "max" else np.inf if rule == "min" else 0.0) for k, rule in IS_MERGE.items()}
+    return {**base, **{k: np.asarray(v, float) for k, v in cols.items()}}
+
+
+def test_sequence_max_filter_on_one_token_and_on_no_token():
+    # seq_max_k2 <= 0.3: a sequence whose one valid token has k2 = 0.5 is rejected; a sequence
+    # without a valid token (its max is the empty max, -inf) has statistic 0 and is not.
+    from grpolens.functional.is_weights import ISConfig, seq_view
+
+    c = ISConfig.from_cfg(norm({"rs": "seq_max_k2", "rs_threshold": "0.3"}))
+    p = _partials(**{"ris.n": [1, 0, 2], "ris.k2max": [0.5, -np.inf, 0.2]})
+    sv = seq_view(p, c)
+    assert sv.rs_rej.tolist() == [True, False, False]
+    assert sv.rs_value["seq_max_k2"].tolist() == [0.5, 0.0, 0.2]
+
+
+def test_weights_of_one_sequence_below_one(tmp_path):
+    # one sequence, raw weights e^δ = [0.5, 0.25] (Σw² = 0.3125 < 1): mean 0.375, ESS (Σw)²/(N·Σw²)
+    # = 0.5625 / 0.625 = 0.9; the sequence statistics are those of its one mean weight, and a
+    # standard deviation of one value is undefined.
+    run, _ = one_call(tmp_path, [[0.0, 0.0]], [-np.log([0.5, 0.25])])
+    got = grpolens.recompute(run, write=False).row(0, named=True)
+    assert got["rollout_is/raw/mean"] == pytest.approx(0.375, rel=1e-6)
+    assert got["rollout_is/raw/ess"] == pytest.approx(0.9, rel=1e-6)
+    assert got["rollout_is/raw/seq_mean"] == pytest.approx(0.375, rel=1e-6)
+    assert got["rollout_is/raw/seq_max_deviation"] == pytest.approx(0.625, rel=1e-6)
+    assert got["rollout_is/raw/seq_std"] is None
+
+
+def test_sequence_mean_weight_exactly_on_a_band_bound_is_inside(tmp_path):
+    # sequence mean weights [1, e] (δ = 0 and 1 on every token): 1.0 is exactly on the upper
+    # bound of "0.5_1.0" and on the lower bound of "1.0_2.0", and counted in neither fraction.
+    old, rollout = [[-1.0, -1.0], [-1.0, -1.0]], [[-1.0, -1.0], [-2.0, -2.0]]
+    for band, key, want in (("0.5_1.0", "seq_fraction_high", 0.5), ("1.0_2.0", "seq_fraction_low", 0.0)):
+        run, _ = one_call(tmp_path, old, rollout, config={"rollout_is": "token", "rollout_is_threshold": band},
+                          name=band)
+        got = grpolens.recompute(run, write=False).row(0, named=True)
+        assert got[f"rollout_is/raw/{key}"] == want, band
