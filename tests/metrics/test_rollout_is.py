@@ -935,3 +935,11 @@ def test_sequence_mean_weight_exactly_on_a_band_bound_is_inside(tmp_path):
                           name=band)
         got = grpolens.recompute(run, write=False).row(0, named=True)
         assert got[f"rollout_is/raw/{key}"] == want, band
+
+
+def test_verl_seq_std_of_one_sequence_is_zero(tmp_path):
+    # verl: ``seq_mean_weights.std() if seq_mean_weights.numel() > 1 else 0.0``; a batch of one sequence
+    run, _ = one_call(tmp_path, [[0.0, 0.0]], [-np.log([0.5, 0.25])], config={"rollout_is": "token", "rollout_is_threshold": 2.0})
+    v = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert v["rollout_corr/rollout_is_seq_std"] == 0.0
+    assert v["rollout_corr/rollout_is_seq_mean"] == pytest.approx(0.375, rel=1e-6)
