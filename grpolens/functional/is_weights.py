@@ -143,21 +143,6 @@ class ISConfig:
     def seq_filters(self) -> tuple[RSFilter, ...]:
         return tuple(f for f in self.rs if f.scope != "token")
 
-    def describe(self) -> str:
-        parts = [f"level={self.level}", f"mode={self.mode}"]
-        if self.has_band:
-            parts.append(f"band=[{_g(self.lower)}, {_g(self.upper)}]")
-        if self.masks and (self.mask_lower, self.mask_upper) != (self.lower, self.upper):
-            parts.append(f"mask=[{_g(self.mask_lower)}, {_g(self.mask_upper)}]")
-        if self.veto:
-            parts.append(f"veto=[{_g(self.veto_lower)}, {_g(self.veto_upper)}]")
-        parts += [f"{f.option}<={_g(f.upper)}" if f.k != 1 else f"{f.option}=[{_g(f.lower)}, {_g(f.upper)}]" for f in self.rs]
-        return " ".join(parts)
-
-
-def _g(x: float | None) -> str:
-    return "-" if x is None else f"{x:g}"
-
 
 # ---------------------------------------------------------------------------------------------
 # Per-token primitives
