@@ -943,3 +943,11 @@ def test_verl_seq_std_of_one_sequence_is_zero(tmp_path):
     v = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
     assert v["rollout_corr/rollout_is_seq_std"] == 0.0
     assert v["rollout_corr/rollout_is_seq_mean"] == pytest.approx(0.375, rel=1e-6)
+
+
+def test_trl_truncate_without_clip_min_caps_only(tmp_path):
+    # TRL's token_truncate without vllm_importance_sampling_clip_min: min(w, clip_max), no lower
+    # bound. Raw weights [1, e] (δ = 0, 1), clip_max 2: applied [1, 2].
+    run, _ = one_call(tmp_path, [[-1.0, -1.0]], [[-1.0, -2.0]],
+                      config={"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0})
+    assert weights_of(run).sort("pos")["is_weight"].to_list() == [1.0, 2.0]
