@@ -88,3 +88,49 @@ def test_merge_arrays_fills_missing_columns_neutrally_and_falls_back_on_shared_s
     c = {**key([0]), "entropy.sum": np.array([5.0]), "entropy.n": np.array([2.0])}
     out = merge_arrays([a, c])
     assert out["sample_id"].tolist() == [0, 2] and out["entropy.sum"].tolist() == [7.0, 1.0]
+
+
+def test_is_partials_of_cut_sequences_merge(tmp_path):
+    """The rollout-IS partials (sums, counts, extrema over a sequence's valid tokens) merge by their
+    rules when a sequence is cut, including a piece that holds none of its valid tokens: such a
+    piece must contribute its rule's neutral value (an empty max is -inf). Finite log-probs only,
+    as the IS inputs leave out a sequence holding both +inf and -inf log-ratios, a decision on the
+    whole sequence."""
+    import pyarrow.parquet as pq
+
+    from grpolens.functional import is_weights as ris
+    from grpolens.metrics.batch import TokenBatch
+    from grpolens.metrics.partials import merge_partials
+    from grpolens.run.config import check_config
+    from grpolens.run import format as fmt
+
+    rng = np.random.default_rng(33)
+    calls = random_calls(rng, steps=(0,), ranks=1, micro_batches=3, spread=0.5, max_len=20)
+    c0 = calls[0]
+    k = int(np.argmax(c0.lengths))  # its longest sequence: the first two tokens leave the mask
+    c0.mask[k, :2] = False
+    assert c0.mask[k].any()
+    ris_cfg = {"level": "token", "mode": "truncate", "threshold": [0.8, 1.25], "veto_threshold": [0.2, 5.0],
+               "rs": "seq_max_k2,seq_sum_k3", "rs_threshold": "0.2,0.5"}
+    c = ris.ISConfig.from_cfg(check_config({**fmt.CONFIG_DEFAULTS, "rollout_is": ris_cfg}))
+    run = write_run(tmp_path / "run", calls)
+    table = pq.read_table(next((run / "tokens").rglob("*.parquet")))
+
+    def partials(t) -> pl.DataFrame:
+        b = TokenBatch.from_arrow(t)
+        return pl.DataFrame({**b.seq_keys, **ris.sequence_partials(b, ris.inputs(b), c)})
+
+    whole = partials(table)
+    sid = table.column("sample_id").to_numpy()
+    first = int(np.flatnonzero(sid == c0.sample_ids[k])[0])  # a cut right after the two masked tokens
+    cuts = np.unique([*rng.choice(np.arange(1, table.num_rows), size=16, replace=False), first + 2])
+    bounds = [0, *cuts.tolist(), table.num_rows]
+    pieces = [partials(table.slice(a, b - a)) for a, b in zip(bounds, bounds[1:])]
+    merged = merge_partials(pieces)
+    assert merged.height == whole.height < sum(p.height for p in pieces)  # some sequence was cut
+    # and some piece holds a cut sequence without any of its valid tokens
+    empty = pl.concat(pieces).filter(pl.col("ris.n") == 0).select("sample_id").to_series()
+    assert whole.filter(pl.col("sample_id").is_in(empty.unique().to_list()) & (pl.col("ris.n") > 0)).height > 0
+    for col in ris.IS_MERGE:
+        a, b = whole[col].to_numpy(), merged[col].to_numpy()
+        assert np.allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True), col
