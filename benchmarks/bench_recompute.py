@@ -4,7 +4,7 @@
     python benchmarks/bench_recompute.py --tokens 10e6 --reps 3        # alternate every command 3 times
     python benchmarks/bench_recompute.py --tokens 10e6 --sizes 25e6,50e6,100e6,200e6   # + RSS by size
     python benchmarks/bench_recompute.py --tokens 10e6 --rerun-steps 1000 --write-readme
-    python benchmarks/bench_recompute.py --tokens 0 --rerun-steps 999 --write-readme   # its own block
+    python benchmarks/bench_recompute.py --tokens 0 --sizes 25e6,50e6 --write-readme   # a block of its own
 
 Every figure comes from its own fresh process (wall time, CPU time of the process and its
 threads, peak RSS from ``wait4``), on one synthetic run (``grpolens synth``):
@@ -223,14 +223,19 @@ def rerun_table(base: Path, n: int, keep: bool) -> list[str]:
 
 
 def write_readme(text: str, block: str = "bench_recompute") -> None:
-    write_block("README.md", block, "benchmarks/bench_recompute.py", text, flag="--write-readme",
-                after="## Performance\n" if block == "bench_recompute" else "<!-- bench_recompute: end -->\n")
+    """Into README.md's Performance section; a block not there yet goes after the last one that is."""
+    after = "## Performance\n"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for earlier in ("bench_recompute", "bench_recompute_sizes"):
+        if earlier != block and f"<!-- {earlier}: end -->\n" in readme:
+            after = f"<!-- {earlier}: end -->\n"
+    write_block("README.md", block, "benchmarks/bench_recompute.py", text, flag="--write-readme", after=after)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=float, default=10e6,
-                    help="approximate token rows of the main run (0: only --sizes and --rerun-steps, in their own README block)")
+                    help="approximate token rows of the main run (0: only --sizes and --rerun-steps, each in a README block of its own)")
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
     ap.add_argument("--threads", default="1,2", help="thread counts for the rows/s table (comma-separated)")
     ap.add_argument("--sizes", default="", help="token row counts for the RSS table, e.g. 25e6,50e6,100e6,200e6")
@@ -263,18 +268,22 @@ def main() -> None:
             out += ["", *t]
         if not args.keep and args.dir is None:
             shutil.rmtree(run)
-    if args.sizes:
-        out += ["", *size_table(base, [float(s) for s in args.sizes.split(",")], args.keep, threads)]
-    if args.rerun_steps:
-        t = rerun_table(base, args.rerun_steps, args.keep)
-        print("\n".join(t), flush=True)
-        out += ["", *t]
+    sizes = size_table(base, [float(s) for s in args.sizes.split(",")], args.keep, threads) if args.sizes else []
+    out += ["", *sizes] if sizes else []
+    rerun = rerun_table(base, args.rerun_steps, args.keep) if args.rerun_steps else []
+    if rerun:
+        print("\n".join(rerun), flush=True)
+        out += ["", *rerun]
     if args.dir is None and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     header = doc_header(shown_command("benchmarks/bench_recompute.py", sys.argv[1:]), started)
     if args.write_readme:
-        # --tokens 0 measures only --sizes / --rerun-steps: its own block, after the main one
-        write_readme(header + "\n\n" + "\n".join(out).strip(), "bench_recompute" if args.tokens > 0 else "bench_recompute_more")
+        if args.tokens > 0:
+            write_readme(header + "\n\n" + "\n".join(out).strip())
+        else:  # --tokens 0: the size and re-run tables each in a block of their own, after the main one
+            for block, table in (("sizes", sizes), ("rerun", rerun)):
+                if table:
+                    write_readme(header + "\n\n" + "\n".join(table), f"bench_recompute_{block}")
         print("README.md updated")
 
 
