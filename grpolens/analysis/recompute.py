@@ -33,6 +33,8 @@ from grpolens import plugins
 from grpolens.run.reader import RunReader, read_samples
 from grpolens.run.step_table import StepSpill
 from grpolens.run.variants import Variant, effective_overrides
+from grpolens.analysis import fresh
+from grpolens.analysis.fresh import output_files
 
 CACHE_VERSION = 2  # 2: rows of a profile with a log schedule carry appended-value counts
 
@@ -158,21 +160,6 @@ def _key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _output_files(out_dir: Path) -> dict[str, list[int]]:
-    """Size and mtime of each file directly in ``out_dir`` (the recompute's outputs): any change
-    there, a file removed or rewritten by someone else, makes the next re-run write them again."""
-    try:
-        entries = list(os.scandir(out_dir))
-    except OSError:
-        return {}
-    out = {}
-    for e in entries:
-        if e.is_file(follow_symlinks=False):
-            st = e.stat(follow_symlinks=False)
-            out[e.name] = [st.st_size, st.st_mtime_ns]
-    return dict(sorted(out.items()))
-
-
 def _config_hash(cfg: dict, profile: str) -> str:
     blob = json.dumps({"cfg": cfg, "profile": profile, "cache": CACHE_VERSION, "metrics": sorted(REGISTRY)},
                       sort_keys=True, default=str)
@@ -273,6 +260,12 @@ def recompute(
     what_if = effective_overrides(overrides, config_file)
     variant = Variant.of(run, what_if) if what_if else None
     prof = plugins.get(profile)
+    # what `grpolens recompute RUN` checks, before importing the engine, to find its outputs fresh
+    # (grpolens.analysis.fresh): recorded for the plain request, as the run is before it is read
+    stamped = (write and incremental and only is None and not extra_visitors and variant is None and not overrides
+               and config_file is None and not fmt.is_remote_run(run) and (out is None or "://" not in str(out)))
+    out_for_stamp = Path(out) if out is not None else reader.out_dir(profile)
+    stamp = fresh.stamp(run, fresh.request_key(profile, steps, out_for_stamp, per_step, None)) if stamped else None
     # refuse what `grpolens validate` would reject, from the Parquet footers; a recompute that keeps
     # its cache remembers the files that passed, so a re-run opens only new or changed ones
     memo_path = fmt.derived_dir(run) / "cache" / "checked.json" \
@@ -327,6 +320,26 @@ def recompute(
     need_samples = families is None or any(m.needs_samples(prof) for m in metrics)
     # token_id feeds only diversity (and the top-tokens output): a restricted run may skip it
     columns = READ_COLUMNS if families is None or "diversity" in families else tuple(c for c in READ_COLUMNS if c != "token_id")
+    # the outputs of exactly this recompute (config, selection, shards, destination) are already
+    # there, untouched since they were written: a re-run with nothing new writes nothing
+    manifest = None if fmt.is_remote_run(run) else output_files(Path(run)).get(fmt.MANIFEST_NAME)
+    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
+    if (write and incremental and only is None and not extra_visitors and remote_out is None
+            and state.get("outputs") == {"key": outputs_key, "files": output_files(out_dir)}):
+        # ... and nothing to compute: the written metrics are the answer (a 1,000-step re-run
+        # would otherwise rebuild every row from the cache to find it has nothing to do)
+        try:
+            final = pl.read_parquet(out_dir / "metrics.parquet")
+        except Exception:  # noqa: BLE001 - unreadable after all: the ordinary path rewrites it
+            final = None
+        if final is not None:
+            _save_memo(reader, memo_path)
+            fresh_state = None if stamp is None else {**stamp, "reused": sorted(sel), "key_columns": key_columns(final.columns, profile)}
+            if fresh_state is not None and state.get("fresh") != fresh_state:  # a state from before stamps
+                fmt.atomic_write_bytes(state_path, json.dumps({**state, "fresh": fresh_state}).encode())
+            if result:
+                return RecomputeResult(final, out_dir, [], list(sel), list(state.get("notes") or []), variant)
+            return final
     # every step of the run whose cached row is still valid (not only the selected ones: the
     # cache is rewritten whole, and cumulative metrics need the steps before --steps)
     valid_cache: dict[int, dict] = {}
@@ -402,13 +415,10 @@ def recompute(
         notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
         from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
 
-        notes += offset_notes(raw)
-        # the outputs of exactly this recompute (config, selection, shards, destination) are already
-        # there, untouched since they were written: a re-run with nothing new writes nothing
-        manifest = None if fmt.is_remote_run(run) else _output_files(Path(run)).get(fmt.MANIFEST_NAME)
-        outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
+        run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
+        notes += run_notes
         unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
-                     and state.get("outputs") == {"key": outputs_key, "files": _output_files(out_dir)})
+                     and state.get("outputs") == {"key": outputs_key, "files": output_files(out_dir)})
         if write and not unchanged:
             out_dir.mkdir(parents=True, exist_ok=True)
             fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
@@ -429,7 +439,9 @@ def recompute(
             fmt.atomic_write_table(cache_path, cache.to_arrow())
             state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
                      "samples": samples_fp, "sample_columns": sorted(sample_cols),
-                     "outputs": {"key": outputs_key, "files": _output_files(out_dir)}}
+                     "outputs": {"key": outputs_key, "files": output_files(out_dir)}, "notes": run_notes}
+            if stamp is not None:
+                state["fresh"] = {**stamp, "reused": sorted(sel), "key_columns": key_columns(final.columns, profile)}
             fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
             if remote_out is not None:
                 _upload(out_dir, remote_out)
@@ -437,13 +449,32 @@ def recompute(
     finally:
         if spill is not None:
             spill.close()
-    memo = reader.check_report.memo if reader.check_report is not None else None
-    if memo_path is not None and memo is not None and memo.changed:  # last: this recompute succeeded
-        memo.save(memo_path)
+    _save_memo(reader, memo_path)  # last: this recompute succeeded
     if result:
         return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
                                sorted(cached_rows), notes, variant)
     return final
+
+
+def key_columns(columns, profile: str = "grpolens") -> list[str]:
+    """The profile's names of the families' key metrics (``Family.key_metrics``) that ``columns`` has (the summary's rows)."""
+    from grpolens.metrics.registry import FAMILIES
+
+    plugins.load_plugins()
+    out = []
+    for name in (k for f in FAMILIES.values() for k in f.key_metrics):
+        m = REGISTRY.get(name)
+        alias = m.name_in(profile) if m is not None else None
+        if alias is not None and alias in columns:
+            out.append(alias)
+    return out
+
+
+def _save_memo(reader: RunReader, memo_path: Path | None) -> None:
+    """Remember the files that passed the checks (see :func:`grpolens.run.validate.check_before_reading`)."""
+    memo = reader.check_report.memo if reader.check_report is not None else None
+    if memo_path is not None and memo is not None and memo.changed:
+        memo.save(memo_path)
 
 
 def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof) -> dict[str, float]:

@@ -43,34 +43,45 @@ def recompute_cmd(
     refuse_unless_remote(storage_option, {"RUN": run, "--out": out})
     from rich.console import Console
 
-    from grpolens.analysis.recompute import recompute
-    from grpolens.run.reader import parse_overrides
-    from grpolens.commands.ui import progress_bar, summary_table
-
-    from grpolens.metrics.engine import make_engine
-
     console = Console(stderr=True)
-    overrides = parse_overrides(set_)
-    runner = make_engine(engine, ray_address)
-    extra = None
-    if is_weights:
-        from grpolens.metrics.rollout_is_visitors import is_weight_writer
+    res = _fresh(run, out, profile, steps, per_step, quiet) if not (
+        full or only or is_weights or set_ or config is not None or engine != "default" or "://" in run
+        or (out is not None and "://" in out)) else None
+    if res is None:
+        from grpolens.analysis.recompute import recompute
+        from grpolens.run.reader import parse_overrides
+        from grpolens.commands.ui import progress_bar
 
-        extra = [is_weight_writer(run, overrides, config, out)]
-    with progress_bar(console, "recompute", enabled=not quiet) as tick:
-        res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
-                        incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
-                        only=only or None, per_step=per_step)
+        from grpolens.metrics.engine import make_engine
+
+        overrides = parse_overrides(set_)
+        runner = make_engine(engine, ray_address)
+        extra = None
+        if is_weights:
+            from grpolens.metrics.rollout_is_visitors import is_weight_writer
+
+            extra = [is_weight_writer(run, overrides, config, out)]
+        with progress_bar(console, "recompute", enabled=not quiet) as tick:
+            res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
+                            incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
+                            only=only or None, per_step=per_step)
     if quiet:
         return
+    from grpolens.commands.ui import summary_table
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
-    from grpolens.commands.ui import key_columns
 
     out_console = Console()
     if not out_console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         out_console = Console(width=max(out_console.width, 120))
-    cols = None if show_all else key_columns(res.metrics, profile)
+    if show_all:
+        cols = None
+    elif getattr(res, "key_columns", None):  # a re-run with nothing new: as the writing run found them
+        cols = res.key_columns
+    else:
+        from grpolens.analysis.recompute import key_columns
+
+        cols = key_columns(res.metrics.columns, profile)
     n_metrics = res.metrics.width - 1
     title = f"last {min(last, res.metrics.height)} step(s): " + (
         f"all {n_metrics} metrics" if show_all else f"{len(cols)} key metrics of {n_metrics} (--all for every one)")
@@ -83,6 +94,28 @@ def recompute_cmd(
         console.print(f"what-if variant {res.variant.key} ({res.variant.label}): the run's own metrics are untouched; "
                       f"grpolens serve lists it, check/export take --variant {res.variant.key}",
                       highlight=False, markup=False)
+
+
+def _fresh(run: str, out: Optional[str], profile: str, steps: Optional[str], per_step: bool, quiet: bool):
+    """A re-run with nothing new: the written outputs, found without importing the engine
+    (``grpolens.analysis.fresh``); None when the recompute has work to do."""
+    from types import SimpleNamespace
+
+    from grpolens.analysis.fresh import fresh_outputs
+
+    hit = fresh_outputs(run, out, profile, steps, per_step)
+    if hit is None:
+        return None
+    metrics = None
+    if not quiet:  # the summary needs the table; --quiet needs nothing
+        import polars as pl
+
+        try:
+            metrics = pl.read_parquet(hit.out_dir / "metrics.parquet")
+        except Exception:  # noqa: BLE001 - unreadable after all: the ordinary path rewrites it
+            return None
+    return SimpleNamespace(metrics=metrics, out_dir=hit.out_dir, computed_steps=[], reused_steps=hit.reused_steps,
+                           notes=hit.notes, key_columns=hit.key_columns)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,9 +16,14 @@ import typer
 
 
 def _apply(values: List[str]) -> List[str]:
-    from grpolens.run.storage import parse_storage_options, set_default_options
+    import sys
 
-    set_default_options(parse_storage_options(values))  # every invocation: none given resets them
+    # none given and the storage layer not loaded yet: nothing to reset, and a local run need not
+    # import pyarrow's filesystems at all (a re-run with nothing new must start fast)
+    if values or "grpolens.run.storage" in sys.modules:
+        from grpolens.run.storage import parse_storage_options, set_default_options
+
+        set_default_options(parse_storage_options(values))  # every invocation: none given resets them
     return values
 
 

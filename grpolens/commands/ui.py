@@ -31,21 +31,6 @@ def progress_bar(console, label: str, enabled: bool = True, min_total: int = 2) 
         yield tick
 
 
-def key_columns(df, profile: str = "grpolens") -> list[str]:
-    """The profile's names of the families' key metrics (``Family.key_metrics``) that the table has."""
-    from grpolens.metrics.registry import FAMILIES, REGISTRY
-    from grpolens.plugins import load_plugins
-
-    load_plugins()
-    out = []
-    for name in (k for f in FAMILIES.values() for k in f.key_metrics):
-        m = REGISTRY.get(name)
-        alias = m.name_in(profile) if m is not None else None
-        if alias is not None and alias in df.columns:
-            out.append(alias)
-    return out
-
-
 def summary_table(df, last: int = 5, columns: list[str] | None = None, title: str | None = None):
     """Metrics as rows, the last ``last`` steps as columns (wide runs read better transposed)."""
     from rich.table import Table

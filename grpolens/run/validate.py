@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from grpolens.run import format as fmt
+from grpolens.run.tree import tree_digest
 from grpolens.run.storage import StorageError as _StorageError
 
 ERROR, WARNING = "error", "warning"
@@ -175,9 +176,17 @@ def check_before_reading(run: os.PathLike | str, memo: os.PathLike | str | None 
         raise fmt.RunFormatError(run, "run directory does not exist")
     if not run.is_dir():
         raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
-    v = _FooterValidator(run, _CheckMemo.load(memo) if memo is not None else None)
+    memo_state = _CheckMemo.load(memo) if memo is not None else None
+    tree = tree_digest(run) if memo_state is not None else None
+    if tree is not None and memo_state.tree == tree:  # not one entry of the run changed since it passed
+        report = Report(run)
+        report.memo = memo_state
+        return report
+    v = _FooterValidator(run, memo_state)
     report = v.run()
     report.raise_for_errors()
+    if v.memo is not None:
+        v.memo.tree, v.memo.changed = tree, True
     report.memo = v.memo
     return report
 
@@ -693,9 +702,11 @@ class _CheckMemo:
         return ":".join([__version__, *(f"{st.st_size}.{st.st_mtime_ns}" for st in
                                         (os.stat(__file__), os.stat(fmt.__file__)))])
 
-    def __init__(self, files: dict | None = None, markers: dict | None = None):
+    def __init__(self, files: dict | None = None, markers: dict | None = None, tree: str | None = None):
         self.files: dict[str, list] = files or {}
         self.markers: dict[str, list] = markers or {}
+        #: :func:`grpolens.run.tree.tree_digest` of the whole run when it last passed
+        self.tree = tree
         self.changed = False
 
     @classmethod
@@ -706,7 +717,7 @@ class _CheckMemo:
             data = json.loads(Path(path).read_text())
             if data.get("checker") == cls.checker() and isinstance(data.get("files"), dict) \
                     and isinstance(data.get("markers"), dict):
-                return cls(data["files"], data["markers"])
+                return cls(data["files"], data["markers"], data.get("tree"))
         except (OSError, ValueError, AttributeError):
             pass  # none yet, or damaged: every file is checked, and the memo written anew
         return cls()
@@ -716,7 +727,7 @@ class _CheckMemo:
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fmt.atomic_write_bytes(path, json.dumps({"checker": self.checker(), "files": self.files,
-                                                 "markers": self.markers}).encode())
+                                                 "markers": self.markers, "tree": self.tree}).encode())
 
 
 def _stat(path) -> list[int]:
