@@ -115,7 +115,7 @@ def _fresh(run: str, out: Optional[str], profile: str, steps: Optional[str], per
         except Exception:  # noqa: BLE001 - unreadable after all: the ordinary path rewrites it
             return None
     return SimpleNamespace(metrics=metrics, out_dir=hit.out_dir, computed_steps=[], reused_steps=hit.reused_steps,
-                           notes=hit.notes, key_columns=hit.key_columns)
+                           notes=hit.notes, key_columns=hit.key_columns, variant=None)
 
 
 def register(app: typer.Typer) -> None:
