@@ -218,3 +218,15 @@ def test_kl_hand_worked(tmp_path):
     cfg = {"importance_sampling_level": "sequence"}
     gs = _row(grpolens.recompute(write_run(tmp_path / "gspo", [c], config=cfg), write=False), 0)
     assert gs["kl/k3_corrected"] == pytest.approx(0.5, rel=1e-5)
+
+
+def test_kl_loss_norm_luspo_is_the_mean_of_sequence_sums(tmp_path):
+    # LUSPO normalises by the number of sequences only: kl/k3_loss_norm = mean over the step's
+    # sequences (fully masked ones included, with sum 0) of each sequence's k3 sum
+    rng = np.random.default_rng(11)
+    calls = random_calls(rng, nonfinite=0.05, spread=0.8)
+    run = write_run(tmp_path / "run", calls, config={"loss_type": "luspo"})
+    got = grpolens.recompute(run, write=False)
+    for step in (0, 1):
+        sums = np.concatenate([np.where(_valid(c), _k3(c), 0.0).sum(1) for c in calls if c.step == step])
+        assert approx(_row(got, step)["kl/k3_loss_norm"], sums.mean())
