@@ -228,5 +228,6 @@ def test_kl_loss_norm_luspo_is_the_mean_of_sequence_sums(tmp_path):
     run = write_run(tmp_path / "run", calls, config={"loss_type": "luspo"})
     got = grpolens.recompute(run, write=False)
     for step in (0, 1):
-        sums = np.concatenate([np.where(_valid(c), _k3(c), 0.0).sum(1) for c in calls if c.step == step])
+        with np.errstate(invalid="ignore", over="ignore"):  # k3 of the non-finite tokens, dropped by the where
+            sums = np.concatenate([np.where(_valid(c), _k3(c), 0.0).sum(1) for c in calls if c.step == step])
         assert approx(_row(got, step)["kl/k3_loss_norm"], sums.mean())
