@@ -24,6 +24,11 @@ else ``token_level_rewards``, summed over the response) and numeric reward-info 
 set there with one line each (``docs/integrations/verl.md``): ``PRE_REJECTION_MASK_KEY`` (the
 response mask before rollout rejection: stored as ``rollout_rejected``) and ``OLD_ENTROPY_KEY``
 (the old-log-prob pass' entropies: ``old_entropy``).
+
+verl 0.9.1's default trainer (``trainer.use_v1: true``) hands these per-token keys as nested
+tensors (``layout=torch.jagged``, one row per sequence, response tokens only) with ``prompts`` and
+``input_ids`` (prompt + response) nested as well and no ``attention_mask``; they are read as the
+padded ``(B, T)`` tensors the legacy trainer holds, ``T`` the batch's longest response.
 """
 
 from __future__ import annotations
@@ -67,6 +72,77 @@ def _get(t: Any, key: str, required: bool = True):
     if required:
         raise KeyError(f"verl batch has no {key!r} (keys: {', '.join(sorted(_keys(t)))})")
     return None
+
+
+#: Per-token keys, one value per response token, that may come nested (jagged) instead of padded.
+_TOKEN_KEYS = ("responses", "response_mask", "old_log_probs", "ref_log_prob", "rollout_log_probs", "advantages",
+               "token_level_scores", "token_level_rewards", "grpolens_response_mask_before_rejection",
+               "grpolens_old_entropys")
+
+
+def _row_lengths(x, key: str) -> torch.Tensor:
+    if x.layout != torch.jagged:
+        raise ValueError(f"VerlCapture: {key!r} is a nested tensor of layout {x.layout}; only "
+                         f"layout=torch.jagged (verl's) is read")
+    return x.offsets().diff()
+
+
+def _padded_like(x, key: str, lengths: torch.Tensor, width: int, nested_only: bool) -> torch.Tensor:
+    """``x`` (nested with the rows of ``responses``, or padded ``(B, >= width)`` unless ``nested_only``)
+    as a padded ``(B, width)`` tensor: positions past a row's length hold 0."""
+    if not getattr(x, "is_nested", False):
+        if nested_only:
+            raise ValueError(f"VerlCapture: 'responses' is a nested tensor but {key!r} is padded: hand every "
+                             f"per-token key in one layout")
+        if x.dim() != 2 or x.shape[0] != len(lengths) or x.shape[1] < width:
+            raise ValueError(f"VerlCapture: {key!r} has shape {tuple(x.shape)}, expected (rows, at least the "
+                             f"longest response) = {(len(lengths), width)} for nested 'responses'")
+        return x[:, :width]  # no_padding_2_padding may pad to verl's max_response_len: only padding is cut
+    own = _row_lengths(x, key)
+    if x.dim() != 2 or not torch.equal(own.cpu(), lengths.cpu()):
+        raise ValueError(f"VerlCapture: nested {key!r} has row lengths {own.tolist()}, expected those of "
+                         f"'responses' {lengths.tolist()} (response tokens only)")
+    out = x.to_padded_tensor(0)
+    return torch.nn.functional.pad(out, (0, width - out.shape[1])) if out.shape[1] < width else out
+
+
+def _unnested(t: Any) -> tuple[Any, bool]:
+    """The batch with nested (jagged) per-token keys padded, and whether they were nested.
+
+    With nested ``responses`` the prompt side comes from nested ``prompts`` (else ``input_ids``,
+    prompt + response) and ``attention_mask`` / ``input_ids`` are rebuilt padded: prompt tokens
+    first, then the response columns, as ``begin_step`` reads them from the legacy trainer."""
+    keys = _keys(t)
+    responses = _get(t, "responses")
+    if not getattr(responses, "is_nested", False):
+        for k in _TOKEN_KEYS:
+            if k in keys and getattr(t[k], "is_nested", False):
+                raise ValueError(f"VerlCapture: {k!r} is a nested tensor but 'responses' is padded: hand every "
+                                 f"per-token key in one layout")
+        return t, False
+    lengths = _row_lengths(responses, "responses")
+    width = int(lengths.max()) if len(lengths) else 0
+    out = {k: t[k] for k in keys}
+    for k in _TOKEN_KEYS:
+        if k in keys:
+            out[k] = _padded_like(t[k], k, lengths, width, nested_only=True)
+    if "prompts" in keys and getattr(t["prompts"], "is_nested", False):
+        prompt_lens = _row_lengths(t["prompts"], "prompts")
+        prompt_ids = t["prompts"].to_padded_tensor(0)
+    elif "input_ids" in keys and getattr(t["input_ids"], "is_nested", False):
+        prompt_lens = _row_lengths(t["input_ids"], "input_ids") - lengths.to(responses.offsets().device)
+        rows = t["input_ids"].unbind()
+        prompt_ids = torch.nn.utils.rnn.pad_sequence([r[: int(n)] for r, n in zip(rows, prompt_lens)], batch_first=True)
+    else:
+        raise KeyError("VerlCapture: nested 'responses' need nested 'prompts' or 'input_ids' for the prompt lengths")
+    prompt_w = prompt_ids.shape[1] if prompt_ids.dim() == 2 else 0
+    attn = torch.cat([torch.arange(prompt_w) < prompt_lens.cpu().unsqueeze(1),
+                      torch.arange(width) < lengths.cpu().unsqueeze(1)], 1).to(torch.int64)
+    out["attention_mask"] = attn.to(out["responses"].device)
+    out["input_ids"] = torch.cat([prompt_ids.reshape(len(lengths), prompt_w).to(out["responses"].dtype),
+                                  out["responses"]], 1)
+    out["_lengths"] = lengths
+    return out, True
 
 
 def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None,
@@ -183,6 +259,7 @@ class VerlCapture:
         #: this step's optional per-row tensors (by row of the rank's batch), looked up per micro-batch
         #: through the sample ids, so that only SAMPLE_ID_KEY has to travel through verl's select
         self._rows: dict[str, Any] = {}
+        self._nested = False  # this step's batch came as nested (jagged) tensors
 
     # ------------------------------------------------------------------ once per training step
     def begin_step(self, data: Any, step: int | None = None) -> int:
@@ -194,15 +271,18 @@ class VerlCapture:
             step = meta.get("global_steps")
         step = int(step) if step is not None else self._last_step + 1
         self.step, self._last_step, self._micro_batch = step, step, 0
-        t = _tensors(data)
-        responses = _get(t, "responses")
-        n, width = responses.shape
+        given = _tensors(data)
+        responses = _get(given, "responses")
+        n = responses.size(0)
         if n > SAMPLE_ID_STRIDE:
             raise ValueError(f"VerlCapture: {n} rows on one rank exceed {SAMPLE_ID_STRIDE}")
         sample_ids = (step * self.world_size + self.rank) * SAMPLE_ID_STRIDE + torch.arange(n, dtype=torch.int64)
-        t[self.SAMPLE_ID_KEY] = sample_ids.to(responses.device)
+        given[self.SAMPLE_ID_KEY] = sample_ids.to(responses.offsets().device if responses.is_nested else responses.device)
         if not self.enabled:
             return step
+        t, self._nested = _unnested(given)
+        responses = t["responses"]
+        width = responses.shape[1]
         self._rows = {}
         for name, key in (("pre_mask", self.PRE_REJECTION_MASK_KEY), ("old_entropy", self.OLD_ENTROPY_KEY)):
             x = _get(t, key, False)
@@ -270,8 +350,19 @@ class VerlCapture:
         if self.SAMPLE_ID_KEY not in _keys(t):
             raise KeyError(f"micro-batch has no {self.SAMPLE_ID_KEY!r}: call begin_step(data) before verl's "
                            f"data.select(...) and add VerlCapture.SAMPLE_ID_KEY to its select_keys")
-        responses = _get(t, "responses")
+        t, nested = _unnested(t)
+        responses = t["responses"]
         width = responses.shape[1]
+        if nested:  # the forward's outputs: nested like 'responses', or padded to its longest row
+            log_prob = _padded_like(log_prob, "log_prob", t["_lengths"], width, nested_only=False)
+            entropy = entropy if entropy is not None else entropys
+            if entropy is not None:
+                entropy = _padded_like(entropy, "entropy", t["_lengths"], width, nested_only=False)
+        else:
+            for key, x in (("log_prob", log_prob), ("entropy", entropy), ("entropys", entropys)):
+                if getattr(x, "is_nested", False):
+                    raise ValueError(f"VerlCapture: {key!r} is a nested tensor but 'responses' is padded: hand "
+                                     f"every per-token key in one layout")
         mb = self._micro_batch if micro_batch_index is None else micro_batch_index
         self._micro_batch = mb + 1
         sample_ids = t[self.SAMPLE_ID_KEY]
@@ -286,10 +377,11 @@ class VerlCapture:
             rollout_logp=_get(t, "rollout_log_probs", False), token_ids=responses,
             old_entropy=per_row.get("old_entropy"), rollout_rejected=rejected)
 
-    @staticmethod
-    def _of_rows(x, sample_ids, width: int):
+    def _of_rows(self, x, sample_ids, width: int):
         """The rows of a step-level tensor that a micro-batch holds (its row = sample_id mod stride)."""
         rows = (sample_ids % SAMPLE_ID_STRIDE).to(x.device)
+        if self._nested and x.shape[1] >= width:  # padded to the step's longest response: its rows fit `width`
+            return x[rows][:, :width]
         if x.shape[1] != width:
             raise ValueError(f"VerlCapture: micro-batch responses are {width} wide but the batch at begin_step "
                              f"was {x.shape[1]} wide")
