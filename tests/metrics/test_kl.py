@@ -231,3 +231,15 @@ def test_kl_loss_norm_luspo_is_the_mean_of_sequence_sums(tmp_path):
         with np.errstate(invalid="ignore", over="ignore"):  # k3 of the non-finite tokens, dropped by the where
             sums = np.concatenate([np.where(_valid(c), _k3(c), 0.0).sum(1) for c in calls if c.step == step])
         assert approx(_row(got, step)["kl/k3_loss_norm"], sums.mean())
+
+
+def test_kl_loss_norm_dr_grpo_with_a_one_token_length(tmp_path):
+    # Dr. GRPO divides by sequences × max_completion_length, a constant: with 1 it is Σ k3 / sequences
+    rng = np.random.default_rng(12)
+    calls = random_calls(rng, spread=0.8)
+    run = write_run(tmp_path / "run", calls, config={"loss_type": "dr_grpo", "max_completion_length": 1})
+    got = grpolens.recompute(run, write=False)
+    for step in (0, 1):
+        with np.errstate(invalid="ignore", over="ignore"):
+            sums = np.concatenate([np.where(_valid(c), _k3(c), 0.0).sum(1) for c in calls if c.step == step])
+        assert approx(_row(got, step)["kl/k3_loss_norm"], sums.sum() / len(sums))
