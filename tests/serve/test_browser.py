@@ -544,21 +544,21 @@ def test_dark_mode_reaches_dropdowns_and_sliders(server, browser):
         return {box: st('#runs', 'backgroundColor'), boxText: st('#runs .dash-dropdown-value-item', 'color'),
                 list: st('.dash-dropdown-content', 'backgroundColor'), option: st('.dash-dropdown-option', 'color'),
                 mark: st('#range .dash-slider-mark, .dash-slider-mark', 'color')}"""
-    try:
-        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
-                                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    def open_run_list() -> dict:
         go(browser, server, "/")
         wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
         css(browser, "#runs")[0].click()
-        got = wait(browser, lambda d: (p := d.execute_script(parts)) and p["list"] and p, what="the open run list")
+        return wait(browser, lambda d: (p := d.execute_script(parts)) and p["list"] and p, what="the open run list")
+
+    try:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        got = open_run_list()
         shot(browser, "dropdown-dark")
         assert luminance(got["box"]) < 40 and luminance(got["list"]) < 40, got
         assert luminance(got["boxText"]) > 150 and luminance(got["option"]) > 150 and luminance(got["mark"]) > 150, got
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
                                 {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
-    go(browser, server, "/")
-    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
-    css(browser, "#runs")[0].click()
-    got = wait(browser, lambda d: (p := d.execute_script(parts)) and p["list"] and p, what="the open run list")
+    got = open_run_list()
     assert luminance(got["box"]) > 200 and luminance(got["list"]) > 200 and luminance(got["option"]) < 120, got
