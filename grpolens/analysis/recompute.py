@@ -270,7 +270,8 @@ def recompute(
     # its cache remembers the files that passed, so a re-run opens only new or changed ones
     memo_path = fmt.derived_dir(run) / "cache" / "checked.json" \
         if write and incremental and only is None and not fmt.is_remote_run(run) else None
-    reader.check(memo_path)
+    # one walk of the run serves both the stamp and the check memo
+    reader.check(memo_path, stamp["tree"] if stamp is not None else None)
     cfg = reader.config(overrides, config_file)
     schedule = None
     if prof.log_schedule is not None:  # the trainer's logging schedule and release rules, from the run

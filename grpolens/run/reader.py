@@ -234,16 +234,17 @@ class RunReader:
     #: what :meth:`check` found (None before it ran, or for a run on object storage)
     check_report = None
 
-    def check(self, memo: os.PathLike | str | None = None):
+    def check(self, memo: os.PathLike | str | None = None, tree: str | None = None):
         """Refuse the run (RunFormatError, validate's message) when ``grpolens validate`` would
         reject it for anything the Parquet footers show; called once by every command before it
         reads rows (the rest is checked by :func:`read_tokens` and :func:`read_samples`).
-        ``memo``: where to remember the files that passed (see :func:`check_before_reading`)."""
+        ``memo``: where to remember the files that passed (see :func:`check_before_reading`);
+        ``tree``: the run's tree digest, when the caller has just taken it."""
         from grpolens.run.validate import check_before_reading
 
         # an s3:// run has no local directory to validate: its shards are still checked as read
         if not getattr(self, "_checked", False) and not fmt.is_remote_run(self.path):
-            self.check_report = check_before_reading(self.path, memo)
+            self.check_report = check_before_reading(self.path, memo, tree)
             self._checked = True
         return self
 

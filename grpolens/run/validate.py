@@ -161,7 +161,8 @@ def validate_run(run: os.PathLike | str) -> Report:
     return _Validator(run).run()
 
 
-def check_before_reading(run: os.PathLike | str, memo: os.PathLike | str | None = None) -> Report:
+def check_before_reading(run: os.PathLike | str, memo: os.PathLike | str | None = None,
+                         tree: str | None = None) -> Report:
     """What a command checks before it reads ``run``: every error ``grpolens validate`` would
     report that the Parquet footers can show, with the same messages; raises
     :class:`~grpolens.errors.RunFormatError` for the first (as :meth:`Report.raise_for_errors`).
@@ -177,7 +178,8 @@ def check_before_reading(run: os.PathLike | str, memo: os.PathLike | str | None 
     if not run.is_dir():
         raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
     memo_state = _CheckMemo.load(memo) if memo is not None else None
-    tree = tree_digest(run) if memo_state is not None else None
+    if memo_state is not None and tree is None:  # ``tree``: a digest the caller took just before
+        tree = tree_digest(run)
     if tree is not None and memo_state.tree == tree:  # not one entry of the run changed since it passed
         report = Report(run)
         report.memo = memo_state
