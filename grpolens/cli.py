@@ -103,8 +103,10 @@ def _print_error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turning user errors into one line and an exit code."""
+    from grpolens.allocator import keep_freed_memory
     from grpolens.errors import RunFormatError, UserError
 
+    keep_freed_memory()  # a command-line process reuses the memory it frees (see grpolens/allocator.py)
     try:
         # In non-standalone mode click *returns* the exit code of a command that raised
         # typer.Exit(code) instead of exiting with it.

@@ -2,7 +2,8 @@
 
 Layers, lowest first (a module may import its own layer and those below):
 
-    errors, text, plot_config,         leaves: errors, how values and charts show, pure maths
+    errors, text, plot_config,         leaves: errors, how values and charts show, allocator settings,
+    allocator                          pure maths
     functional
     run                                the run on disk: format, validation, config, the run reader
     capture (hook, writer)             what training ranks run
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "grpolens"
 
 LAYERS = [
-    ("grpolens.errors", "grpolens.text", "grpolens.plot_config", "grpolens.functional"),
+    ("grpolens.errors", "grpolens.text", "grpolens.plot_config", "grpolens.allocator", "grpolens.functional"),
     ("grpolens.run",),
     ("grpolens.capture", "grpolens.hook"),
     ("grpolens.metrics",),
