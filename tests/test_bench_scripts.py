@@ -22,6 +22,16 @@ def test_read_floor_reads_the_columns_recompute_reads():
     assert tuple(_load("read_floor").TOKEN_COLUMNS) == tuple(READ_COLUMNS)
 
 
+def test_shard_cpu_times_every_producer_and_visitor():
+    from grpolens.metrics.engine import VISITORS
+    from grpolens.metrics.partials import PRODUCERS
+
+    cpu = _load("shard_cpu").shard_cpu(str(BENCH.parent / "sample_runs" / "tiny"))
+    assert {f"visitor {v}" for v in VISITORS} | {"read", "TokenBatch.from_arrow", "producer loss"} <= set(cpu)
+    assert {p[len("producer "):] for p in cpu if p.startswith("producer ")} <= set(PRODUCERS)
+    assert all(s >= 0 for s in cpu.values()) and cpu["read"] > 0
+
+
 def test_subset_is_a_valid_only_selection():
     from grpolens.analysis.recompute import metrics_for, select_metrics
     from grpolens.run.config import check_config
