@@ -41,6 +41,16 @@ TOP_COLUMNS = ("step", "rank", "micro_batch", "sample_id", "pos")
 def token_scores(b: TokenBatch, by: str, masked_only: bool = True) -> np.ndarray | None:
     """Per-token score ``by``: NaN where an input is not finite, and (``masked_only``, the
     default) where the token does not count in the loss. None when the run lacks an input."""
+    scored = _scores(b, by, masked_only)
+    if scored is None:
+        return None
+    s, keep = scored
+    return np.where(keep, s, np.nan)
+
+
+def _scores(b: TokenBatch, by: str, masked_only: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+    """(raw score per token, which tokens have one): the scores of :func:`token_scores` before
+    the tokens without one are set to NaN."""
     if by not in SCORES:
         raise ValueError(f"unknown score {by!r}; choose one of {', '.join(SCORES)}")
     if not b.has(*SCORES[by]):
@@ -55,11 +65,13 @@ def token_scores(b: TokenBatch, by: str, masked_only: bool = True) -> np.ndarray
         elif by == "ratio":
             s = np.abs(b.log_ratio)
         elif by == "entropy":
-            s = c["entropy"].copy()
+            s = c["entropy"]
         else:
             s = np.abs(b.adv) * np.abs(b.ratio - 1.0)
-    keep = np.isfinite(s) & (b.mask if masked_only else True)
-    return np.where(keep, s, np.nan)
+    keep = np.isfinite(s)
+    if masked_only:
+        keep &= b.mask
+    return s, keep
 
 
 def token_frame(b: TokenBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
@@ -74,16 +86,24 @@ def token_frame(b: TokenBatch, idx: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def top_k(b: TokenBatch, by: str, k: int) -> pl.DataFrame:
-    s = token_scores(b, by)
-    if s is None:
-        return pl.DataFrame()
-    ok = np.flatnonzero(~np.isnan(s))
+    """The ``k`` highest-scoring tokens of ``b`` by ``by`` (fewer when fewer have a score)."""
+    rows = _top_rows(b, by, k)
+    return pl.DataFrame(rows) if rows is not None else pl.DataFrame()
+
+
+def _top_rows(b: TokenBatch, by: str, k: int) -> dict[str, np.ndarray] | None:
+    """The columns of :func:`top_k`'s rows (None when the run lacks an input of ``by``)."""
+    scored = _scores(b, by)
+    if scored is None:
+        return None
+    s, keep = scored
+    ok = np.flatnonzero(keep)
     if len(ok) > k:
         ok = ok[np.argpartition(-s[ok], k - 1)[:k]]
     cols = token_frame(b, ok)
     cols["score"] = s[ok]
     cols["by"] = np.full(len(ok), by)
-    return pl.DataFrame(cols)
+    return cols
 
 
 def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
@@ -103,9 +123,11 @@ class TopTokens:
     collect: bool = True
 
     def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
-        frames = [top_k(batch, by, self.k) for by in SCORES]
-        frames = [f for f in frames if f.height]
-        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+        # one frame of every score's rows (building a frame per score cost more than scoring)
+        parts = [rows for by in SCORES if (rows := _top_rows(batch, by, self.k)) is not None and len(rows["score"])]
+        if not parts:
+            return pl.DataFrame()
+        return pl.DataFrame({c: np.concatenate([p[c] for p in parts]) for c in parts[0]})
 
     def combine(self, step: int, pieces: list[pl.DataFrame]) -> pl.DataFrame:
         pieces = [p for p in pieces if p.height]
