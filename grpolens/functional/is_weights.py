@@ -235,6 +235,9 @@ class Inputs:
     seg: Segments
     dv: np.ndarray
     av: np.ndarray
+    #: :func:`token_decisions` under each config, made once: the producer's partials, the loss
+    #: weights and the IS visitors of a batch all ask for the same ones
+    decisions: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def inputs(b) -> Inputs:
@@ -270,6 +273,14 @@ class TokenDecisions:
 
 
 def token_decisions(x: Inputs, c: ISConfig) -> TokenDecisions:
+    """The token-level decisions on ``x`` under ``c`` (computed once per inputs and config)."""
+    t = x.decisions.get(c)
+    if t is None:
+        t = x.decisions[c] = _token_decisions(x, c)
+    return t
+
+
+def _token_decisions(x: Inputs, c: ISConfig) -> TokenDecisions:
     d = x.dv
     w = bounded_exp(d)
     none = np.zeros(len(d), dtype=bool)
