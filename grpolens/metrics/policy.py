@@ -79,7 +79,10 @@ def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
     """d per token, 0 where the ratio is undefined; clipped to ±clamp when given."""
     def make():
         if clamp is not None:
-            return np.clip(log_ratio(b), -clamp, clamp)
+            d = log_ratio(b)
+            if not len(d) or (d.max() <= clamp and d.min() >= -clamp):
+                return d  # nothing to clamp (the usual case): the same array, so e^d is shared too
+            return np.clip(d, -clamp, clamp)
         with np.errstate(invalid="ignore"):
             return np.where(ratio_valid(b), b.log_ratio, 0.0)
     return memo(b, f"log_ratio:{clamp}", make)
@@ -87,10 +90,9 @@ def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
 
 def ratio(b: TokenBatch) -> np.ndarray:
     """e^d per token (1 where the ratio is undefined)."""
-    def make():
-        with np.errstate(over="ignore"):
-            return np.exp(log_ratio(b))
-    return memo(b, "ratio", make)
+    # = e^(log_ratio(b)) token by token (e^0 = 1), from the batch's own e^(logp − old), which the
+    # top-tokens scores and other visitors use anyway: one exp pass instead of two
+    return memo(b, "ratio", lambda: np.where(ratio_valid(b), b.ratio, 1.0))
 
 
 def seq_log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
@@ -110,7 +112,7 @@ def coef_log(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray
 
 def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
     """The importance weight c = exp(:func:`coef_log`) per token."""
-    if is_level(cfg) == "token" and clamp is None:
+    if is_level(cfg) == "token" and (clamp is None or log_ratio(b, clamp) is log_ratio(b)):
         return ratio(b)
 
     def make():
