@@ -12,6 +12,7 @@ otherwise): ``metrics.parquet`` (one row per step, one column per metric) and ``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,14 +27,14 @@ import polars as pl
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.metrics import reduce
-from grpolens.metrics.engine import READ_COLUMNS, SequencePartials, iter_steps, visitor_factories
+from grpolens.metrics.engine import READ_COLUMNS, SequencePartials, ThreadEngine, iter_steps, visitor_factories
 from grpolens.metrics.profile import Profile
 from grpolens.metrics.registry import REGISTRY, Metric
 from grpolens import plugins
 from grpolens.run.reader import RunReader, read_samples
 from grpolens.run.step_table import StepSpill
 from grpolens.run.variants import Variant, effective_overrides
-from grpolens.analysis import fresh
+from grpolens.analysis import fresh, step_workers
 from grpolens.analysis.fresh import output_files
 
 CACHE_VERSION = 2  # 2: rows of a profile with a log schedule carry appended-value counts
@@ -110,6 +111,109 @@ def step_values(sd: reduce.StepData, metrics: list[Metric], schedule: Any = None
             val = None if skip else reduce.compute(m, sd)
         row[m.name] = val
     return row
+
+
+def step_visitors(cfg: dict, families: frozenset[str] | None = None, extra: list | None = None) -> list:
+    """The visitors of a recompute's pass over the tokens: the per-sequence partials first, then the
+    registered visitors (those ``families`` need), then ``extra``."""
+    return [SequencePartials(cfg, families), *(factory(cfg) for factory in visitor_factories(families)), *(extra or [])]
+
+
+@dataclass
+class StepWork:
+    """The per-step body of a recompute, the same in this process and in a worker process
+    (:mod:`grpolens.analysis.step_workers`): from a step's combined visitor pieces (or, for a step
+    without token shards, its samples alone) to its row of metrics and its rows of the step tables."""
+
+    run: Any
+    cfg: dict
+    profile: Profile
+    metrics: list[Metric]
+    visitors: list  # step_visitors(...): the per-sequence partials first
+    columns: tuple[str, ...]
+    need_samples: bool
+    run_has_samples: bool
+    schedule: Any = None
+
+    def token_step(self, step: int, pieces: dict[str, Any], spill: StepSpill | None) -> tuple[dict[str, Any], set[str]]:
+        """``(row, present token columns)`` of a step with token shards; with ``spill``, each
+        collecting visitor's step output (made while the step's samples are here) goes to it."""
+        seqs, present = pieces[self.visitors[0].name]
+        samples = read_samples(self.run, step) if self.need_samples else None
+        sd = reduce.StepData(step, seqs, self.cfg, self.profile, samples, present, {})
+        sd.extra["pieces"] = pieces
+        sd.extra["run_has_samples"] = self.run_has_samples
+        sd.extra["schedule"] = self.schedule
+        row = step_values(sd, self.metrics, self.schedule)
+        for v in self.visitors:
+            if spill is not None and getattr(v, "collect", False):
+                piece = pieces[v.name]
+                if hasattr(v, "at_step"):
+                    piece = v.at_step(step, piece, samples, self.run)
+                spill.put(v.name, step, piece)
+        return row, present
+
+    def one_step(self, step: int, token_steps: frozenset[int], spill: StepSpill | None, engine
+                 ) -> tuple[dict[str, Any], set[str] | None]:
+        """``(row, present)`` of one step computed on its own, here or in a worker process
+        (:mod:`grpolens.analysis.step_workers`; ``present``: None for a step without token shards)."""
+        if step in token_steps:
+            res = next(iter_steps(self.run, [step], self.visitors, columns=self.columns, engine=engine))
+            return self.token_step(step, res.pieces, spill)
+        return self.samples_step(step), None
+
+    def samples_step(self, step: int) -> dict[str, Any]:
+        """The row of a step with samples but no token shards: sample-side metrics only."""
+        samples = read_samples(self.run, step) if self.need_samples else None
+        return step_values(reduce.StepData(step, {}, self.cfg, self.profile, samples, set(), {}), self.metrics,
+                           self.schedule)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs to build the recompute's :class:`StepWork` (picklable: the
+    metrics by name, rebuilt there from the registries the plugins fill)."""
+
+    run: Path
+    cfg: dict
+    profile: str
+    metric_names: list[str]
+    sample_columns: list[str]
+    families: frozenset[str] | None
+    columns: tuple[str, ...]
+    need_samples: bool
+    run_has_samples: bool
+    schedule: Any
+    token_steps: frozenset[int]
+    spill_dir: Path | None  # the recompute's spill folder: a worker writes its steps' files there
+
+    def work(self) -> StepWork:
+        """The :class:`StepWork`, built in the worker; :class:`KeyError` names a metric this
+        process does not know (one registered at run time in the parent, not by a plugin)."""
+        prof = plugins.get(self.profile)
+        by_name = {m.name: m for m in metrics_for(self.profile, self.cfg, self.sample_columns)}
+        missing = [n for n in self.metric_names if n not in by_name]
+        if missing:
+            raise KeyError(missing[0])
+        return StepWork(self.run, self.cfg, prof, [by_name[n] for n in self.metric_names],
+                        step_visitors(self.cfg, self.families), self.columns, self.need_samples,
+                        self.run_has_samples, self.schedule)
+
+
+def _serial_steps(work: StepWork, todo: list[int], token_steps: set[int], engine, rows: dict, present_any: set,
+                  computed: set, spill: StepSpill | None, tick, on_step) -> None:
+    """The steps ``todo`` in this process, one after another (the per-shard work on ``engine``)."""
+    for res in iter_steps(work.run, [s for s in todo if s in token_steps], work.visitors, columns=work.columns,
+                          on_step=tick, engine=engine):
+        rows[res.step], present = work.token_step(res.step, res.pieces, spill)
+        present_any |= present
+        computed.add(res.step)
+        if on_step:
+            on_step(res.step, res.pieces)
+    for s in todo:
+        if s not in computed:
+            rows[s] = work.samples_step(s)
+            tick(s)
 
 
 def _fingerprint(shards: list[fmt.Shard]) -> list:
@@ -226,6 +330,7 @@ def recompute(
     storage_options: dict[str, str] | None = None,
     only: Iterable[str] | None = None,
     per_step: bool = False,
+    workers: int | None = None,
 ) -> pl.DataFrame | RecomputeResult:
     """Recompute every metric of ``run`` per step; returns a polars DataFrame (one row per step).
 
@@ -237,6 +342,10 @@ def recompute(
     :mod:`grpolens.run.storage`), and so may ``out``. ``extra_visitors`` join the same pass over the tokens (see
     :mod:`grpolens.metrics.engine`); ``on_step(step, pieces)`` receives their combined results.
     With ``write``, concurrent recomputes of one run take turns (:func:`recompute_lock`).
+    ``workers``: how many processes compute the steps, this one among them
+    (:mod:`grpolens.analysis.step_workers`; default ``GRPOLENS_WORKERS``, else the CPU count, at
+    most 8), started only when there is enough to do; 1 computes here. Values and outputs do not
+    depend on it.
 
     ``only`` restricts the work to some metrics (families, names or globs, see
     :func:`select_metrics`): only the producers and visitors those need run, token columns no
@@ -357,8 +466,8 @@ def recompute(
     cached_rows = {s: valid_cache[s] for s in sel if s in valid_cache}
     todo = [s for s in sel if s not in cached_rows]
 
-    seqv = SequencePartials(cfg, families)
-    visitors = [seqv, *(factory(cfg) for factory in visitor_factories(families)), *(extra_visitors or [])]
+    work = StepWork(run, cfg, prof, metrics, step_visitors(cfg, families, extra_visitors), columns, need_samples,
+                    bool(sample_steps), schedule)
     rows: dict[int, dict] = dict(cached_rows)
     present_any: set[str] = set()
     done = 0
@@ -369,37 +478,34 @@ def recompute(
         if progress:
             progress(done, len(todo))
 
-    tok_todo = [s for s in todo if s in set(token_steps)]
     computed: set[int] = set()
     # the step outputs of visitors with collect=True (completions, top tokens, IS histograms) go to
     # disk as each step is done (grpolens.run.step_table), so memory does not grow with the steps
     spill = StepSpill(cache_root / "cache") if write and only is None else None
     try:
-        for res in iter_steps(run, tok_todo, visitors, columns=columns, on_step=tick, engine=engine):
-            seqs, present = res.pieces[seqv.name]
-            present_any |= present
-            samples = read_samples(run, res.step) if need_samples else None
-            sd = reduce.StepData(res.step, seqs, cfg, prof, samples, present, {})
-            sd.extra["pieces"] = res.pieces
-            sd.extra["run_has_samples"] = bool(sample_steps)
-            sd.extra["schedule"] = schedule
-            rows[res.step] = step_values(sd, metrics, schedule)
-            computed.add(res.step)
-            for v in visitors:
-                if spill is not None and getattr(v, "collect", False):
-                    piece = res.pieces[v.name]
-                    if hasattr(v, "at_step"):  # its step output, made while the step's samples are here
-                        piece = v.at_step(res.step, piece, samples, run)
-                    spill.put(v.name, res.step, piece)
-            if on_step:
-                on_step(res.step, res.pieces)
-        for s in todo:
-            if s in computed:
-                continue
-            # a step with samples but no token shards: sample-side metrics only
-            sd = reduce.StepData(s, {}, cfg, prof, read_samples(run, s) if need_samples else None, set(), {})
-            rows[s] = step_values(sd, metrics, schedule)
-            tick(s)
+        # worker processes when there is enough to do (grpolens.analysis.step_workers); this
+        # process alone for other engines, extra visitors and on_step (their pieces are here)
+        # and a run on object storage
+        n_workers = 1
+        if (engine is None or isinstance(engine, ThreadEngine)) and not extra_visitors and on_step is None \
+                and not fmt.is_remote_run(run):
+            n_workers = step_workers.count(workers, len(todo), sum(f[1] for s in todo for f in fingerprints[s]))
+        if n_workers > 1:
+            spec = WorkerSpec(run, cfg, prof.name, [m.name for m in metrics], sorted(sample_cols), families, columns,
+                              need_samples, bool(sample_steps), schedule, frozenset(token_steps),
+                              spill.folder() if spill is not None else None)
+            here = functools.partial(work.one_step, token_steps=spec.token_steps, spill=spill,
+                                     engine=step_workers.engine())
+            for step, row, present, spilled in step_workers.map_steps(spec, todo, n_workers, here):
+                rows[step] = row
+                if present is not None:  # a step with token shards
+                    present_any |= present
+                    computed.add(step)
+                for name, schema in spilled.items():  # the files a worker process wrote
+                    spill.table(name).adopt(step, schema)
+                tick(step)
+        else:
+            _serial_steps(work, todo, set(token_steps), engine, rows, present_any, computed, spill, tick, on_step)
 
         names = ["step"] + [m.name for m in metrics]
         schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
@@ -429,7 +535,7 @@ def recompute(
         if write and only is None and not unchanged:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             kept = set(cached_rows)
-            for v in visitors:
+            for v in work.visitors:
                 if getattr(v, "collect", False) and hasattr(v, "finish"):
                     v.finish(run, out_dir, spill.table(v.name), kept)
             spill.close()  # before an upload of the staged outputs, which must not carry it

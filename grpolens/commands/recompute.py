@@ -22,11 +22,12 @@ def recompute_cmd(
     last: int = typer.Option(5, "--last", help="Steps shown in the summary table."),
     show_all: bool = typer.Option(False, "--all", help="Show every metric in the summary, not only the key ones."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary, no progress bar."),
-    engine: str = typer.Option("default", "--engine", help="default: threads in this process; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
+    engine: str = typer.Option("default", "--engine", help="default: this machine, on --workers processes; ray: Ray tasks, one per group of shards (pip install 'grpolens[ray]'; docs/distributed.md)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     storage_option: List[str] = STORAGE_OPTION,
     only: List[str] = typer.Option([], "--only", help="Compute only these metrics: families (clip, kl, ...), metric names or globs ('rollout_is/applied/*'), comma-separated or repeated. Only the work they need runs; no cache, no other outputs; written to --out [default: RUN/grpolens/only]."),
     per_step: bool = typer.Option(False, "--per-step", help="--profile trl: one row per optimizer step (what TRL logs with logging_steps=1) instead of one per TRL log (its logging windows, from the manifest)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Worker processes computing steps in parallel [default: GRPOLENS_WORKERS, else the CPU count, at most 8]; 1 computes in this process. Workers start only for at least 2 steps each; --engine ray and --is-weights compute in this process (docs/distributed.md)."),
     is_weights: bool = typer.Option(False, "--is-weights", help="Also write per-token rollout IS weights and the modified loss mask to RUN/grpolens/is_weights/ (./<run name>.grpolens/is_weights/ for an s3:// run), or OUT/is_weights/ with --out (a directory or s3:// prefix: each file uploaded atomically); see docs/rollout-is.md."),
 ) -> None:
     """Recompute every GRPO/GSPO/CISPO metric per step from the run's token and sample shards.
@@ -64,7 +65,7 @@ def recompute_cmd(
         with progress_bar(console, "recompute", enabled=not quiet) as tick:
             res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
                             incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
-                            only=only or None, per_step=per_step)
+                            only=only or None, per_step=per_step, workers=workers)
     if quiet:
         return
     from grpolens.commands.ui import summary_table

@@ -31,14 +31,28 @@ class StepSpill:
     """Each step's rows of the recompute's derived tables, kept on disk until the tables are written.
 
     Lives in a private temporary folder under ``parent`` (beside the cache, so on the run's disk,
-    not in a RAM-backed /tmp); :meth:`close` removes it, whatever happened."""
+    not in a RAM-backed /tmp); :meth:`close` removes it, whatever happened.
+
+    Worker processes computing steps in parallel write into the same folder (:meth:`shared`: one
+    file per table and step, so they never write the same file); the owner records each step a
+    worker wrote with :meth:`SpilledSteps.adopt` and reads them all back as one table."""
 
     def __init__(self, parent: Path):
         self.parent = parent
         self.dir: Path | None = None  # made on the first put: a re-run with nothing new makes none
+        self._owned = True
         self._tables: dict[str, SpilledSteps] = {}
 
-    def _folder(self) -> Path:
+    @classmethod
+    def shared(cls, folder: Path) -> "StepSpill":
+        """A spill writing into the existing ``folder`` of another (its owner's) spill; closing it
+        leaves the folder to the owner."""
+        spill = cls(folder.parent)
+        spill.dir, spill._owned = folder, False
+        return spill
+
+    def folder(self) -> Path:
+        """The spill's folder (made now if it is not yet)."""
         if self.dir is None:
             self.parent.mkdir(parents=True, exist_ok=True)
             self.dir = Path(tempfile.mkdtemp(prefix=".spill-", dir=self.parent))
@@ -49,13 +63,17 @@ class StepSpill:
 
     def table(self, name: str) -> "SpilledSteps":
         if name not in self._tables:
-            self._tables[name] = SpilledSteps(lambda: self._folder() / name)
+            self._tables[name] = SpilledSteps(lambda: self.folder() / name)
         return self._tables[name]
 
+    def step_schemas(self, step: int) -> dict[str, pl.Schema]:
+        """Table name -> schema of the rows put for ``step``, for each table given rows at it."""
+        return {name: t.schemas[step] for name, t in self._tables.items() if step in t.schemas}
+
     def close(self) -> None:
-        if self.dir is not None:
+        if self.dir is not None and self._owned:
             shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        self.dir = None
 
     def __enter__(self) -> "StepSpill":
         return self
@@ -77,10 +95,14 @@ class SpilledSteps(Mapping[int, pl.DataFrame]):
             return
         folder = self._folder()
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{step}.parquet"
-        rows.write_parquet(path, compression="lz4", statistics=False)  # read back once: fast, not small
-        self._files[step] = path
-        self.schemas[step] = rows.schema
+        rows.write_parquet(folder / f"{step}.parquet", compression="lz4", statistics=False)  # read back once: fast, not small
+        self.adopt(step, rows.schema)
+
+    def adopt(self, step: int, schema: pl.Schema) -> None:
+        """Record ``step``'s file, written by :meth:`put` (here or on a :meth:`StepSpill.shared`
+        spill of the same folder in another process), with the schema of its rows."""
+        self._files[step] = self._folder() / f"{step}.parquet"
+        self.schemas[step] = schema
 
     def __getitem__(self, step: int) -> pl.DataFrame:
         return pl.read_parquet(self._files[step])
