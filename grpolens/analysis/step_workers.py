@@ -216,6 +216,9 @@ def _serve(fd: int) -> None:
     import traceback
     from multiprocessing.connection import Connection
 
+    from grpolens.allocator import keep_freed_memory
+
+    keep_freed_memory()  # a process that only recomputes, like the command line's
     conn = Connection(fd)
     try:
         path, spec = pickle.loads(conn.recv_bytes())
