@@ -6,8 +6,12 @@
     python benchmarks/bench_recompute.py --tokens 10e6 --rerun-steps 1000 --write-readme
     python benchmarks/bench_recompute.py --tokens 0 --sizes 25e6,50e6 --write-readme   # a block of its own
 
-Every figure comes from its own fresh process (wall time, CPU time of the process and its
-threads, peak RSS from ``wait4``), on one synthetic run (``grpolens synth``):
+Every figure comes from its own fresh process tree, on one synthetic run (``grpolens synth``):
+wall time; CPU time (user + system) of the process, its threads and the worker processes it
+started and waited for (``wait4``'s usage counts every descendant reaped before the process
+exits, and ``recompute`` waits for each worker it starts); peak RSS of the whole tree, the
+process and its worker processes together: the largest sum of their ``VmRSS``
+(``/proc/PID/status``) sampled every 10 ms, or the process's own ``ru_maxrss`` if larger.
 
 1. *read floor*: read exactly the columns recompute reads and reduce each to one number
    (``benchmarks/read_floor.py``);
@@ -21,7 +25,8 @@ threads, peak RSS from ``wait4``), on one synthetic run (``grpolens synth``):
 and the ratios full/floor, DuckDB/grpolens-subset, torch/grpolens-subset. Commands run
 alternately (``--reps``), so that a load change on a shared machine hits all of them alike; the
 table gives medians and the ratios' range over the repetitions, with the load average. Then rows/s
-of the full recompute at each ``--threads`` count, peak RSS and the floor ratio at each of
+of the full recompute at each ``--workers`` count (``recompute --workers N``: N processes
+computing steps; the read floor beside it reads with N threads), peak RSS and the floor ratio at each of
 ``--sizes``, and (``--rerun-steps N``) on an N+1-step run: a re-run with nothing new, and the
 cost of one new step after N. ``--write-readme`` puts the tables into README.md's Performance
 section, with the machine, the date and this command.
@@ -56,6 +61,8 @@ PER_STEP = 2 * 4 * 16 * 8 * 127
 
 
 def env(threads: int | None = None) -> dict[str, str]:
+    """The environment of a measured command (``threads``: ``GRPOLENS_THREADS``, also the read
+    floor's and the baselines' thread count)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [e.get("PYTHONPATH")])])
     if threads:
@@ -64,17 +71,75 @@ def env(threads: int | None = None) -> dict[str, str]:
 
 
 def timed(cmd: list[str], threads: int | None = None) -> dict:
-    """Wall s, CPU s (user + system, all threads), peak RSS MiB and stdout of one fresh process."""
+    """Wall s, CPU s (user + system: the process, its threads and the worker processes it waited
+    for), peak RSS MiB of the process tree and stdout of one fresh process."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env(threads), cwd=ROOT)
+        sampler = TreeRSS(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t
+        tree_peak = sampler.stop()
         if os.waitstatus_to_exitcode(status) != 0:
             err.seek(0)
             sys.exit(f"{' '.join(cmd)} failed:\n{err.read()[-3000:]}")
         out.seek(0)
-        return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss / 1024, "out": out.read()}
+        return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": max(usage.ru_maxrss * 1024, tree_peak) / 2**20,
+                "out": out.read()}
+
+
+class TreeRSS:
+    """The peak of the summed resident memory of a process and its descendants, sampled on a thread
+    (``ru_maxrss`` alone is the largest single process, not the sum over a parent and its workers)."""
+
+    def __init__(self, pid: int, every: float = 0.01):
+        import threading
+
+        self.pid, self.every, self.peak = pid, every, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, sum(_rss(p) for p in _tree(self.pid)))
+            self._done.wait(self.every)
+
+    def stop(self) -> int:
+        """Stop sampling; the peak in bytes."""
+        self._done.set()
+        self._thread.join()
+        return self.peak
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from ``/proc/*/stat``'s parent pids)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return out
+
+
+def _rss(pid: int) -> int:
+    """``VmRSS`` of ``pid`` in bytes (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def grpolens(*args: str) -> list[str]:
@@ -159,13 +224,16 @@ def main_table(run: Path, rows: int, reps: int, threads: int) -> tuple[list[str]
     return lines, med
 
 
-def thread_table(run: Path, rows: int, counts: list[int]) -> list[str]:
+def workers_table(run: Path, rows: int, counts: list[int]) -> list[str]:
+    """Rows/s of the full recompute with N worker processes (``--workers N``), beside the read
+    floor with N threads."""
     scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
-    lines = ["| threads | full recompute wall s | M rows/s | CPU s | read floor wall s | ratio |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| workers | full recompute wall s | M rows/s | CPU s | peak RSS MiB | read floor wall s (N threads) | ratio |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for n in counts:
-        full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch)), n)
+        full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch), "--workers", str(n)))
         floor = timed(commands(run, scratch, n)["read floor"], n)
-        lines.append(f"| {n} | {full['wall']:.2f} | {rows / full['wall'] / 1e6:.2f} | {full['cpu']:.2f} | "
+        lines.append(f"| {n} | {full['wall']:.2f} | {rows / full['wall'] / 1e6:.2f} | {full['cpu']:.2f} | {full['rss']:.0f} | "
                      f"{floor['wall']:.2f} | {full['wall'] / floor['wall']:.2f} |")
     shutil.rmtree(scratch)
     return lines
@@ -237,14 +305,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=float, default=10e6,
                     help="approximate token rows of the main run (0: only --sizes and --rerun-steps, each in a README block of its own)")
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
-    ap.add_argument("--threads", default="1,2", help="thread counts for the rows/s table (comma-separated)")
+    ap.add_argument("--workers", default="1,2", help="worker counts (recompute --workers) for the rows/s table, comma-separated")
     ap.add_argument("--sizes", default="", help="token row counts for the RSS table, e.g. 25e6,50e6,100e6,200e6")
     ap.add_argument("--rerun-steps", type=int, default=0, help="N: time a re-run and one added step on an N+1-step run")
     ap.add_argument("--dir", type=Path, default=None, help="where to put the runs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the runs afterwards")
     ap.add_argument("--write-readme", action="store_true", help="write the tables into README.md's Performance section")
     args = ap.parse_args()
-    counts = [int(x) for x in args.threads.split(",") if x.strip()]
+    counts = [int(x) for x in args.workers.split(",") if x.strip()]
     threads = int(os.environ.get("GRPOLENS_THREADS") or min(4, os.cpu_count() or 1))
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="grpolens-bench-"))
@@ -258,12 +326,14 @@ def main() -> None:
         size = sum(f.stat().st_size for f in run.rglob("*.parquet")) / 2**20
         steps = len(list((run / "tokens").iterdir()))
         out = [f"Run: {rows:,} token rows, {steps} steps, {size:.0f} MiB (`grpolens synth --steps {steps} "
-               f"{' '.join(SHAPE)} --seed 1`); {threads} worker threads unless stated.", ""]
+               f"{' '.join(SHAPE)} --seed 1`); the default worker processes of `recompute` "
+               f"(`--workers`: {os.environ.get('GRPOLENS_WORKERS') or min(8, os.cpu_count() or 1)}) and {threads} threads "
+               f"for the read floor and the baselines, unless stated.", ""]
         lines, _ = main_table(run, rows, args.reps, threads)
         out += lines
         print("\n".join(out), flush=True)
         if counts:
-            t = thread_table(run, rows, counts)
+            t = workers_table(run, rows, counts)
             print("\n".join(t), flush=True)
             out += ["", *t]
         if not args.keep and args.dir is None:

@@ -149,6 +149,14 @@ ALLOWED_NUMBERS = {
 #: checked by test_constants_the_docs_quote_are_the_codes (phrases hold no code span: the scan
 #: replaces those)
 DOC_CONSTANTS = [
+    ("docs/distributed.md", r"at least (\d+) steps and \d+ MiB of shards per worker",
+     lambda: __import__("grpolens.analysis.step_workers", fromlist=["x"]).MIN_STEPS_PER_WORKER),
+    ("docs/distributed.md", r"at least \d+ steps and (\d+) MiB of shards per worker",
+     lambda: __import__("grpolens.analysis.step_workers", fromlist=["x"]).MIN_BYTES_PER_WORKER / 2**20),
+    ("docs/distributed.md", r"at most (\d+) queued per worker",
+     lambda: __import__("grpolens.analysis.step_workers", fromlist=["x"]).IN_FLIGHT),
+    ("docs/distributed.md", r"default the CPU count, at most (\d+)\)",
+     lambda: __import__("grpolens.analysis.step_workers", fromlist=["x"]).MAX_DEFAULT_WORKERS),
     ("docs/distributed.md", r"one per group of at most (\d+) shards",
      lambda: __import__("grpolens.metrics.engine_ray", fromlist=["x"]).SHARDS_PER_TASK),
     ("docs/distributed.md", r"retried by Ray, up to (\d+) times",

@@ -99,6 +99,11 @@ def test_samples_at_some_steps_and_a_step_without_tokens(tmp_path, here):
     _assert_same(outs)
     assert outs[1][0].metrics["step"].to_list() == [0, 1, 2, 3, 4, 5]
     assert 5 in pl.read_parquet(outs[1][1] / "completions.parquet")["step"].to_list()
+    for d in ("out1", "out3"):
+        shutil.rmtree(tmp_path / d)
+    only = _both(run, tmp_path, here, only=["kl,rewards,diversity"])  # some families: no spill, no other outputs
+    assert_frame_equal(only[0][0].metrics, only[1][0].metrics)
+    assert only[1][0].metrics.width > 3
 
 
 def test_trl_profile_and_a_step_range(tmp_path, here):

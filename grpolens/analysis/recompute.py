@@ -12,6 +12,7 @@ otherwise): ``metrics.parquet`` (one row per step, one column per metric) and ``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -496,14 +497,16 @@ def recompute(
                               spill.folder() if spill is not None else None)
             here = functools.partial(work.one_step, token_steps=spec.token_steps, spill=spill,
                                      engine=step_workers.engine())
-            for step, row, present, spilled in step_workers.map_steps(spec, todo, n_workers, here):
-                rows[step] = row
-                if present is not None:  # a step with token shards
-                    present_any |= present
-                    computed.add(step)
-                for name, schema in spilled.items():  # the files a worker process wrote
-                    spill.table(name).adopt(step, schema)
-                tick(step)
+            # closed (its workers stopped) before the spill is removed, whatever happens here
+            with contextlib.closing(step_workers.map_steps(spec, todo, n_workers, here)) as results:
+                for step, row, present, spilled in results:
+                    rows[step] = row
+                    if present is not None:  # a step with token shards
+                        present_any |= present
+                        computed.add(step)
+                    for name, schema in spilled.items():  # the files a worker process wrote
+                        spill.table(name).adopt(step, schema)
+                    tick(step)
         else:
             _serial_steps(work, todo, set(token_steps), engine, rows, present_any, computed, spill, tick, on_step)
 

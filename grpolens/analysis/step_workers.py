@@ -107,7 +107,11 @@ def map_steps(spec, steps: list[int], n: int,
     except Exception:  # noqa: BLE001 - e.g. a config value that does not pickle: all steps here
         n = 1
     try:
-        workers = [_Worker.start(payload) for _ in range(n - 1)]
+        for _ in range(n - 1):
+            try:
+                workers.append(_Worker.start(payload))
+            except (OSError, ValueError):  # no processes to be had (a limit, a platform without pass_fds): here
+                break
         while queue or any(w.steps for w in workers):
             for w in workers:  # the workers that are ready get steps, up to IN_FLIGHT each
                 while w.ready and queue and len(w.steps) < IN_FLIGHT:
