@@ -60,7 +60,7 @@ Result = tuple[int, dict[str, Any], "set[str] | None", dict]
 
 
 def default_workers() -> int:
-    """``GRPOLENS_WORKERS``, else the CPU count (at most :data:`MAX_DEFAULT_WORKERS`)."""
+    """``GRPOLENS_WORKERS``, else the CPUs this process may use (at most :data:`MAX_DEFAULT_WORKERS`)."""
     env = os.environ.get("GRPOLENS_WORKERS")
     if env:
         try:
@@ -70,7 +70,11 @@ def default_workers() -> int:
         if n < 1:
             raise UserError(f"GRPOLENS_WORKERS: expected a whole number >= 1, got {env!r}")
         return n
-    return max(1, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
+    try:
+        cpus = len(os.sched_getaffinity(0))  # the CPUs this process may run on (a container's, a taskset's)
+    except AttributeError:  # macOS
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus))
 
 
 def count(workers: int | None, n_steps: int, n_bytes: int) -> int:
