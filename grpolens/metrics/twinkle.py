@@ -168,7 +168,10 @@ def _reward(sd, column: str, stat: str) -> float | None:
     df = sd.samples
     if df is None or df.height == 0 or column not in df.columns:
         return None
-    x = df[column].drop_nulls().to_numpy().astype(np.float64)
+    col = df[column]
+    if col.null_count():  # nulls are dropped, NaN kept (drop_nulls is a polars query: only when needed)
+        col = col.drop_nulls()
+    x = col.to_numpy().astype(np.float64)
     if stat == "mean":
         return float(x.mean()) if len(x) else -1.0  # Twinkle's _mean of nothing
     return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
