@@ -159,28 +159,37 @@ def _groups_jaccard(grp: np.ndarray, own: np.ndarray, new_row: np.ndarray, sizes
     distinct (group, token, completion) keys split into their group ``grp``, completion ``own`` and
     whether each starts a new (group, token) row ``new_row``.
 
-    Each group's membership matrix (distinct token x completion) is a slice of the keys, so it
-    needs no sort of its own; its pairwise intersections are one small product, and the distances
-    and their means are the same element-wise operations as the one-group function, batched over
-    the groups of one size.
+    The pairwise counts come from the keys themselves, with no loop over groups: |S_i| is the
+    number of keys of completion i, and |S_i ∩ S_j| the number of (group, token) rows holding both
+    i and j, i.e. of key pairs d apart inside one row (d = 1 .. largest group − 1, fewer keys each
+    time). The counts are whole numbers, so they are exactly the one-group function's ``M.T @ M``;
+    the distances and their means are the same element-wise operations, batched over the groups of
+    one size.
     """
     n_groups = len(sizes)
     res = np.zeros(n_groups)
-    row = np.cumsum(new_row) - 1
-    bounds = np.searchsorted(grp, np.arange(n_groups + 1))  # each group's keys: bounds[k]:bounds[k+1]
+    if n_groups == 0 or int(sizes.max()) < 2 or len(grp) == 0:
+        return res
+    gmax = int(sizes.max())
+    diag = np.bincount(grp * gmax + own, minlength=n_groups * gmax).reshape(n_groups, gmax)  # |S_i|
+    # group k's g x g block of pair counts starts at block[k] of one flat array (Σ g² cells)
+    block = np.concatenate(([0], np.cumsum(sizes * sizes)))
+    counts = np.zeros(int(block[-1]), dtype=np.int64)
+    row = np.cumsum(new_row)
+    for d in range(1, min(gmax, len(row))):
+        at = np.flatnonzero(row[d:] == row[:-d])
+        if len(at) == 0:  # no row holds d + 1 completions
+            break
+        g = grp[at]  # keys at and at + d: completions own[at] < own[at + d] of one row
+        counts += np.bincount(block[g] + own[at] * sizes[g] + own[at + d], minlength=len(counts))
+    counts = counts.astype(np.float64)
     for g in np.unique(sizes):
         g = int(g)
         if g < 2:
             continue
         gids = np.flatnonzero(sizes == g)
-        inter = np.zeros((len(gids), g, g))
-        for i, k in enumerate(gids):
-            a, b = bounds[k], bounds[k + 1]
-            if a == b:  # only empty completions
-                continue
-            m = np.zeros((row[b - 1] - row[a] + 1, g))  # one group at a time keeps memory small
-            m.ravel()[(row[a:b] - row[a]) * g + own[a:b]] = 1.0  # flat index: cheaper than 2-D
-            inter[i] = m.T @ m
+        inter = counts[block[gids][:, None] + np.arange(g * g)].reshape(len(gids), g, g)
+        inter[:, np.arange(g), np.arange(g)] = diag[gids, :g]
         size = np.diagonal(inter, axis1=1, axis2=2)
         iu, ju = np.triu_indices(g, k=1)
         both = inter[:, iu, ju]
