@@ -86,15 +86,21 @@ _STEP_FILE = re.compile(r"_step_(\d+)\.json$")
 # Samples side: the reference's columns
 # ---------------------------------------------------------------------------------------------
 
+# The tables below are one step's few hundred rows: each polars query (sort, join, with_columns,
+# Series.fill_nan...) costs ~1 ms of fixed overhead there, so row orders and per-row values are
+# computed with numpy and handed to polars as whole columns, and only the group-window columns
+# (:func:`_mass_columns`) and the join stay polars queries.
+
 def _float(df: pl.DataFrame, name: str) -> pl.Series:
     if name not in df.columns:
         return pl.Series(name, [None] * df.height, dtype=pl.Float64)
-    return df[name].cast(pl.Float64).fill_nan(None).alias(name)
+    # nulls reach numpy as NaN, and NaN goes back as null
+    return pl.Series(name, df[name].cast(pl.Float64).to_numpy(), dtype=pl.Float64, nan_to_null=True)
 
 
 def group_rows(samples: pl.DataFrame, step: int) -> pl.DataFrame:
     """The reference's columns (plus ids) for one step's samples, ordered by prompt group."""
-    df = samples.sort(["rank", "sample_id"]) if samples.height else samples
+    df = samples[np.lexsort((samples["sample_id"].to_numpy(), samples["rank"].to_numpy()))] if samples.height else samples
     n = df.height
     gid = df["group_id"].to_numpy() if n else np.zeros(0, dtype=np.int64)
     # dense group index by first appearance (integer ids: hashes beyond 2**53 must not merge)
@@ -125,11 +131,10 @@ def group_rows(samples: pl.DataFrame, step: int) -> pl.DataFrame:
         "advantage": _float(df, "advantage"),
         Q_COLUMN: _float(df, Q_COLUMN),
     })
-    out = out.with_columns(_mass_columns())
     rewards = sorted(c for c in df.columns if c.startswith(fmt.REWARD_PREFIX))
     extra = {c: (df[c].cast(t) if c in df.columns else pl.Series([None] * n, dtype=t)) for c, t in SAMPLE_EXTRA.items()}
-    out = out.with_columns([_float(df, c) for c in rewards] + [s.alias(c) for c, s in extra.items()])
-    return out.sort(["prompt_index", "completion_index"])
+    out = out.with_columns(_mass_columns() + [_float(df, c) for c in rewards] + [s.alias(c) for c, s in extra.items()])
+    return out[np.lexsort((completion_index, prompt_index))] if n else out
 
 
 def _mass_columns() -> list[pl.Expr]:
@@ -186,11 +191,14 @@ def sequence_columns(seq: pl.DataFrame, cfg: dict) -> pl.DataFrame:
     schema = {"sample_id": pl.Int64, **TOKEN_COLUMNS}
     if seq.height == 0:
         return pl.DataFrame(schema=schema)
-    seq = seq.sort(list(KEY_COLUMNS))
-    calls = seq.group_by("sample_id").agg(pl.len().alias("loss_calls"))
-    first = seq.unique("sample_id", keep="first", maintain_order=True).join(calls, on="sample_id", how="left")
-    p = {c: first[c].cast(pl.Float64).to_numpy() for c in first.columns if c not in (*KEY_COLUMNS, "loss_calls")}
-    n = first.height
+    # rows in key order; each sample_id's first row there, in order of first appearance, and its count
+    order = np.lexsort([seq[c].to_numpy() for c in reversed(KEY_COLUMNS)])
+    ids = seq["sample_id"].to_numpy()[order]
+    _, first_at, calls = np.unique(ids, return_index=True, return_counts=True)
+    by_appearance = np.argsort(first_at)
+    rows = order[first_at[by_appearance]]
+    p = {c: seq[c].cast(pl.Float64).to_numpy()[rows] for c in seq.columns if c not in KEY_COLUMNS}
+    n = len(rows)
     none = np.full(n, np.nan)
 
     def col(name: str) -> np.ndarray:
@@ -200,8 +208,8 @@ def sequence_columns(seq: pl.DataFrame, cfg: dict) -> pl.DataFrame:
         return np.where(den > 0, num, np.nan)
 
     out: dict[str, Any] = {
-        "sample_id": first["sample_id"],
-        "loss_calls": first["loss_calls"],
+        "sample_id": pl.Series(ids[first_at[by_appearance]]),
+        "loss_calls": pl.Series(calls[by_appearance]),
         "tokens": col("seq_tokens"),
         "masked_tokens": col("health.masked"),
         "kl_mean": _div(col("kl.k3.sum"), col("kl.n")),
@@ -241,7 +249,9 @@ def completions_table(step: int, samples: pl.DataFrame | None, seqcols: pl.DataF
     if seqcols is None or seqcols.height == 0:
         seqcols = pl.DataFrame(schema={"sample_id": pl.Int64, **TOKEN_COLUMNS})
     out = rows.join(seqcols, on="sample_id", how="left")
-    return out.with_columns(pl.col("loss_calls").fill_null(0))
+    calls = out.get_column_index("loss_calls")  # 0 for the rows no loss call trained
+    return out.replace_column(calls, pl.Series("loss_calls", np.nan_to_num(out["loss_calls"].to_numpy(), nan=0.0)
+                                               .astype(np.int64), dtype=pl.Int64))
 
 
 def column_order(columns: Iterable[str]) -> list[str]:
@@ -348,7 +358,7 @@ def _trained(seqcols: pl.DataFrame | None) -> set[int]:
 def own_rows(step: int, samples: pl.DataFrame | None, seqcols: pl.DataFrame | None) -> pl.DataFrame:
     """The completions generated at ``step`` (``generated_at_step`` = step)."""
     table = completions_table(step, samples, seqcols)
-    return table.with_columns(generated_at_step=pl.lit(step, pl.Int64)) if table.height else table
+    return table.hstack([pl.Series("generated_at_step", np.full(table.height, step), dtype=pl.Int64)]) if table.height else table
 
 
 def reused_rows(run, step: int, seqcols: pl.DataFrame | None, have: set[int]) -> list[pl.DataFrame]:
