@@ -110,8 +110,15 @@ def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
     """The K highest scores per (step, by); ties broken by position keys so results are stable."""
     if df.height == 0:
         return df
-    return (df.sort(["step", "by", "score", *TOP_COLUMNS], descending=[False, False, True, False, False, False, False, False])
-              .group_by(["step", "by"], maintain_order=True).head(k))
+    # numpy's sort and one gather: a step's few hundred rows cost ~1 ms per polars query
+    step = df["step"].to_numpy()
+    _, by = np.unique(df["by"].to_numpy(), return_inverse=True)  # codes in the names' sorted order
+    order = np.lexsort([*(df[c].to_numpy() for c in reversed(TOP_COLUMNS)), -df["score"].to_numpy(), by, step])
+    group = np.stack([step[order], by.reshape(-1)[order]], axis=1)
+    starts = np.flatnonzero(np.concatenate(([True], (group[1:] != group[:-1]).any(axis=1))))
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.append(starts, len(order))))
+    # the group keys first, as group_by(...).head() puts them
+    return df[order[rank < k]][["step", "by", *(c for c in df.columns if c not in ("step", "by"))]]
 
 
 @dataclass
