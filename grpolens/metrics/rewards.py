@@ -130,8 +130,27 @@ def std_population(x: np.ndarray | None) -> float | None:
     return float(np.std(x, ddof=0)) if x is not None and x.size else None
 
 
-def quantile(x: np.ndarray | None, q: float) -> float | None:
-    return float(np.quantile(x, q, method="linear")) if x is not None and x.size else None
+def quantile(x: np.ndarray | None, q):
+    """Quantile ``q`` of ``x`` (a list of them for a sequence ``q``: one partition of ``x`` for all,
+    each value the same as alone); None when ``x`` is empty."""
+    if x is None or not x.size:
+        return None
+    v = np.quantile(x, q, method="linear")
+    return float(v) if np.ndim(v) == 0 else [float(t) for t in v]
+
+
+def quantile_of(q: float, column: str | None = None) -> Callable:
+    """fn(sd[, column]): quantile ``q`` of the finite values of a samples column. The step's
+    :data:`QUANTILES` of the column are computed together, once, by the first of their metrics."""
+    def fn(sd, column: str = column):
+        key = ("samples", "_quantiles", column)
+        if key not in sd.extra:
+            x = finite_values(sd, column)
+            v = None if x is None else quantile(x, QUANTILES)
+            sd.extra[key] = None if v is None else dict(zip(QUANTILES, v))
+        got = sd.extra[key]
+        return None if got is None else got[q]
+    return fn
 
 
 def nonfinite_count(sd, column: str) -> float | None:
@@ -263,7 +282,7 @@ for _q in QUANTILES:
     register(Metric(
         f"reward/{_k}", _FAM, f"Quantile q={_q:g} of the finite total rewards, linear interpolation "
         "(numpy `linear`, type 7); null when none.",
-        fn=stat_of(quantile, "reward", q=_q), requires=("reward",), **_S))
+        fn=quantile_of(_q, "reward"), requires=("reward",), **_S))
 register(Metric(
     "reward/count", _FAM, "Completions of the step with a finite total reward (those the reward statistics use).",
     fn=lambda sd: None if (x := finite_values(sd, "reward")) is None else float(x.size), requires=("reward",), **_S))
@@ -322,7 +341,7 @@ for _q in QUANTILES:
     register(Metric(
         f"rewards/{_N}/{_k}", _FAM, f"Quantile q={_q:g} of the finite raw values of {_F} "
         "(numpy `linear`).",
-        fn=stat_of(quantile, q=_q), **_P))
+        fn=quantile_of(_q), **_P))
 register(Metric(
     f"rewards/{_N}/nonfinite", _FAM, f"Completions whose {_F} is null, NaN or ±inf "
     "(excluded from its statistics).",
