@@ -121,24 +121,27 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     tg = np.repeat(np.repeat(np.arange(n_groups), sizes), lens)  # group of each token
     length = np.bincount(tg, minlength=n_groups).astype(np.float64)
     gmax = int(sizes.max())
-    if n_groups * u * gmax < 2**62:
+    # keys pack (group, token[, token | completion]) into the bits of one int64: shifts and masks
+    # instead of products, divisions and remainders over every token of the step
+    gb, ub, cb = (max(int(x - 1).bit_length(), 1) for x in (n_groups, u, gmax))
+    if gb + ub + cb <= 62:
         # one sort of (group, token, completion-in-group) serves distinct_1 and Jaccard
         first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         local = np.arange(len(lens)) - np.repeat(first, sizes)  # completion index inside its group
-        keys = _unique((tg * u + dense) * gmax + np.repeat(local, lens))
-        gt = keys // gmax  # (group, token) of each key, sorted
+        keys = _unique((((tg << ub) | dense) << cb) | np.repeat(local, lens))
+        gt = keys >> cb  # (group, token) of each key, sorted
         new_row = np.concatenate(([True], gt[1:] != gt[:-1]))
         uni = gt[new_row]
-        out[:, 2] = _groups_jaccard(gt // u, keys % gmax, new_row, sizes)
+        out[:, 2] = _groups_jaccard(gt >> ub, keys & ((1 << cb) - 1), new_row, sizes)
     else:  # the packed key would overflow: Jaccard one group at a time (below)
         keys = None
-        uni = _unique(tg * u + dense)
-    n1 = np.bincount(uni // u, minlength=n_groups)
+        uni = _unique((tg << ub) | dense)
+    n1 = np.bincount(uni >> ub, minlength=n_groups)
     out[:, 0] = np.where(length >= 1, n1 / np.maximum(length, 1), 0.0)
     same = tg[1:] == tg[:-1]  # bigrams run across completions but never across groups
-    if n_groups * u * u < 2**62:
-        big = _unique((tg[1:][same] * u + dense[:-1][same]) * u + dense[1:][same])
-        n2 = np.bincount(big // (u * u), minlength=n_groups)
+    if gb + 2 * ub <= 62:
+        big = _unique(((((tg[1:] << ub) | dense[:-1]) << ub) | dense[1:])[same])
+        n2 = np.bincount(big >> (2 * ub), minlength=n_groups)
         out[:, 1] = np.where(length >= 2, n2 / np.maximum(length - 1, 1), 0.0)
     else:  # astronomically many distinct tokens: per group, without the packed key
         start = 0
