@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from grpolens.run import format as fmt
 from grpolens.run.format import RunFormatError
@@ -91,6 +92,12 @@ _STEP_FILE = re.compile(r"_step_(\d+)\.json$")
 # computed with numpy and handed to polars as whole columns, and only the group-window columns
 # (:func:`_mass_columns`) and the join stay polars queries.
 
+def _in_order(df: pl.DataFrame, order: np.ndarray) -> pl.DataFrame:
+    """``df``'s rows in ``order`` (a permutation); ``df`` itself when that is the order it has
+    (samples mostly are: the gather would copy every prompt and completion text)."""
+    return df if np.array_equal(order, np.arange(len(order))) else df[order]
+
+
 def _float(df: pl.DataFrame, name: str) -> pl.Series:
     if name not in df.columns:
         return pl.Series(name, [None] * df.height, dtype=pl.Float64)
@@ -100,7 +107,7 @@ def _float(df: pl.DataFrame, name: str) -> pl.Series:
 
 def group_rows(samples: pl.DataFrame, step: int) -> pl.DataFrame:
     """The reference's columns (plus ids) for one step's samples, ordered by prompt group."""
-    df = samples[np.lexsort((samples["sample_id"].to_numpy(), samples["rank"].to_numpy()))] if samples.height else samples
+    df = _in_order(samples, np.lexsort((samples["sample_id"].to_numpy(), samples["rank"].to_numpy()))) if samples.height else samples
     n = df.height
     gid = df["group_id"].to_numpy() if n else np.zeros(0, dtype=np.int64)
     # dense group index by first appearance (integer ids: hashes beyond 2**53 must not merge)
@@ -134,7 +141,7 @@ def group_rows(samples: pl.DataFrame, step: int) -> pl.DataFrame:
     rewards = sorted(c for c in df.columns if c.startswith(fmt.REWARD_PREFIX))
     extra = {c: (df[c].cast(t) if c in df.columns else pl.Series([None] * n, dtype=t)) for c, t in SAMPLE_EXTRA.items()}
     out = out.with_columns(_mass_columns() + [_float(df, c) for c in rewards] + [s.alias(c) for c, s in extra.items()])
-    return out[np.lexsort((completion_index, prompt_index))] if n else out
+    return _in_order(out, np.lexsort((completion_index, prompt_index))) if n else out
 
 
 def _mass_columns() -> list[pl.Expr]:
@@ -248,10 +255,26 @@ def completions_table(step: int, samples: pl.DataFrame | None, seqcols: pl.DataF
     rows = group_rows(samples, step)
     if seqcols is None or seqcols.height == 0:
         seqcols = pl.DataFrame(schema={"sample_id": pl.Int64, **TOKEN_COLUMNS})
-    out = rows.join(seqcols, on="sample_id", how="left")
+    out = _left_join(rows, seqcols)
     calls = out.get_column_index("loss_calls")  # 0 for the rows no loss call trained
     return out.replace_column(calls, pl.Series("loss_calls", np.nan_to_num(out["loss_calls"].to_numpy(), nan=0.0)
                                                .astype(np.int64), dtype=pl.Int64))
+
+
+def _left_join(rows: pl.DataFrame, seqcols: pl.DataFrame) -> pl.DataFrame:
+    """``rows.join(seqcols, on="sample_id", how="left")`` for a ``seqcols`` with one row per
+    sample_id: each row's match found by a binary search and taken (nulls where none) in one
+    Arrow take, instead of a polars join query per step."""
+    if rows["sample_id"].null_count() or not rows.height:
+        return rows.join(seqcols, on="sample_id", how="left")
+    sid, keys = rows["sample_id"].to_numpy(), seqcols["sample_id"].to_numpy()
+    by_key = np.argsort(keys, kind="stable")
+    at = by_key[np.minimum(np.searchsorted(keys, sid, sorter=by_key), max(len(keys) - 1, 0))] if len(keys) \
+        else np.zeros(len(sid), dtype=np.int64)
+    found = keys[at] == sid if len(keys) else np.zeros(len(sid), dtype=bool)
+    right = seqcols[[c for c in seqcols.columns if c != "sample_id"]].to_arrow()
+    taken = pl.from_arrow(right.take(pa.array(at, mask=~found)))
+    return rows.hstack(taken.get_columns())
 
 
 def column_order(columns: Iterable[str]) -> list[str]:
