@@ -140,7 +140,9 @@ class TopTokens:
         pieces = [p for p in pieces if p.height]
         if not pieces:
             return pl.DataFrame()
-        return keep_top(pl.concat(pieces, how="diagonal_relaxed"), self.k)
+        # shards with the same columns (the usual case) stack without a polars query
+        same = all(p.schema == pieces[0].schema for p in pieces)
+        return keep_top(pl.concat(pieces, how="vertical" if same else "diagonal_relaxed"), self.k)
 
     def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
         """Write ``top_tokens.parquet``: fresh rows for recomputed steps, earlier rows for the rest."""
