@@ -54,9 +54,17 @@ class StepData:
             if self.n_seq == 0:
                 self.extra[key] = (np.zeros(0, dtype=np.int64), 0)
             else:
-                stacked = np.stack([self.seqs[k] for k in by], axis=1)
-                _, inv = np.unique(stacked, axis=0, return_inverse=True)
-                inv = inv.reshape(-1)
+                # np.unique(axis=0)'s inverse (rows numbered in lexicographic order) from one
+                # lexsort: unique over rows sorts a structured view, several times slower
+                cols = [self.seqs[k] for k in by]
+                order = np.lexsort(cols[::-1])
+                new = np.zeros(self.n_seq, dtype=bool)
+                new[0] = True
+                for c in cols:
+                    c = c[order]
+                    new[1:] |= c[1:] != c[:-1]
+                inv = np.empty(self.n_seq, dtype=np.int64)
+                inv[order] = np.cumsum(new) - 1
                 self.extra[key] = (inv, int(inv.max()) + 1)
         return self.extra[key]
 
