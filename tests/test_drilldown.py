@@ -10,7 +10,8 @@ import pytest
 
 import grpolens
 from grpolens.analysis import drilldown
-from tests.refdata import random_calls, write_run
+from grpolens.metrics.batch import TokenBatch
+from tests.refdata import call_table, random_calls, write_run
 
 
 def _cli(*args):
@@ -48,6 +49,31 @@ def test_top_tokens_equal_global_top_k(tmp_path, parts, nonfinite):
             vals = np.sort(vals[~np.isnan(vals)])[::-1][:7]
             got = top.filter((pl.col("step") == step) & (pl.col("by") == by)).sort("score", descending=True)
             np.testing.assert_allclose(got["score"].to_numpy(), vals, rtol=1e-12)
+
+
+def test_top_tokens_ties_go_to_the_first_keys_whatever_the_split():
+    """Many tokens share the top score (bf16 values do): every shard keeps, like the step's merge,
+    the first rows in key order among equal scores, so the step's top-K is the same rows whether
+    its tokens come as one shard or several, and they are the global order's first K."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(14)
+    calls = random_calls(rng, steps=(0,), ranks=2, micro_batches=2, batch=6, max_len=30, all_masked_row=False)
+    for c in calls:  # a third of the tokens at the top entropy, the rest below it
+        c.entropy[rng.random(c.entropy.shape) < 0.33] = 4.0
+    k = 7
+    table = pa.concat_tables([call_table(c) for c in calls])
+    keys = ["step", "rank", "micro_batch", "sample_id", "pos"]
+    ent, mask = table["entropy"].to_numpy(), table["mask"].to_numpy()
+    order = np.lexsort([table[c].to_numpy() for c in keys[::-1]] + [-np.where(mask, ent, -np.inf)])
+    want = [tuple(table[c][int(i)].as_py() for c in keys) for i in order[:k]]
+    assert ent[order[k]] == 4.0  # ties beyond the K-th: the test is about them
+
+    top = drilldown.TopTokens(k)
+    for parts in ([table], [call_table(c) for c in calls], [call_table(c) for c in calls[::-1]]):
+        pieces = [top.shard(TokenBatch.from_arrow(t), None) for t in parts]
+        got = top.combine(0, pieces).filter(pl.col("by") == "entropy")
+        assert list(got.select(keys).iter_rows()) == want, len(parts)
 
 
 def test_top_tokens_incremental_keeps_earlier_steps(tmp_path):

@@ -9,7 +9,8 @@ Scores (higher = worse), over masked tokens whose inputs are finite:
 ``adv_ratio``  |A|·|π/π_old − 1|: ratio drift weighted by how much the token matters
 
 Top-K is mergeable: the K best of a union are among the K best of each part, so each shard
-keeps its own K and a step keeps the K best of its shards' rows.
+keeps its own K and a step keeps the K best of its shards' rows. "Best" is one total order
+everywhere -- score descending, then the position keys -- so equal scores are no exception.
 """
 
 from __future__ import annotations
@@ -99,11 +100,21 @@ def _top_rows(b: TokenBatch, by: str, k: int) -> dict[str, np.ndarray] | None:
     s, keep = scored
     ok = np.flatnonzero(keep)
     if len(ok) > k:
-        ok = ok[np.argpartition(-s[ok], k - 1)[:k]]
+        ok = ok[_largest(s[ok], k)]
     cols = token_frame(b, ok)
     cols["score"] = s[ok]
     cols["by"] = np.full(len(ok), by)
     return cols
+
+
+def _largest(x: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` largest values of ``x`` (k < len(x)): those above the k-th largest,
+    then the first positions holding it. A batch's rows are in key order, so a shard keeps the
+    rows :func:`keep_top` would keep of it, and the merge of shards is the global top-K even when
+    many tokens share a score (as bf16 log-probs make them do)."""
+    t = np.partition(x, len(x) - k)[len(x) - k]  # the k-th largest value
+    above = np.flatnonzero(x > t)  # fewer than k
+    return np.concatenate([above, np.flatnonzero(x == t)[: k - len(above)]])
 
 
 def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
