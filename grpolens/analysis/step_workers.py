@@ -202,11 +202,12 @@ class _Worker:
 
 
 def engine():
-    """The per-shard engine of a step computed on its own: ``GRPOLENS_THREADS`` threads, else one
-    (the step's shards are read one after another; the workers are the parallelism)."""
-    from grpolens.metrics.engine import ThreadEngine
+    """The per-shard engine of a step computed on its own: the calling thread (the workers are
+    the parallelism), or ``GRPOLENS_THREADS`` threads when set."""
+    from grpolens.metrics.engine import InlineEngine, ThreadEngine
 
-    return ThreadEngine(int(os.environ.get("GRPOLENS_THREADS") or 1))
+    threads = os.environ.get("GRPOLENS_THREADS")
+    return ThreadEngine(int(threads)) if threads else InlineEngine()
 
 
 def _rebuilt(cls: type, args: tuple, attrs: dict, trace: str) -> BaseException:
