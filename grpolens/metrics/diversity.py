@@ -132,7 +132,7 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
         gt = keys >> cb  # (group, token) of each key, sorted
         new_row = np.concatenate(([True], gt[1:] != gt[:-1]))
         uni = gt[new_row]
-        out[:, 2] = _groups_jaccard(gt >> ub, keys & ((1 << cb) - 1), new_row, sizes)
+        out[:, 2] = _groups_jaccard(gt >> ub, keys & ((1 << cb) - 1), gt, new_row, sizes)
     else:  # the packed key would overflow: Jaccard one group at a time (below)
         keys = None
         uni = _unique((tg << ub) | dense)
@@ -157,10 +157,11 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     return out
 
 
-def _groups_jaccard(grp: np.ndarray, own: np.ndarray, new_row: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def _groups_jaccard(grp: np.ndarray, own: np.ndarray, row: np.ndarray, new_row: np.ndarray,
+                    sizes: np.ndarray) -> np.ndarray:
     """:func:`jaccard_distance` of every group (the same values, bit for bit), from the sorted
-    distinct (group, token, completion) keys split into their group ``grp``, completion ``own`` and
-    whether each starts a new (group, token) row ``new_row``.
+    distinct (group, token, completion) keys split into their group ``grp``, completion ``own``,
+    (group, token) ``row`` and whether each starts a new row ``new_row``.
 
     The pairwise counts come from the keys themselves, with no loop over groups: |S_i| is the
     number of keys of completion i, and |S_i ∩ S_j| the number of (group, token) rows holding both
@@ -178,9 +179,11 @@ def _groups_jaccard(grp: np.ndarray, own: np.ndarray, new_row: np.ndarray, sizes
     # group k's g x g block of pair counts starts at block[k] of one flat array (Σ g² cells)
     block = np.concatenate(([0], np.cumsum(sizes * sizes)))
     counts = np.zeros(int(block[-1]), dtype=np.int64)
-    row = np.cumsum(new_row)
-    for d in range(1, min(gmax, len(row))):
-        at = np.flatnonzero(row[d:] == row[:-d])
+    at = np.flatnonzero(~new_row[1:])  # keys whose next key is in the same row
+    for d in range(1, gmax):
+        if d > 1:  # key at + d is in at's row only if key at + d - 1 is: narrow the last list
+            at = at[at + d < len(row)]
+            at = at[row[at + d] == row[at]]
         if len(at) == 0:  # no row holds d + 1 completions
             break
         g = grp[at]  # keys at and at + d: completions own[at] < own[at + d] of one row
