@@ -26,7 +26,8 @@ and the ratios full/floor, DuckDB/grpolens-subset, torch/grpolens-subset. Comman
 alternately (``--reps``), so that a load change on a shared machine hits all of them alike; the
 table gives medians and the ratios' range over the repetitions, with the load average. Then rows/s
 of the full recompute at each ``--workers`` count (``recompute --workers N``: N processes
-computing steps; the read floor beside it reads with N threads), peak RSS and the floor ratio at each of
+computing steps; the read floor beside it reads with N threads) and, with ``--threads``, in one
+process at each ``GRPOLENS_THREADS`` count; peak RSS and the floor ratio at each of
 ``--sizes``, and (``--rerun-steps N``) on an N+1-step run: a re-run with nothing new, and the
 cost of one new step after N. ``--write-readme`` puts the tables into README.md's Performance
 section, with the machine, the date and this command.
@@ -224,6 +225,21 @@ def main_table(run: Path, rows: int, reps: int, threads: int) -> tuple[list[str]
     return lines, med
 
 
+def thread_table(run: Path, rows: int, counts: list[int]) -> list[str]:
+    """Rows/s of the full recompute in one process (``--workers 1``) with N threads reading the
+    shards (``GRPOLENS_THREADS``), beside the read floor with N threads."""
+    scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
+    lines = ["| threads (--workers 1) | full recompute wall s | M rows/s | CPU s | read floor wall s | ratio |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for n in counts:
+        full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch), "--workers", "1"), n)
+        floor = timed(commands(run, scratch, n)["read floor"], n)
+        lines.append(f"| {n} | {full['wall']:.2f} | {rows / full['wall'] / 1e6:.2f} | {full['cpu']:.2f} | "
+                     f"{floor['wall']:.2f} | {full['wall'] / floor['wall']:.2f} |")
+    shutil.rmtree(scratch)
+    return lines
+
+
 def workers_table(run: Path, rows: int, counts: list[int]) -> list[str]:
     """Rows/s of the full recompute with N worker processes (``--workers N``), beside the read
     floor with N threads."""
@@ -306,6 +322,7 @@ def main() -> None:
                     help="approximate token rows of the main run (0: only --sizes and --rerun-steps, each in a README block of its own)")
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
     ap.add_argument("--workers", default="1,2", help="worker counts (recompute --workers) for the rows/s table, comma-separated")
+    ap.add_argument("--threads", default="", help="thread counts (GRPOLENS_THREADS, one process) for a second rows/s table, comma-separated")
     ap.add_argument("--sizes", default="", help="token row counts for the RSS table, e.g. 25e6,50e6,100e6,200e6")
     ap.add_argument("--rerun-steps", type=int, default=0, help="N: time a re-run and one added step on an N+1-step run")
     ap.add_argument("--dir", type=Path, default=None, help="where to put the runs (default: a temp dir)")
@@ -334,6 +351,11 @@ def main() -> None:
         print("\n".join(out), flush=True)
         if counts:
             t = workers_table(run, rows, counts)
+            print("\n".join(t), flush=True)
+            out += ["", *t]
+        thread_counts = [int(x) for x in args.threads.split(",") if x.strip()]
+        if thread_counts:
+            t = thread_table(run, rows, thread_counts)
             print("\n".join(t), flush=True)
             out += ["", *t]
         if not args.keep and args.dir is None:
