@@ -128,7 +128,9 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
         # one sort of (group, token, completion-in-group) serves distinct_1 and Jaccard
         first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         local = np.arange(len(lens)) - np.repeat(first, sizes)  # completion index inside its group
-        keys = _unique((((tg << ub) | dense) << cb) | np.repeat(local, lens))
+        keys = (((tg << ub) | dense) << cb) | np.repeat(local, lens)
+        # most steps' keys fit in 32 bits: half the bytes to sort and to pass over after
+        keys = _unique(keys.astype(np.uint32) if gb + ub + cb <= 32 else keys)
         gt = keys >> cb  # (group, token) of each key, sorted
         new_row = np.concatenate(([True], gt[1:] != gt[:-1]))
         uni = gt[new_row]
