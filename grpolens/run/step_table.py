@@ -89,6 +89,7 @@ class SpilledSteps(Mapping[int, pl.DataFrame]):
         self._folder = folder
         self._files: dict[int, Path] = {}
         self.schemas: dict[int, pl.Schema] = {}
+        self._distinct: dict[tuple, pl.Schema] = {}
 
     def put(self, step: int, rows: pl.DataFrame | None) -> None:
         if rows is None or rows.height == 0:
@@ -102,7 +103,9 @@ class SpilledSteps(Mapping[int, pl.DataFrame]):
         """Record ``step``'s file, written by :meth:`put` (here or on a :meth:`StepSpill.shared`
         spill of the same folder in another process), with the schema of its rows."""
         self._files[step] = self._folder() / f"{step}.parquet"
-        self.schemas[step] = schema
+        # one object per distinct schema: the steps of a table nearly always share one, and a
+        # schema per step (~4 KB) made memory grow with the run's length
+        self.schemas[step] = self._distinct.setdefault(tuple(schema.items()), schema)
 
     def __getitem__(self, step: int) -> pl.DataFrame:
         return pl.read_parquet(self._files[step])
@@ -138,7 +141,8 @@ def write_step_table(path: Path, new: Mapping[int, pl.DataFrame], kept_steps: It
             return False
         atomic_write_table(path, empty.to_arrow())
         return True
-    unified = pl.concat([pl.DataFrame(schema=s) for s in pieces_schemas], how="diagonal_relaxed")
+    distinct = list({tuple(s.items()): s for s in pieces_schemas}.values())  # first appearances, in order
+    unified = pl.concat([pl.DataFrame(schema=s) for s in distinct], how="diagonal_relaxed")
     columns = order(unified.columns) if order else unified.columns
     template = unified.select(columns)
 
