@@ -134,3 +134,68 @@ def test_is_partials_of_cut_sequences_merge(tmp_path):
     for col in ris.IS_MERGE:
         a, b = whole[col].to_numpy(), merged[col].to_numpy()
         assert np.allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True), col
+
+
+def _keys(step, rank, micro_batch, sample_ids):
+    n = len(sample_ids)
+    return {"step": np.full(n, step, np.int64), "rank": np.full(n, rank, np.int64),
+            "micro_batch": np.full(n, micro_batch, np.int64), "sample_id": np.asarray(sample_ids, np.int64)}
+
+
+def test_merge_arrays_orders_by_step_rank_micro_batch_then_sample():
+    """Whole-shard pieces come back in key order (step, rank, micro_batch, sample_id): the order
+    of the sample ids alone disagrees here at every level of the key."""
+    from grpolens.metrics.partials import merge_arrays
+
+    pieces = [{**_keys(1, 0, 0, [1]), "entropy.sum": np.array([4.0])},
+              {**_keys(0, 1, 0, [2]), "entropy.sum": np.array([3.0])},
+              {**_keys(0, 0, 1, [0]), "entropy.sum": np.array([2.0])},
+              {**_keys(0, 0, 0, [5]), "entropy.sum": np.array([1.0])}]
+    out = merge_arrays(pieces)
+    rows = list(zip(out["step"].tolist(), out["rank"].tolist(), out["micro_batch"].tolist(), out["sample_id"].tolist()))
+    assert rows == [(0, 0, 0, 5), (0, 0, 1, 0), (0, 1, 0, 2), (1, 0, 0, 1)]
+    assert out["entropy.sum"].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_merge_arrays_keeps_apart_sequences_that_share_only_a_sample_id():
+    """Two ranks may number their samples alike: (rank 0, sample 1) and (rank 1, sample 1) are two
+    sequences, so nothing merges, and the rank without the max column gets the max rule's -inf."""
+    from grpolens.metrics.partials import merge_arrays
+    from grpolens.metrics.registry import load_builtins
+
+    load_builtins()
+    out = merge_arrays([{**_keys(0, 0, 0, [1]), "policy.d.max": np.array([-0.5])}, _keys(0, 1, 0, [1])])
+    assert out["rank"].tolist() == [0, 1] and out["sample_id"].tolist() == [1, 1]
+    assert out["policy.d.max"].tolist() == [-0.5, -np.inf]
+
+
+def test_merge_partials_applies_each_rule_to_a_cut_sequence_and_ignores_absent_columns():
+    """Sample 3 is cut into two pieces with different columns: the sum adds, the max and the min
+    take the extreme, `first` takes the value of the piece that has one (the other lacks the
+    column: null, ignored). Sample 1 lies whole in the piece without the advantage: null there."""
+    from grpolens.metrics.partials import merge_partials
+    from grpolens.metrics.registry import load_builtins
+
+    load_builtins()
+    a = pl.DataFrame({**_keys(0, 0, 0, [3, 1]), "entropy.sum": [1.0, 2.0], "policy.d.max": [-0.5, 0.25],
+                      "policy.d.min": [-1.0, 0.0]})
+    b = pl.DataFrame({**_keys(0, 0, 0, [3]), "entropy.sum": [4.0], "policy.d.max": [-0.75],
+                      "policy.d.min": [-2.0], "advantage.seq": [0.5]})
+    out = merge_partials([a, b])
+    assert out["sample_id"].to_list() == [1, 3]
+    assert out["entropy.sum"].to_list() == [2.0, 5.0]
+    assert out["policy.d.max"].to_list() == [0.25, -0.5]
+    assert out["policy.d.min"].to_list() == [0.0, -2.0]
+    assert out["advantage.seq"].to_list() == [None, 0.5]
+
+
+def test_merge_partials_of_whole_pieces_leaves_an_absent_column_null():
+    """No sequence is cut: the pieces are put side by side in key order, and a sequence from the
+    piece without a column has null there (no value, not a sum of nothing)."""
+    from grpolens.metrics.partials import merge_partials
+
+    a = pl.DataFrame({**_keys(0, 1, 0, [0]), "entropy.sum": [1.5]})
+    b = pl.DataFrame({**_keys(0, 0, 0, [4]), "health.masked": [2.0]})
+    out = merge_partials([a, pl.DataFrame(), b])
+    assert out["rank"].to_list() == [0, 1]
+    assert out["entropy.sum"].to_list() == [None, 1.5] and out["health.masked"].to_list() == [2.0, None]
