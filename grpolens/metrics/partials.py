@@ -98,15 +98,14 @@ def merge_partials(frames: list[pl.DataFrame]) -> pl.DataFrame:
         # The usual case: pieces are whole shards, so no sequence is split and nothing merges.
         return df.sort(list(KEY_COLUMNS))
     rules = merge_rules()
-    rules["seq_tokens"] = "sum"
     aggs = []
     for c in df.columns:
         if c in KEY_COLUMNS:
             continue
-        rule = rules.get(c, "sum")
+        rule = rules.get(c, "sum")  # seq_tokens and any undeclared column add up
         e = pl.col(c)
         aggs.append({"sum": e.sum(), "max": e.max(), "min": e.min(), "first": e.drop_nulls().first()}[rule].alias(c))
-    return df.group_by(list(KEY_COLUMNS), maintain_order=True).agg(aggs).sort(list(KEY_COLUMNS))
+    return df.group_by(list(KEY_COLUMNS)).agg(aggs).sort(list(KEY_COLUMNS))
 
 
 #: What a piece that lacks a column contributes under each merge rule (nothing, in effect).
