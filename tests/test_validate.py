@@ -152,6 +152,24 @@ def test_rollout_rejected_token_in_the_loss(run):
     assert (p.path, p.column) == (TOK, "rollout_rejected") and p.message.startswith("2 rows are rollout_rejected")
 
 
+
+def test_rejected_row_whose_mask_is_null_is_not_counted_as_in_the_loss(run):
+    """A null mask is an error of its own (a null in a non-nullable column); it does not make a
+    rejected row "in the loss (mask true)": the only error is the null."""
+    def add(t):
+        mask = t.column("mask").to_numpy(zero_copy_only=False)
+        row = int(np.flatnonzero(mask)[0])
+        rej = np.zeros(t.num_rows, bool)
+        rej[row] = True
+        nulls = np.zeros(t.num_rows, bool)
+        nulls[row] = True
+        i = t.schema.get_field_index("mask")
+        t = t.set_column(i, pa.field("mask", pa.bool_(), nullable=True), pa.array(mask, mask=nulls))
+        return t.append_column(pa.field("rollout_rejected", pa.bool_()), pa.array(rej))
+    _rewrite(run / TOK, add)
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (TOK, "mask") and "1 null" in p.message
+
 # -- keys and order -----------------------------------------------------------------------------
 
 def test_duplicate_keys_in_sorted_file(run):
