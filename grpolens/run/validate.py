@@ -55,7 +55,7 @@ def rejected_in_loss_message(n: int) -> str:
 
 
 def _count_rejected_in_loss(rejected: pa.Array, mask: pa.Array) -> int:
-    both = pc.and_(rejected.fill_null(False), mask.fill_null(False))
+    both = pc.and_(rejected, mask)  # a null on either side gives null, which the sum skips
     return int(pc.sum(both).as_py() or 0)
 
 
