@@ -73,6 +73,13 @@ def test_close():
     assert close(float("nan"), float("nan"))
 
 
+def test_close_nan_matches_only_nan():
+    """A NaN agrees with a NaN (both sides undefined) and with nothing else, on either side."""
+    nan = float("nan")
+    assert not close(nan, 1.0) and not close(1.0, nan)
+    assert not close(nan, 0.0, rtol=1.0, atol=1.0) and not close(nan, float("inf"))
+
+
 def test_close_tolerance_is_relative_to_the_larger_magnitude():
     """|a - b| <= atol + rtol * max(|a|, |b|), symmetric: probed right at the bound, where the larger
     and the smaller magnitude disagree (exact binary fractions, no rounding)."""
