@@ -170,6 +170,7 @@ def test_rejected_row_whose_mask_is_null_is_not_counted_as_in_the_loss(run):
     p = _only(validate_run(run))
     assert (p.path, p.column) == (TOK, "mask") and "1 null" in p.message
 
+
 # -- keys and order -----------------------------------------------------------------------------
 
 def test_duplicate_keys_in_sorted_file(run):
@@ -186,6 +187,19 @@ def test_duplicate_keys_appended_unsorted(run):
     assert len(msgs) == 2
     assert msgs[0].startswith("4 duplicate") and "not sorted" in msgs[1]
 
+
+@pytest.mark.parametrize("micro_batch, sample_id, pos", [
+    ([0, 0], [1, 0], [5, 5]),  # one-token sequences at the same pos: two keys, not a duplicate
+    ([1, 0], [0, 0], [0, 0]),  # the same sample id and pos in two micro-batches
+])
+def test_unsorted_rows_sharing_a_pos_are_not_duplicates(micro_batch, sample_id, pos):
+    """An unsorted shard's duplicates are counted on the whole (micro_batch, sample_id, pos) key."""
+    from grpolens.run.validate import key_order_problems, unsorted_message
+
+    got = key_order_problems(np.array(micro_batch), np.array(sample_id), np.array(pos))
+    assert got == [unsorted_message(1)]
+    both = key_order_problems(np.array(micro_batch * 2), np.array(sample_id * 2), np.array(pos * 2))
+    assert both == [unsorted_message(1), "2 duplicate (step, rank, micro_batch, sample_id, pos) keys"]
 
 def test_unsorted_file(run):
     def swap(t):  # exchange two adjacent rows of one sequence
