@@ -99,7 +99,7 @@ def _adjacent_order(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def _sorted_duplicates(keys: list[np.ndarray]) -> int:
     order = np.lexsort(keys[::-1])
     k = [a[order] for a in keys]
-    same = np.ones(max(len(k[0]) - 1, 0), bool)
+    same = np.ones(len(k[0]) - 1, bool)  # callers pass 2 rows or more (an unsorted shard)
     for a in k:
         same &= a[1:] == a[:-1]
     return int(same.sum())
