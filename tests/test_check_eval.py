@@ -46,6 +46,12 @@ def test_reducers_propagate_nan(reducer):
     assert math.isnan(reduce_values(reducer, v))
 
 
+@pytest.mark.parametrize("reducer", ["last", "mean", "median", "min", "max", "p95"])
+def test_reducers_of_no_value_are_nan(reducer):
+    """An empty window reduces to NaN, which fails any bound, rather than raising (numpy's min of
+    nothing) or warning (its mean of nothing)."""
+    assert math.isnan(reduce_values(reducer, np.array([], np.float64)))
+
 def test_reduced_rule_uses_the_reduced_value():
     s = {"m": series([0.1, 0.2, 0.9, 0.2])}
     assert evaluate(rule(reduce="mean", max=0.36), s, None).status == PASS  # mean 0.35
