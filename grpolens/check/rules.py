@@ -205,9 +205,7 @@ def reduce_values(reducer: str, values: np.ndarray) -> float:
     if reducer == "max":
         return float(np.max(values))
     m = _PCT.match(reducer)
-    if m:
-        if np.isnan(values).any():
-            return float("nan")
+    if m:  # np.percentile propagates NaN like the reducers above
         return float(np.percentile(values, float(m.group(1))))
     raise ValueError(f"unknown reducer {reducer!r}")
 
