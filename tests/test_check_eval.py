@@ -76,6 +76,9 @@ def test_reduced_rule_uses_the_reduced_value():
     (Window(last=2), [30, 40]),
     (Window(last=99), [0, 10, 20, 30, 40]),
     (Window(start=11, end=19), []),
+    (Window(start=0, end=0), [0]),  # step 0 is a step number, not "from the end"
+    (Window(end=-5), [0]),  # -5 of 5 steps: the first
+    (Window(end=-6), []),  # before the first step
 ])
 def test_window_selection(window, expected):
     assert window.select([40, 0, 20, 10, 30]) == expected
