@@ -169,9 +169,9 @@ class _NoData:
         """No step has data: a metric with no value at all may be one the run would have had."""
         return bool(self.steps) and (self.all_steps is None or set(self.all_steps) <= self.steps)
 
-    def gaps(self, c: Series | None, steps: Sequence[int]) -> list[int]:
+    def gaps(self, c: Series, steps: Sequence[int]) -> list[int]:
         """``steps`` without data at which the metric has no value."""
-        have = set() if c is None else set(c.steps.tolist())
+        have = set(c.steps.tolist())
         return [s for s in steps if s in self.steps and s not in have]
 
 
