@@ -2,7 +2,7 @@
 
 A package installed by hand in the development environment makes the suite pass here and fail on a
 fresh machine (hypothesis did exactly that). The imports are read with ``ast`` (nothing is run) from
-grpolens/, tests/, benchmarks/, sample_runs/, the Python files and ```python blocks under docs/ and the
+grpolens/, tests/, benchmarks/, tools/, sample_runs/, the Python files and ```python blocks under docs/ and the
 README, and the ``python -c`` snippets of docs/examples/*.sh; ``pytest.importorskip("x")`` and
 ``importlib.import_module("x")`` with a literal name count as imports too (a skip is a silent hole).
 Each top-level module is mapped to the distribution that provides it here (importlib.metadata) and must
@@ -10,6 +10,8 @@ be reachable from what its directory's users install:
 
 - grpolens/: the core dependencies or an optional extra other than ``dev`` (the extra whose feature
   needs it: a user installs ``grpolens[hook]``, never ``grpolens[dev]``);
+- tools/ (development tools, e.g. the mutation-testing pass): the core plus ``dev`` and ``mutation``,
+  what docs/mutation-testing.md installs;
 - everything else (tests, benchmarks, examples, sample-run scripts): the core plus ``dev``, which is
   what the README's test command installs.
 
@@ -27,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("grpolens", "tests", "benchmarks", "sample_runs", "docs")
+SCANNED = ("grpolens", "tests", "benchmarks", "tools", "sample_runs", "docs")
 
 
 def _norm(name: str) -> str:
@@ -124,6 +126,7 @@ def test_every_imported_third_party_module_is_declared():
     extras = project["optional-dependencies"]
     for_package = _installed_closure(core + [s for name, specs in extras.items() if name != "dev" for s in specs])
     for_development = _installed_closure(core + list(extras["dev"]))
+    for_tools = _installed_closure(core + list(extras["dev"]) + list(extras["mutation"]))
     providers = metadata.packages_distributions()
     own = _own_modules()
 
@@ -136,7 +139,8 @@ def test_every_imported_third_party_module_is_declared():
             problems.append(f"{path}:{offset + (e.lineno or 0)}: not valid Python ({e.msg})")
             continue
         in_package = path.parts[0] == "grpolens"
-        allowed = for_package if in_package else for_development
+        in_tools = path.parts[0] == "tools"
+        allowed = for_package if in_package else for_tools if in_tools else for_development
         for module, line in found:
             top = module.split(".")[0]
             if top in sys.stdlib_module_names or top in own or top == "__future__":
@@ -148,6 +152,7 @@ def test_every_imported_third_party_module_is_declared():
                                 "in pyproject.toml")
             elif not dists & allowed:
                 needed = ("the core dependencies or the extra whose feature needs it" if in_package
+                          else "the 'dev' or 'mutation' extra" if in_tools
                           else "the 'dev' extra (what the README's test command installs)")
                 problems.append(f"{where}: module {top!r} comes from {', '.join(sorted(dists))}, "
                                 f"not declared in pyproject.toml ({needed})")

@@ -77,6 +77,8 @@ NOT_RUN = {
         "sets the key on verl-shaped batches",
     ("docs/mutation-testing.md", 'pip install -e ".[dev,mutation]"'): "installs an extra",
     ("docs/mutation-testing.md", "mutmut"): "a mutation run takes hours",
+    ("docs/mutation-testing.md", "python tools/mutation_fast_pass.py"): "runs the mutants `mutmut run` "
+                                         "generated: hours",
     ("docs/profiles.md", "python -m pytest tests/reference"): "runs part of the test suite itself "
                                          "(it builds the trainers' reference venvs)",
     ("docs/sidecars.md", "grpolens completions path/to/maxent/output_dir"): "a MaxEnt-GRPO output "
