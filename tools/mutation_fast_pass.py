@@ -3,13 +3,15 @@
 mutmut runs every mutant in a process of its own: it imports grpolens and collects the test files
 again for each one, which on this code base costs more than the tests themselves. Its generated
 tree does not need that: every mutated function is a trampoline that picks the original or a
-mutant when it is *called*, from ``MUTANT_UNDER_TEST``. This script keeps one process per source
-file, imports once, and runs each mutant's tests with ``pytest.main`` after setting the variable.
+mutant when it is *called*, from ``MUTANT_UNDER_TEST``. This script imports once per few
+functions, collects each function's tests once, and runs them clean, once per mutant, and clean
+again in the same pytest session (module fixtures are built once).
 
 What the speed costs, and how it is paid back:
 
-- **Import-time code** (metric factories run when a module is imported) is never re-run, so its
-  mutants survive here whatever the tests do. **State a mutant leaves behind** (a cache, a
+- **Import-time code** (metric factories run when a module is imported) and **fixtures** (built
+  once, by the original code) are never re-run with a mutant on, so their mutants survive here
+  whatever the tests do. **State a mutant leaves behind** (a cache, a
   mutated module global) could fail the next mutant's tests. So every function's tests are run
   clean before and after its mutants; if the clean run fails after, the function's verdicts are
   dropped and a fresh process takes over. ``functools.lru_cache`` caches of the package are
@@ -90,7 +92,7 @@ def _alarm(signum, frame):  # noqa: ARG001
     raise _Timeout()
 
 
-def _quiet_pytest(args: list[str]) -> int:
+def _quiet_pytest(args: list[str], plugins: list | None = None) -> int:
     """``pytest.main`` with the process's stdout/stderr sent to /dev/null (fd level: tests print)."""
     import pytest
 
@@ -101,7 +103,7 @@ def _quiet_pytest(args: list[str]) -> int:
     os.dup2(null, 1)
     os.dup2(null, 2)
     try:
-        return int(pytest.main(args))
+        return int(pytest.main(args, plugins=plugins or []))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -130,56 +132,84 @@ def _fast_switch() -> None:
     return current
 
 
+class _MutantLoop:
+    """A pytest plugin that runs one function's tests once clean, once per mutant, and once clean
+    again, in one session: the tests are collected once and module fixtures are built once.
+
+    The price: a fixture is built by the original code, so a mutant that only a fixture would have
+    run survives here (the survivors are run again by mutmut, see the module docstring)."""
+
+    def __init__(self, mutants: list[str], current: dict, timeout: float):
+        self.mutants, self.current, self.timeout = mutants, current, timeout
+        self.clean = self.after = None
+        self.verdicts: dict[str, int] = {}
+        self.durations: dict[str, float] = {}
+
+    def _run_all(self, session, mutant: str) -> int:
+        from _pytest.runner import runtestprotocol
+
+        os.environ["MUTANT_UNDER_TEST"] = mutant  # for subprocesses a test starts
+        self.current["name"] = mutant
+        _clear_caches()
+        items = session.items
+        for i, item in enumerate(items):
+            # the next item is the first one again after the last, so module fixtures stay up
+            reports = runtestprotocol(item, nextitem=items[(i + 1) % len(items)], log=False)
+            if any(r.failed for r in reports):
+                return KILLED
+        return SURVIVED
+
+    def _timed(self, session, mutant: str) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        try:
+            code = self._run_all(session, mutant)
+        except _Timeout:
+            code = TIMEOUT
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        dt = time.perf_counter() - t0
+        return (TIMEOUT if dt >= self.timeout and code == SURVIVED else code), dt
+
+    def pytest_runtestloop(self, session):
+        if not session.items:
+            return True
+        self.clean, _ = self._timed(session, "")
+        if self.clean == SURVIVED:
+            for m in self.mutants:
+                self.verdicts[m], self.durations[m] = self._timed(session, m)
+            self.after, _ = self._timed(session, "")
+        session._setupstate.teardown_exact(None)
+        return True
+
+
 def run_chunk(chunk: list[tuple[Path, str, list[str]]], tests_of: dict[str, list[str]], timeout: float) -> int:
     """Run the mutants of a few functions in this process; the verdicts of each go to its .meta."""
     os.chdir(MUTANTS)
     sys.path.insert(0, str(MUTANTS))
     signal.signal(signal.SIGALRM, _alarm)
     current = _fast_switch()
-    base = ["--rootdir=.", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header"]
-
-    def run(mutant: str, tests: list[str]) -> tuple[int, float]:
-        os.environ["MUTANT_UNDER_TEST"] = mutant  # for subprocesses a test starts
-        current["name"] = mutant
-        _clear_caches()
-        t0 = time.perf_counter()
-        fired = False
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        try:
-            code = _quiet_pytest(base + tests)
-        except _Timeout:
-            fired, code = True, TIMEOUT
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        dt = time.perf_counter() - t0
-        if not fired and dt >= timeout:
-            code = TIMEOUT
-        return code, dt
+    base = ["--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header"]
 
     for meta, function, mutants in chunk:
         tests = tests_of.get(function, [])
         if not tests:
             record(meta, {m: NO_TESTS for m in mutants}, {})
             continue
-        clean, _ = run("", tests)
-        if clean != 0:
-            print(f"  {function}: its tests fail without a mutant (exit {clean}); left unchecked", flush=True)
+        loop = _MutantLoop(mutants, current, timeout)
+        _quiet_pytest(base + tests, plugins=[loop])
+        if loop.clean != SURVIVED:
+            print(f"  {function}: its tests fail without a mutant; left unchecked", flush=True)
             continue
-        verdicts, durations = {}, {}
-        for m in mutants:
-            code, dt = run(m, tests)
-            verdicts[m] = KILLED if code in (1, 3) else code
-            durations[m] = dt
-        after, _ = run("", tests)
-        if after != 0:
+        if loop.after != SURVIVED:
             print(f"  {function}: a mutant left state behind; left to `mutmut run`", flush=True)
             with SKIPPED.open("a") as f:
                 f.write(function + "\n")
             return POLLUTED
-        record(meta, verdicts, durations)
-        killed = sum(v == KILLED for v in verdicts.values())
+        record(meta, loop.verdicts, loop.durations)
+        killed = sum(v == KILLED for v in loop.verdicts.values())
         print(f"  {function}: {killed}/{len(mutants)} killed, {len(tests)} tests, "
-              f"{sum(durations.values()):.1f} s", flush=True)
+              f"{sum(loop.durations.values()):.1f} s", flush=True)
     return 0
 
 
