@@ -222,6 +222,7 @@ def test_footer_check_agrees_with_validate_on_every_footer_case(good, tmp_path):
 def test_good_run_passes_the_footer_check(good):
     report = check_before_reading(good)
     assert report.ok and report.files == {"tokens": 3, "samples": 3}
+    assert report.rows == validate_run(good).rows  # counted from the footers
 
 
 def test_file_without_statistics_gets_the_row_checks(good, tmp_path):
@@ -305,3 +306,40 @@ def test_tolerance_is_a_strict_bound(good, tmp_path):
         else:
             with pytest.raises(RunFormatError, match="1 positive log-probabilities"):
                 check_before_reading(run)
+
+
+def _first_row(name: str, value, table: pa.Table) -> pa.Table:
+    """``table`` with row 0 of column ``name`` set to ``value`` (None: a null)."""
+    field = table.schema.field(name)
+    values = [value] + table[name].to_pylist()[1:]
+    return table.set_column(table.schema.get_field_index(name), pa.field(name, field.type, nullable=True),
+                            pa.array(values, field.type))
+
+
+FOOTER_ROW_GROUP_CASES = {  # a problem in row 0 only, with the message validate gives for it
+    "null_in_tokens": (TOK, "advantage", None, "1 null values in a non-nullable column"),
+    "null_in_samples": (SMP, "truncated", None, "1 null values in a non-nullable column"),
+    "negative_pos": (TOK, "pos", -1, "negative values (must be >= 0)"),
+    "positive_old_logp": (TOK, "old_logp", 0.5, "1 positive log-probabilities (> 0.001)"),
+    # below the path's step (the minimum differs), above its rank (the maximum differs)
+    "step_below_path": (TOK, "step", 0, "1 rows hold step=0 (or another value) but the path says step=1"),
+    "rank_above_path": (SMP, "rank", 1, "1 rows hold rank=1 (or another value) but the path says rank=0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOOTER_ROW_GROUP_CASES))
+def test_footer_check_reads_the_statistics_of_every_row_group(good, tmp_path, case):
+    """The problem lies in a one-row row group after an empty one, and the last row group is clean:
+    the footer check still refuses the run, with validate's message, as it refuses a one-group file."""
+    rel, column, value, message = FOOTER_ROW_GROUP_CASES[case]
+    run = shutil.copytree(good, tmp_path / "run", symlinks=True)
+    t = _first_row(column, value, pq.read_table(run / rel))
+    with pq.ParquetWriter(run / rel, t.schema) as w:  # row groups of 0, 1 and the other rows
+        for piece in (t.slice(0, 0), t.slice(0, 1), t.slice(1)):
+            w.write_table(piece)
+    assert [pq.ParquetFile(run / rel).metadata.row_group(g).num_rows for g in range(3)] == [0, 1, t.num_rows - 1]
+    (problem,) = validate_run(run).errors
+    assert (problem.path, problem.column) == (rel, column) and problem.message.startswith(message)
+    with pytest.raises(RunFormatError) as e:
+        check_before_reading(run)
+    assert (Path(e.value.path), e.value.column, e.value.message) == (run / rel, column, problem.message)

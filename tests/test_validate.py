@@ -14,7 +14,7 @@ import pytest
 from grpolens.run import format as fmt
 from grpolens.cli import main
 from grpolens.adapters.synth import synth_run
-from grpolens.run.validate import ERROR, WARNING, validate_run
+from grpolens.run.validate import ERROR, WARNING, check_before_reading, validate_run
 
 TOK = "tokens/step=00000001/rank=00000.parquet"
 SMP = "samples/step=00000001/rank=00000.parquet"
@@ -211,22 +211,69 @@ def test_unsorted_file(run):
     assert p.path == TOK and "not sorted by (micro_batch, sample_id, pos)" in p.message and "row 3" in p.message
 
 
-def test_unsorted_across_record_batches(run, monkeypatch):
+@pytest.mark.parametrize("first", [
+    4,  # rows 4 and 5 swapped: the out-of-order pair straddles the first batch boundary
+    5,  # both in the second batch
+    11,  # both in the third batch: the row number counts every batch before
+])
+def test_unsorted_across_record_batches(run, monkeypatch, first):
     import grpolens.run.validate as v
 
-    monkeypatch.setattr(v, "_BATCH_ROWS", 5)  # the out-of-order pair straddles a batch boundary
-    _rewrite(run / TOK, lambda t: t.take(np.r_[np.arange(5), 6, 5, np.arange(7, t.num_rows)]))
+    monkeypatch.setattr(v, "_BATCH_ROWS", 5)
+    _rewrite(run / TOK, lambda t: t.take(np.r_[np.arange(first), first + 1, first, np.arange(first + 2, t.num_rows)]))
     p = _only(validate_run(run))
-    assert "row 6" in p.message
+    assert p.message == f"rows are not sorted by (micro_batch, sample_id, pos) as the writer promises " \
+                        f"(first out of order at row {first + 1})"
+
+
+@pytest.mark.parametrize("batch_rows", [4, 1 << 20])
+def test_problems_of_an_early_record_batch_are_counted_whatever_follows(run, monkeypatch, batch_rows):
+    """A duplicate, a null, a positive log-prob and a rejected token in the loss, all in the first
+    4 rows: with batches of 4 rows they lie in the first of many batches, and count as in one batch."""
+    import grpolens.run.validate as v
+
+    monkeypatch.setattr(v, "_BATCH_ROWS", batch_rows)
+
+    def damage(t):
+        t = t.take(np.r_[0, 0, np.arange(1, t.num_rows)])  # row 0 twice: still sorted, one duplicate
+        n = t.num_rows
+        mask = t.column("mask").to_numpy(zero_copy_only=False).copy()
+        mask[2] = True
+        rejected = np.zeros(n, bool)
+        rejected[2] = True
+        logp = t.column("logp").to_numpy().copy()
+        logp[3] = 0.5
+        t = t.set_column(t.schema.get_field_index("mask"), t.schema.field("mask"), pa.array(mask))
+        t = t.set_column(t.schema.get_field_index("logp"), t.schema.field("logp"), pa.array(logp, pa.float32()))
+        adv = t.column("advantage").to_numpy().copy()
+        t = t.set_column(t.schema.get_field_index("advantage"), pa.field("advantage", pa.float32(), nullable=True),
+                         pa.array(adv, pa.float32(), mask=np.arange(n) == 1))
+        return t.append_column(pa.field("rollout_rejected", pa.bool_()), pa.array(rejected))
+    _rewrite(run / TOK, damage)
+    assert pq.ParquetFile(run / TOK).metadata.num_rows > 3 * 4
+    got = sorted((p.column or "", p.message.split(";")[0]) for p in validate_run(run).errors)
+    assert got == [("", "1 duplicate (step, rank, micro_batch, sample_id, pos) keys"),
+                   ("advantage", "1 null values in a non-nullable column"),
+                   ("logp", "1 positive log-probabilities (> 0.001)"),
+                   ("rollout_rejected", "1 rows are rollout_rejected and still in the loss (mask true)")]
 
 
 def test_duplicate_sample_ids(run):
-    src = run / SMP
-    dst = run / "samples/step=00000002/rank=00000.parquet"
-    _rewrite(dst, lambda t: pa.concat_tables([t, pq.read_table(src).slice(0, 2).set_column(
-        0, t.schema.field(0), pa.array([2, 2], pa.int64()))]))
+    """Ids 2 and 7 (written at step 0, ranks 0 and 1) again at step 1 rank 1 and step 2 rank 0: the
+    error names the file of the lowest id's second occurrence and the file that held it first."""
+    def add(sample_id):
+        def fn(t):
+            i = t.schema.get_field_index("sample_id")
+            return pa.concat_tables([t, t.slice(0, 1).set_column(i, t.schema.field(i), pa.array([sample_id], pa.int64()))])
+        return fn
+    _rewrite(run / "samples/step=00000001/rank=00001.parquet", add(2))
+    _rewrite(run / "samples/step=00000002/rank=00000.parquet", add(7))
+    assert 2 in pq.read_table(run / "samples/step=00000000/rank=00000.parquet")["sample_id"].to_pylist()
+    assert 7 in pq.read_table(run / "samples/step=00000000/rank=00001.parquet")["sample_id"].to_pylist()
     p = _only(validate_run(run))
-    assert p.column == "sample_id" and p.message.startswith("2 duplicate sample_id")
+    assert (p.path, p.column) == ("samples/step=00000001/rank=00001.parquet", "sample_id")
+    assert p.message == ("2 duplicate sample_id values across the samples table (first: 2, also in "
+                         "samples/step=00000000/rank=00000.parquet); sample_id must be unique in a run")
 
 
 # -- joins, non-finite values -----------------------------------------------------------------
@@ -240,6 +287,20 @@ def test_token_rows_without_samples_row_is_a_warning(run):
     w = _only(report, WARNING)
     assert (w.path, w.column) == (TOK, "sample_id") and w.message.startswith(f"{rows:,} token rows reference 6 ")
     assert _cli(["validate", str(run)]) == 0
+
+
+def test_orphan_token_rows_are_summed_over_files_and_name_the_first(run):
+    """Both ranks of step 1 lose their samples (6 completions each): one warning counts the token
+    rows of both files and the 12 ids, naming the first file and the first id in it."""
+    other = TOK.replace("rank=00000", "rank=00001")
+    rows = sum(pq.ParquetFile(run / f).metadata.num_rows for f in (TOK, other))
+    first = pq.read_table(run / TOK)["sample_id"][0].as_py()
+    shutil.rmtree((run / SMP).parent)  # both ranks' samples of step 1
+    remark(run)
+    w = _only(validate_run(run), WARNING)
+    assert (w.path, w.column) == (TOK, "sample_id")
+    assert w.message == (f"{rows:,} token rows reference 12 sample_id(s) with no samples row (first: {first} "
+                         f"in this file); per-sample metrics (rewards, lengths) will miss them")
 
 
 def test_unreadable_samples_file_does_not_orphan_token_rows(run):
@@ -274,6 +335,20 @@ def test_non_finite_values_counted_per_column(run):
     assert by_col["logp"].message.startswith("6 non-finite values (2 NaN, 2 +inf, 2 -inf) in 2 file(s)")
     assert by_col["ref_logp"].message.startswith("2 non-finite values (2 NaN, 0 +inf, 0 -inf)")
     assert by_col["logp"].path == TOK
+
+
+def test_nulls_in_nullable_log_prob_columns_are_fine(run):
+    """old_logp and ref_logp may be null (a trainer without a reference model): neither a
+    non-finite value nor a positive log-prob, and no error."""
+    def null_three(t):
+        for name in ("old_logp", "ref_logp"):
+            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name),
+                             pa.array(t.column(name).to_numpy(), pa.float32(), mask=np.arange(t.num_rows) < 3))
+        return t
+    _rewrite(run / TOK, null_three)
+    assert pq.read_table(run / TOK)["ref_logp"].null_count == 3
+    assert validate_run(run).problems == []
+    assert check_before_reading(run).ok
 
 
 # -- files and layout -------------------------------------------------------------------------
