@@ -308,3 +308,15 @@ def test_pattern_rules_report_no_data_of_matched_metrics():
     cand = {"a/x": NO_DATA_SERIES["m"], "a/y": series([0.0] * 6), "a/never": series([])}
     o = evaluate(rule(metric="a/*", finite=True), cand, None, [3], ALL_STEPS)
     assert o.status == NO_DATA and o.metric == "a/x" and "1 of 2 matched metrics fail" in o.message
+
+
+def test_early_reference_is_the_first_fraction_rounded_up_at_least_one_step():
+    # 20 % of 5 steps is 1 step, of 6 steps 1.2 -> 2, of 2 steps 0.4 -> 1; `steps` overrides the fraction
+    assert Early(factor=2.0).reference_steps([4, 3, 2, 1, 0]) == [0]
+    assert Early(factor=2.0).reference_steps(range(6)) == [0, 1]
+    assert Early(factor=2.0).reference_steps([7, 9]) == [7]
+    assert Early(factor=2.0, steps=3).reference_steps(range(10)) == [0, 1, 2]
+    # the rule: median(step 0) = 1 -> upper limit 2·1 = 2, which step 1's 9 exceeds (the median of
+    # two steps, 5, or of every step, 9, would let it pass)
+    o = evaluate(rule(direction="upper", early=Early(factor=2.0)), {"m": series([1.0, 9.0, 9.0, 9.0, 9.0])}, None)
+    assert o.status == FAIL and o.step == 1 and o.upper == 2.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolens.check.rules import Early, Window, default_rules, load_rules, parse_rules
+from grpolens.check.rules import Early, Rule, Sustained, Window, default_rules, load_rules, parse_rules
 from grpolens.errors import UserError
 from grpolens.metrics.registry import REGISTRY
 from grpolens.plugins import load_builtins
@@ -150,3 +150,132 @@ def test_example_rules_files_load():
     for f in files:
         rs = load_rules(f)
         assert rs.rules
+
+
+# -- what a rule says about itself (the reports' "steps" and `check --show-rules --rules`' "checks") --
+
+@pytest.mark.parametrize("window,text", [
+    (Window(), "all steps"),
+    (Window(last=20), "last 20"),
+    (Window(start=5), "steps 5:"),
+    (Window(end=-2), "steps :-2"),
+    (Window(start=0, end=10), "steps 0:10"),
+])
+def test_window_describes_itself(window, text):
+    assert window.describe() == text
+
+
+def test_early_reference_label_names_the_steps_or_the_fraction():
+    assert Early(factor=2.0, steps=3).reference_label() == "first 3 steps"
+    assert Early(factor=2.0, fraction=0.25).reference_label() == "first 25%"
+
+
+@pytest.mark.parametrize("kw,text", [
+    ({"min": 0.05, "max": 2.0, "finite": True}, "≥ 0.05; ≤ 2; finite"),
+    ({"direction": "upper", "early": Early(factor=10.0, abs=0.05)}, "≤ 10× median(first 20%) + 0.05"),
+    ({"direction": "lower", "early": Early(factor=4.0, steps=3)}, "≥ median(first 3 steps) / 4 − 0"),
+    ({"direction": "both", "early": Early(factor=3.0, abs=1.0)},
+     "≤ 3× median(first 20%) + 1; ≥ median(first 20%) / 3 − 1"),
+    ({"abs": 0.005, "rel": 1.0}, "|x − b| ≤ 0.005 + 1·|b|"),
+    ({"direction": "upper", "rel": 0.5}, "≤ b + 0 + 0.5·|b|"),
+    ({"direction": "lower", "abs": 0.25}, "≥ b − (0.25 + 0·|b|)"),
+    ({"max": 0.05, "sustained": Sustained(count=2, window=4)}, "≤ 0.05; sustained: 2 of 4 consecutive steps"),
+])
+def test_rule_describes_its_checks(kw, text):
+    assert Rule(name="r", metric="m", **kw).describe_checks() == text
+
+
+# -- windows, early bounds and streaks: every accepted edge, and every refusal in full -------------------
+
+def one_rule(key: str, value: str):
+    """A rule whose 6th line is ``key = value``."""
+    return f"[[rule]]\nname = 'r'\nmetric = 'entropy'\nmax = 1\ndirection = 'upper'\n{key} = {value}\n"
+
+
+@pytest.mark.parametrize("value,window", [
+    ("1", Window(last=1)),  # the smallest "last N"
+    ("2.0", Window(last=2)),  # a whole float is a step count
+    ("{ last = 1 }", Window(last=1)),
+    ("{ start = 3 }", Window(start=3)),
+    ("{ end = 3 }", Window(end=3)),
+    ("{ start = 3, end = 3 }", Window(start=3, end=3)),  # one step
+    ("{ start = 0, end = -1 }", Window(start=0, end=-1)),  # signs differ: not comparable until the run is known
+    ("{ start = 5, end = -1 }", Window(start=5, end=-1)),
+    ("{ start = -3, end = -1 }", Window(start=-3, end=-1)),
+])
+def test_window_values_accepted(value, window):
+    assert parse(one_rule("window", value)).rules[0].window == window
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("0", "expected {start = A, end = B} or {last = N} (or a number N for the last N steps)"),
+    ("2.5", "expected {start = A, end = B} or {last = N} (or a number N for the last N steps)"),
+    ("true", "expected {start = A, end = B} or {last = N} (or a number N for the last N steps)"),
+    ("{ first = 3 }", "unknown key 'first'; use start/end or last"),  # nothing close enough to suggest
+    ("{ strat = 3 }", "unknown key 'strat' (did you mean 'start'?); use start/end or last"),
+    ("{ start = true }", "start must be an integer step, got True"),
+    ("{ end = 1.5 }", "end must be an integer step, got 1.5"),
+    ("{ last = 0 }", "last must be >= 1, got 0"),
+    ("{ last = 2, end = 5 }", "'last' cannot be combined with start/end"),
+    ("{ start = 3, end = 0 }", "start 3 is after end 0"),
+    ("{ start = 4, end = 3 }", "start 4 is after end 3"),
+    ("{ start = -1, end = -3 }", "start -1 is after end -3"),
+])
+def test_window_values_refused(value, msg):
+    assert error_of(one_rule("window", value)) == f"r.toml:6: rule 1 ('r'): window: {msg}"
+
+
+@pytest.mark.parametrize("value,early", [
+    ("{ factor = 1 }", Early(factor=1.0, fraction=0.2, steps=None, abs=0.0)),  # the defaults
+    ("{ factor = 2, fraction = 1 }", Early(factor=2.0, fraction=1.0)),
+    ("{ factor = 2, fraction = 0.5, abs = 0 }", Early(factor=2.0, fraction=0.5, abs=0.0)),
+    ("{ factor = 2, steps = 1, abs = 0.5 }", Early(factor=2.0, steps=1, abs=0.5)),
+])
+def test_early_values_accepted(value, early):
+    got = parse(one_rule("early", value)).rules[0].early
+    assert got == early
+    assert [type(v) for v in (got.factor, got.fraction, got.abs)] == [float, float, float]
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("3", "expected a table like {factor = 10, fraction = 0.2, abs = 0.001}"),
+    ("{ factr = 2 }", "unknown key 'factr' (did you mean 'factor'?); use factor, fraction or steps, abs"),
+    ("{ abs = 1 }", "factor is required (e.g. factor = 10: ten times the early median)"),
+    ("{ factor = 0.99 }", "factor must be a number >= 1, got 0.99"),
+    ("{ factor = inf }", "factor must be a number >= 1, got inf"),
+    ("{ factor = true }", "factor must be a number >= 1, got True"),
+    ("{ factor = 2, fraction = 0.5, steps = 3 }", "give fraction or steps, not both"),
+    ("{ factor = 2, fraction = 0 }", "fraction must be in (0, 1], got 0"),
+    ("{ factor = 2, fraction = 1.01 }", "fraction must be in (0, 1], got 1.01"),
+    ("{ factor = 2, fraction = 'x' }", "fraction must be in (0, 1], got 'x'"),
+    ("{ factor = 2, steps = 0 }", "steps must be an integer >= 1, got 0"),
+    ("{ factor = 2, steps = true }", "steps must be an integer >= 1, got True"),
+    ("{ factor = 2, steps = 1.5 }", "steps must be an integer >= 1, got 1.5"),
+    ("{ factor = 2, abs = -0.5 }", "abs must be a finite number >= 0, got -0.5"),
+    ("{ factor = 2, abs = inf }", "abs must be a finite number >= 0, got inf"),
+    ("{ factor = 2, abs = 'x' }", "abs must be a finite number >= 0, got 'x'"),
+])
+def test_early_values_refused(value, msg):
+    assert error_of(one_rule("early", value)) == f"r.toml:6: rule 1 ('r'): early: {msg}"
+
+
+@pytest.mark.parametrize("value,sustained", [
+    ("{ count = 1, window = 1 }", Sustained(count=1, window=1)),
+    ("{ count = 4, window = 4 }", Sustained(count=4, window=4)),
+    ("{ window = 5, count = 2 }", Sustained(count=2, window=5)),
+])
+def test_sustained_values_accepted(value, sustained):
+    assert parse(one_rule("sustained", value)).rules[0].sustained == sustained
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("3", "expected a table like {count = 2, window = 4}"),
+    ("{ count = 2, windw = 4 }", "unknown key 'windw' (did you mean 'window'?); use count and window"),
+    ("{ count = true, window = 4 }", "count must be an integer >= 1, got True"),
+    ("{ count = 2, window = 0 }", "window must be an integer >= 1, got 0"),
+    ("{ count = 2, window = 2.5 }", "window must be an integer >= 1, got 2.5"),
+    ("{ window = 4 }", "give both count and window (e.g. {count = 2, window = 4}: 2 of any 4 consecutive steps)"),
+    ("{ count = 5, window = 4 }", "count 5 is larger than window 4"),
+])
+def test_sustained_values_refused(value, msg):
+    assert error_of(one_rule("sustained", value)) == f"r.toml:6: rule 1 ('r'): sustained: {msg}"
