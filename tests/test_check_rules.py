@@ -279,3 +279,117 @@ def test_sustained_values_accepted(value, sustained):
 ])
 def test_sustained_values_refused(value, msg):
     assert error_of(one_rule("sustained", value)) == f"r.toml:6: rule 1 ('r'): sustained: {msg}"
+
+
+# -- a rule's keys: the defaults, and every refusal in full ------------------------------------------
+
+def test_rule_defaults():
+    r = parse("[[rule]]\nmetric = 'entropy'\nmax = 1\n").rules[0]
+    assert (r.name, r.metric, r.reduce, r.window, r.direction) == ("entropy all", "entropy", "all", Window(), "both")
+    assert (r.abs, r.rel, r.min, r.max, r.finite, r.early, r.sustained) == (None, None, None, 1.0, False, None, None)
+    assert (r.allow_fail_fraction, r.missing, r.no_data, r.why) == (0.0, "fail", "fail", "")
+
+
+def test_rule_values_are_kept_as_given():
+    r = parse("""
+        [[rule]]
+        name = "  padded  "
+        metric = "entropy"
+        reduce = "p100"
+        direction = "both"
+        early = { factor = 2 }
+        min = 1
+        max = 1
+        allow_fail_fraction = 0
+        missing = "skip"
+        no_data = "allow"
+        why = "  because  "
+    """).rules[0]
+    assert (r.name, r.reduce, r.direction, r.early, r.min, r.max) == ("padded", "p100", "both", Early(factor=2.0), 1.0, 1.0)
+    assert (r.allow_fail_fraction, r.missing, r.no_data, r.why) == (0.0, "skip", "allow", "because")
+    assert isinstance(r.allow_fail_fraction, float) and isinstance(r.min, float)
+    r = parse("[[rule]]\nmetric = 'entropy'\nmax = 1\nallow_fail_fraction = 0.99\nfinite = false\n").rules[0]
+    assert r.allow_fail_fraction == 0.99 and not r.finite
+    assert parse("[[rule]]\nmetric = 'entropy'\nabs = 0\nrel = 0\n").rules[0].compares
+
+
+RULES = ("name, metric, reduce, window, direction, abs, rel, min, max, finite, early, allow_fail_fraction, "
+         "sustained, missing, no_data, why")
+
+
+@pytest.mark.parametrize("lines,msg", [
+    ("name = '  '", "r.toml:2: rule 1 ('  '): name: must be a non-empty string"),
+    ("name = 3", "r.toml:2: rule 1: name: must be a non-empty string"),
+    ("metric = '  '", "r.toml:2: rule 1: metric: required: a metric name (canonical or any profile's alias) "
+                      "or a glob like 'health/nonfinite/*'"),
+    ("name = 'r'", "r.toml:1: rule 1 ('r'): metric: required: a metric name (canonical or any profile's alias) "
+                   "or a glob like 'health/nonfinite/*'"),
+    ("metric = 'entropy'\nmaximum = 1", f"r.toml:3: rule 1: unknown key 'maximum' (did you mean 'max'?); rule keys are {RULES}"),
+    ("metric = 'entropy'\nmax = 1\nreduce = 'p101'", "r.toml:4: rule 1: reduce: unknown reducer 'p101'; use all, last, "
+                                                   "mean, median, min, max or pNN (p50, p95, p99.9)"),
+    ("metric = 'entropy'\nmax = 1\nreduce = 3", "r.toml:4: rule 1: reduce: unknown reducer 3; use all, last, "
+                                              "mean, median, min, max or pNN (p50, p95, p99.9)"),
+    ("metric = 'entropy'\nmax = 1\ndirection = 'up'", "r.toml:4: rule 1: direction: must be one of upper, lower, both, got 'up'"),
+    ("metric = 'entropy'\nmax = 1\nmissing = 'allow'", "r.toml:4: rule 1: missing: must be 'fail' or 'skip', got 'allow'"),
+    ("metric = 'entropy'\nmax = 1\nno_data = 'skip'", "r.toml:4: rule 1: no_data: must be 'fail' or 'allow', got 'skip'"),
+    ("metric = 'entropy'\nabs = -0.5", "r.toml:3: rule 1: abs: must be a finite number >= 0, got -0.5"),
+    ("metric = 'entropy'\nabs = true", "r.toml:3: rule 1: abs: must be a finite number >= 0, got True"),
+    ("metric = 'entropy'\nrel = inf", "r.toml:3: rule 1: rel: must be a finite number >= 0, got inf"),
+    ("metric = 'entropy'\nrel = nan", "r.toml:3: rule 1: rel: must be a finite number >= 0, got nan"),
+    ("metric = 'entropy'\nmin = nan", "r.toml:3: rule 1: min: must be a number, got nan"),
+    ("metric = 'entropy'\nmax = 'x'", "r.toml:3: rule 1: max: must be a number, got 'x'"),
+    ("metric = 'entropy'\nmax = true", "r.toml:3: rule 1: max: must be a number, got True"),
+    ("metric = 'entropy'\nmax = 1\nmin = 1.5", "r.toml:4: rule 1: min: min 1.5 is above max 1"),
+    ("metric = 'entropy'\nfinite = 1", "r.toml:3: rule 1: finite: must be true or false, got 1"),
+    ("metric = 'entropy'\nmax = 1\nwhy = 3", "r.toml:4: rule 1: why: must be a string"),
+    ("metric = 'entropy'\nmax = 1\nallow_fail_fraction = 1", "r.toml:4: rule 1: allow_fail_fraction: must be a number in [0, 1), got 1"),
+    ("metric = 'entropy'\nmax = 1\nallow_fail_fraction = -0.1", "r.toml:4: rule 1: allow_fail_fraction: must be a number in [0, 1), got -0.1"),
+    ("metric = 'entropy'\nmax = 1\nallow_fail_fraction = true", "r.toml:4: rule 1: allow_fail_fraction: must be a number in [0, 1), got True"),
+    ("metric = 'entropy'\nmax = 1\nreduce = 'max'\nallow_fail_fraction = 0.5",
+     "r.toml:5: rule 1: allow_fail_fraction: only applies to reduce = \"all\" (per-step checks), not 'max'"),
+    ("metric = 'entropy'\nmax = 1\nreduce = 'last'\nsustained = { count = 1, window = 2 }",
+     "r.toml:5: rule 1: sustained: only applies to reduce = \"all\" (per-step checks), not 'last'"),
+    ("metric = 'entropy'\nearly = { factor = 2 }",
+     "r.toml:1: rule 1: direction: an 'early' bound needs a direction: 'upper' (catch a rise) or 'lower' (catch a fall)"),
+    ("metric = 'entropy'\nmissing = 'skip'", "r.toml:1: rule 1: no check: give min, max, finite, early, or abs/rel (against the baseline)"),
+])
+def test_rule_keys_refused(lines, msg):
+    assert error_of(f"[[rule]]\n{lines}\n") == msg
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("rule = 3\n", "r.toml:1: rule: 'rule' must be an array of tables ([[rule]] in TOML, a list of mappings in YAML)"),
+    ("rule = [1, 2]\n", "r.toml:1: rule: 'rule' must be an array of tables ([[rule]] in TOML, a list of mappings in YAML)"),
+    ("builtin_rules = 'yes'\n", "r.toml:1: builtin_rules: must be true or false"),
+    ("baseline = 3\n[[rule]]\nmetric = 'entropy'\nmax = 1\n", "r.toml:1: baseline: must be a path (string)"),
+    ("# nothing\n", "r.toml: no rules: add [[rule]] tables (or builtin_rules = true)"),
+    ("builtin_rules = false\n", "r.toml: no rules: add [[rule]] tables (or builtin_rules = true)"),
+    ("rules = 3\n", "r.toml:1: rules: unknown top-level key 'rules' (did you mean 'rule'?); expected [[rule]] tables, "
+                    "'baseline' or 'builtin_rules'"),
+    ("builtin_rules = true\n[[rule]]\nname = 'finite metrics'\nmetric = 'entropy'\nmax = 1\n",
+     "r.toml:3: rule 1 ('finite metrics'): name: duplicate rule name 'finite metrics' (names must be unique: they are "
+     "the test case names)"),
+])
+def test_rules_file_refused(text, msg):
+    assert error_of(text) == msg
+
+
+def test_rules_file_without_a_source_name_says_rules():
+    with pytest.raises(UserError) as e:
+        parse_rules("[[rule]]\nmetric = 'entropy'\nreduce = 'avg'\nmax = 1\n")
+    assert e.value.message.startswith("<rules>:3: rule 1: reduce: unknown reducer 'avg'")
+
+
+def test_yaml_rules_file_that_is_not_a_mapping():
+    pytest.importorskip("yaml")
+    assert error_of("- 1\n- 2\n", kind="yaml") == "r.toml: expected a table with [[rule]] entries"
+
+
+def test_builtin_rules_alone_and_the_baseline_next_to_the_file(tmp_path):
+    rs = parse("builtin_rules = true\n")
+    assert rs.rules == default_rules().rules and rs.source == "r.toml" and rs.baseline is None
+    f = tmp_path / "cfg" / "rules.toml"
+    f.parent.mkdir()
+    f.write_text("baseline = 'golden.json'\n[[rule]]\nmetric = 'entropy'\nmax = 1\n")
+    rs = load_rules(f)
+    assert rs.baseline == tmp_path / "cfg" / "golden.json" and rs.source == str(f)

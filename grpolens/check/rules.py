@@ -308,21 +308,18 @@ def parse_rules(text: str, *, source: str = "<rules>", kind: str = "toml", base_
         raise fail("no rules: add [[rule]] tables (or builtin_rules = true)")
 
     rules = [_parse_rule(r, i, fail) for i, r in enumerate(raw_rules)]
-    if builtin:
-        rules = list(default_rules().rules) + rules
-    n_builtin = len(rules) - len(raw_rules)
-    seen: set[str] = set()
+    builtins = list(default_rules().rules) if builtin else []
+    seen = {r.name for r in builtins}  # unique among themselves: the defaults went through this loop
     for i, r in enumerate(rules):
-        j = i - n_builtin  # index in this file (negative: a built-in rule)
         if r.name in seen:
-            if j >= 0 and "name" not in raw_rules[j]:  # a generated name: make it unique
-                rules[i] = r = replace(r, name=f"{r.name} #{j + 1}")
+            if "name" not in raw_rules[i]:  # a generated name: make it unique
+                rules[i] = r = replace(r, name=f"{r.name} #{i + 1}")
             else:
                 raise fail(f"duplicate rule name {r.name!r} (names must be unique: they are the test case names)",
-                           index=j if j >= 0 else None, key="name", name=r.name)
+                           index=i, key="name", name=r.name)
         seen.add(r.name)
     base = None if baseline is None else (base_dir or Path(".")) / baseline
-    return RuleSet(tuple(rules), source, base)
+    return RuleSet(tuple(builtins + rules), source, base)
 
 
 def _parse_text(text: str, source: str, kind: str) -> Any:
