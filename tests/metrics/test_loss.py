@@ -391,3 +391,95 @@ def test_trl_token_count_when_a_round_straddles_steps(tmp_path):
         total = sum(ref_token_loss(c, cfg)[0].sum() for c in calls if c.step == step)
         assert approx(trl.filter(trl["step"] == step)["loss"][0], 4 / 2 * total / n_round), step
         assert not approx(trl.filter(trl["step"] == step)["loss"][0], ref_pooled(calls, step, cfg)), step
+
+def _one_token_call():
+    """One sequence of two stored tokens, only the first in the loss: ratio 1.5, A = +1, so with
+    eps = 0.2 its loss is -min(1.5·1, 1.2·1) = -1.2."""
+    (c,) = random_calls(np.random.default_rng(0), steps=(0,), ranks=1, micro_batches=1, batch=1, max_len=2,
+                        all_masked_row=False, single_token=False, zero_adv=False)
+    c.lengths[:] = [2]
+    c.logp[:] = -1.0
+    c.old[:] = -1.0 - np.log(1.5)
+    c.mask[:] = [[True, False]]
+    c.advantages[:] = [1.0]
+    return c
+
+
+def test_loss_of_a_step_with_a_single_valid_token(tmp_path):
+    # Every normalisation divides by one token (or one sequence): -1.2, dr_grpo -1.2 / (1 · 4). A count
+    # clamped to >= 2 instead of >= 1 would halve it; the token count must not be taken for "none".
+    c = _one_token_call()
+    want = {"grpo": -1.2, "dapo": -1.2, "bnpo": -1.2, "luspo": -1.2, "cispo": None, "dr_grpo": -0.3}
+    for lt, w in want.items():
+        cfg = {"loss_type": lt, "max_completion_length": 4}
+        if lt == "cispo":  # -min(1.5, 5)·A·logp = 1.5 · 1 · (-1.0) · (-1)
+            cfg["epsilon_high"], w = 5.0, 1.5
+        run = write_run(tmp_path / lt, [c], config=cfg)
+        for profile in ("grpolens", "trl"):
+            got = grpolens.recompute(run, profile=profile, write=False)["loss"][0]
+            assert got == pytest.approx(w, rel=1e-6), (lt, profile)
+    # TRL's dapo divides by its generation round's tokens (samples column ``generation``): one here
+    run = write_run(tmp_path / "rounds", [c], config={"loss_type": "dapo"}, samples=round_samples([c], {0: 0}))
+    assert grpolens.recompute(run, profile="trl", write=False)["loss"][0] == pytest.approx(-1.2, rel=1e-6)
+
+
+def test_loss_without_reference_log_probs_when_beta_is_zero(tmp_path):
+    # no KL term in the loss, so a run without ref_logp has every loss it needs
+    calls = random_calls(np.random.default_rng(26), ref=False, spread=0.5)
+    cfg = {"loss_type": "grpo", "beta": 0.0}
+    got = grpolens.recompute(write_run(tmp_path / "run", calls, config=cfg), write=False)
+    for step in (0, 1):
+        assert approx(got.filter(got["step"] == step)["loss"][0], ref_pooled(calls, step, cfg)), step
+
+
+def _as_trl(run, version: str):
+    import json
+
+    m = json.loads((run / "grpolens.json").read_text())
+    m["trainer"] = {"name": "trl", "version": version}
+    (run / "grpolens.json").write_text(json.dumps(m))
+    return run
+
+
+def test_trl_luspo_before_1_10_is_null_only_where_its_loss_is_per_token(tmp_path):
+    """TRL < 1.10 averaged luspo's L·len over padded positions once L is per token, that is with a KL
+    term or token-level importance sampling (huggingface/trl#6654): null there. A sequence-level loss
+    without KL is one value per sequence, which padding does not change: TRL's number."""
+    calls = random_calls(np.random.default_rng(27), steps=(0,), ranks=2, micro_batches=2, spread=0.5)
+    cases = [({"beta": 0.0, "importance_sampling_level": "sequence"}, True),
+             ({"beta": 0.0, "importance_sampling_level": "token"}, False),
+             ({"beta": 0.04, "importance_sampling_level": "sequence"}, False)]
+    for i, (extra, defined) in enumerate(cases):
+        cfg = {"loss_type": "luspo", **extra}
+        got = grpolens.recompute(_as_trl(write_run(tmp_path / str(i), calls, config=cfg), "1.9.0"),
+                                 profile="trl", write=False)["loss"][0]
+        if defined:
+            assert approx(got, ref_trl(calls, 0, cfg)), extra
+        else:
+            assert got is None, extra
+
+
+@pytest.mark.parametrize("version,factor_applies", [("1.9.0", False), ("1.10.0", True)])
+def test_trl_round_token_count_factor_follows_the_release(tmp_path, version, factor_applies):
+    """dapo with two generation rounds per step (S = 2 micro-batches per round, G = 4): from TRL 1.10
+    (PR #6024) each call divides by N/P · G/S, before it by N/P."""
+    rng = np.random.default_rng(33)
+    calls = random_calls(rng, micro_batches=4, batch=3, max_len=10, spread=0.5)
+    rounds = {int(s): 2 * c.step + c.micro_batch // 2 for c in calls for s in c.sample_ids}
+    S, G = 2, 4
+    cfg = {"loss_type": "dapo", "gradient_accumulation_steps": G, "steps_per_generation": S}
+    run = _as_trl(write_run(tmp_path / "run", calls, config=cfg, samples=round_samples(calls, rounds)), version)
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    for step in (0, 1):
+        want = ref_trl_rounds(calls, step, cfg, rounds, S if factor_applies else G, G)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], want), step
+
+
+def test_log_ratio_clamp_applies_below_too(tmp_path):
+    # one token, d = -25, A = +1: the PPO term is -min(r, clip(r)) · 1 = -r, with r = e^d and d
+    # clamped to -20 first: -e^-20 (unclamped it would be -e^-25)
+    c = _one_token_call()
+    c.logp[:] = -30.0
+    c.old[:] = -5.0
+    run = write_run(tmp_path / "run", [c], config={"loss_type": "dapo", "log_ratio_clamp": 20})
+    assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(-np.exp(-20.0), rel=1e-9)

@@ -199,3 +199,65 @@ def test_merge_partials_of_whole_pieces_leaves_an_absent_column_null():
     out = merge_partials([a, pl.DataFrame(), b])
     assert out["rank"].to_list() == [0, 1]
     assert out["entropy.sum"].to_list() == [None, 1.5] and out["health.masked"].to_list() == [2.0, None]
+
+
+def _config():
+    from grpolens.plugins import load_builtins
+    from grpolens.run import format as fmt
+    from grpolens.run.config import check_config
+
+    load_builtins()
+    return check_config(dict(fmt.CONFIG_DEFAULTS))
+
+
+def _batch():
+    from grpolens.metrics.batch import TokenBatch
+    from tests.refdata import call_table
+
+    (c,) = random_calls(np.random.default_rng(40), steps=(0,), ranks=1, micro_batches=1)
+    return TokenBatch.from_arrow(call_table(c))
+
+
+def test_a_producer_declares_valid_merge_rules_and_a_name_of_its_own():
+    """What a plugin author sees when registering a producer wrongly: one line naming it."""
+    from grpolens.metrics.partials import PRODUCERS, producer
+
+    _config()  # the built-in producers registered
+    with pytest.raises(ValueError, match=r"producer plugin_x: unknown merge rules \{'x.sum': 'mean'\}"):
+        producer("plugin_x", merge={"x.sum": "mean"})
+    assert "plugin_x" not in PRODUCERS
+    with pytest.raises(ValueError, match="producer entropy registered twice"):
+        producer("entropy", merge={"x.sum": "sum"})(lambda b, cfg: {})
+
+
+def test_a_producer_must_return_exactly_the_columns_it_declares():
+    from grpolens.metrics.partials import PRODUCERS, producer, sequence_partials
+
+    batch = _batch()
+    cases = (("plugin_missing", {}, r"\['x.sum'\] missing, \[\] undeclared"),
+             ("plugin_extra", {"x.sum": np.zeros(batch.n_seq), "x.other": np.zeros(batch.n_seq)},
+              r"\[\] missing, \['x.other'\] undeclared"))
+    for name, returned, columns in cases:
+        producer(name, merge={"x.sum": "sum"}, families=("plugin",))(lambda b, cfg, r=returned: r)
+        try:
+            with pytest.raises(RuntimeError, match=rf"producer {name}: columns {columns}"):
+                sequence_partials(batch, _config(), frozenset({"plugin"}))
+        finally:
+            del PRODUCERS[name]
+
+
+def test_sequence_partials_runs_only_the_producers_of_the_families_asked_for():
+    """``recompute --only``: the producers of other families are not run (and one whose optional
+    column is absent is skipped without stopping the others)."""
+    from grpolens.metrics.batch import KEY_COLUMNS
+    from grpolens.metrics.partials import sequence_partials
+
+    batch = _batch()
+    only = sequence_partials(batch, _config(), frozenset({"entropy"}))
+    assert set(only) == {*KEY_COLUMNS, "seq_tokens", "entropy.sum", "entropy.n"}
+    # every producer of every family; the kl producer needs ref_logp, which this batch lacks
+    del batch.cols["ref_logp"]
+    batch.present.discard("ref_logp")
+    full = sequence_partials(batch, _config())
+    assert "entropy.sum" in full and "health.masked" in full and "loss.sum" in full
+    assert not any(c.startswith("kl.") for c in full)

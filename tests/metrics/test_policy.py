@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import grpolens
-from tests.refdata import approx, random_calls, write_run
+from tests.refdata import LossCall, approx, f32, random_calls, write_run
 
 
 def _tokens(calls, step, clamp=None):
@@ -154,3 +154,34 @@ def test_without_old_logp(tmp_path):
         assert got[name].null_count() == got.height, name
     lp = np.concatenate([c.logp[c.mask & np.isfinite(c.logp)] for c in calls if c.step == 0])
     assert approx(_row(got, 0)["policy/logp_mean"], lp.mean())
+
+
+def test_xtuner_clamps_negative_log_ratios_too(tmp_path):
+    # one token, d = logp - old = -30 - (-5) = -25; xtuner clamps d to -20 first:
+    #   kl3 = k3(-20) = e^-20 + 20 - 1, ratio_min = e^-20, |r - 1| = 1 - e^-20
+    # the canonical values are not clamped: approx_kl = e^-25 + 25 - 1, ratio_min = e^-25
+    c = LossCall(0, 0, 0, np.arange(1), np.array([1]), f32([[-30.0]]), np.ones((1, 1), bool), f32([1.0]),
+                 old=f32([[-5.0]]))
+    run = write_run(tmp_path / "run", [c])
+    got = _row(grpolens.recompute(run, write=False), 0)
+    xt = _row(grpolens.recompute(run, profile="xtuner", write=False), 0)
+    assert got["policy/approx_kl"] == pytest.approx(np.exp(-25.0) + 24.0, rel=1e-12)
+    assert got["policy/ratio_min"] == pytest.approx(np.exp(-25.0), rel=1e-9)
+    assert xt["reduced_train_policy_kl3"] == pytest.approx(np.exp(-20.0) + 19.0, rel=1e-12)
+    assert xt["reduced_train_policy_ratio_min"] == pytest.approx(np.exp(-20.0), rel=1e-9)
+    assert xt["reduced_train_policy_ratio_abs_dev_mean"] == pytest.approx(1.0 - np.exp(-20.0), rel=1e-12)
+
+
+def test_token_kl_max_of_a_sequence_with_a_single_valid_token(tmp_path):
+    # sequence 0: one valid token, d = ln 2: K3 = 2 - ln 2 - 1 = 1 - ln 2 (the step's largest);
+    # sequence 1: two valid tokens, d = ln 1.2: K3 = 0.2 - ln 1.2 each
+    ln2 = np.log(2.0)
+    logp = f32([[-1.0, -1.0], [-1.0, -1.0]])
+    old = f32([[-1.0 - ln2, -1.0], [-1.0 - np.log(1.2), -1.0 - np.log(1.2)]])
+    mask = np.array([[True, False], [True, True]])
+    c = LossCall(0, 0, 0, np.arange(2), np.array([2, 2]), logp, mask, f32([1.0, -1.0]), old=old)
+    got = _row(grpolens.recompute(write_run(tmp_path / "run", [c]), write=False), 0)
+    d = (logp - old)[mask]
+    assert got["policy/token_kl_max"] == pytest.approx(float((np.exp(d) - d - 1).max()), rel=1e-9)
+    assert got["policy/token_kl_max"] == pytest.approx(1 - ln2, rel=1e-6)
+    assert got["policy/ratio_max"] == pytest.approx(2.0, rel=1e-6)

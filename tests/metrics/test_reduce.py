@@ -1,0 +1,78 @@
+"""The reduction kinds a metric can declare (``grpolens.metrics.registry.KINDS``), on a hand-worked
+table of per-sequence partials.
+
+No built-in family declares ``max``, ``min``, ``seq_mean`` or the ``seq_frac_*`` kinds (they reduce
+in ``custom`` functions of their own), but a plugin's metric may: each kind is pinned here against
+values worked by hand, with the sequences that have no valid token (count 0, max -inf, min +inf)
+that random data rarely isolates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from grpolens.metrics.reduce import StepData, compute
+from grpolens.metrics.registry import Metric
+
+# three sequences: two tokens, one token, none valid (the max/min partials' neutral values)
+SEQS = {
+    "step": np.zeros(3, np.int64), "rank": np.zeros(3, np.int64), "micro_batch": np.zeros(3, np.int64),
+    "sample_id": np.arange(3),
+    "x.max": np.array([-0.5, -2.0, -np.inf]), "x.min": np.array([0.5, 2.0, np.inf]),
+    "x.sum": np.array([3.0, -1.0, 0.0]), "x.n": np.array([2.0, 1.0, 0.0]),
+}
+
+
+def _value(kind: str, seqs=SEQS, num: str | None = None, den: str | None = "x.n"):
+    num = num or {"max": "x.max", "min": "x.min"}.get(kind, "x.sum")
+    return compute(Metric("plugin/x", "plugin", "test", kind=kind, num=num, den=den), StepData(0, seqs, {}))
+
+
+def _only(i: int) -> dict[str, np.ndarray]:
+    return {k: v[i:i + 1] for k, v in SEQS.items()}
+
+
+def test_extrema_keep_negative_maxima_and_skip_sequences_without_a_valid_token():
+    assert _value("max") == -0.5  # the empty sequence's -inf does not win, a negative max is a value
+    assert _value("min") == 0.5
+    # a step whose sequences have no valid token: nothing to take the extreme of
+    assert _value("max", _only(2)) is None and _value("min", _only(2)) is None
+    # one sequence is a step too
+    assert _value("max", _only(1)) == -2.0 and _value("min", _only(1)) == 2.0
+
+
+def test_sum_and_sequence_mean():
+    assert _value("sum") == 2.0
+    assert _value("sum", _only(1)) == -1.0
+    # mean over the sequences with a token of sum/count: (3/2 + -1/1) / 2; the empty one is left out
+    assert _value("seq_mean") == pytest.approx(0.25, rel=1e-12)
+    assert _value("seq_mean", _only(1)) == -1.0
+    assert _value("seq_mean", _only(2)) is None
+
+
+def test_sequence_fraction_extremes():
+    # per-sequence fractions 3/2 and -1/1 (the sequence without a token has none)
+    assert _value("seq_frac_min") == -1.0
+    assert _value("seq_frac_max") == 1.5
+    assert _value("seq_frac_max", _only(2)) is None
+
+
+def test_a_step_without_sequences_has_no_value():
+    empty = {k: v[:0] for k, v in SEQS.items()}
+    for kind in ("max", "min", "sum", "seq_mean", "seq_frac_min", "token_mean"):
+        assert _value(kind, empty) is None, kind
+
+
+def test_zero_when_empty_needs_sequences_under_xtuner():
+    """xtuner logs 0.0 for its train-policy values when the step's sequences have no valid token,
+    but a step without any sequence has nothing logged (``zero_needs_sequences``)."""
+    from grpolens.metrics.registry import REGISTRY, load_builtins
+    from grpolens.profiles.xtuner import PROFILE
+
+    load_builtins()
+    metric = REGISTRY["policy/approx_kl"]
+    masked = {**{k: SEQS[k] for k in ("step", "rank", "micro_batch", "sample_id")},
+              "policy.k3.sum": np.zeros(3), "policy.k3_c20.sum": np.zeros(3), "policy.n": np.zeros(3)}
+    assert compute(metric, StepData(0, masked, {}, PROFILE)) == 0.0
+    assert compute(metric, StepData(0, {k: v[:0] for k, v in masked.items()}, {}, PROFILE)) is None
