@@ -185,3 +185,28 @@ def test_token_kl_max_of_a_sequence_with_a_single_valid_token(tmp_path):
     assert got["policy/token_kl_max"] == pytest.approx(float((np.exp(d) - d - 1).max()), rel=1e-9)
     assert got["policy/token_kl_max"] == pytest.approx(1 - ln2, rel=1e-6)
     assert got["policy/ratio_max"] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_a_tokens_shard_without_rows(tmp_path):
+    """A rank that stored no token at a step (an empty shard) gives that step no value, in every
+    profile (xtuner's 0.0 for an empty step needs sequences), and leaves the other steps alone; with
+    a log-ratio clamp configured, the clamp of no token is no token."""
+    import pyarrow.parquet as pq
+
+    from grpolens.run import format as fmt
+    from tests.refdata import call_table
+
+    calls = random_calls(np.random.default_rng(1), steps=(0,), ranks=1, micro_batches=1)
+    cfg = {"loss_type": "dapo", "log_ratio_clamp": 20, "beta": 0.04}
+    plain = write_run(tmp_path / "plain", calls, config=cfg)
+    run = write_run(tmp_path / "run", calls, config=cfg)
+    empty = run / fmt.shard_relpath(fmt.TOKENS, 1, 0, None)
+    empty.parent.mkdir(parents=True)
+    pq.write_table(call_table(calls[0]).slice(0, 0), empty)
+    for profile in ("grpolens", "xtuner"):
+        got = grpolens.recompute(run, profile=profile, write=False)
+        want = _row(grpolens.recompute(plain, profile=profile, write=False), 0)
+        assert _row(got, 0) == want, profile
+        step1 = _row(got, 1)
+        names = [n for n in want if n.startswith(("policy/", "reduced_train_policy_", "loss", "kl/"))]
+        assert names and all(step1[n] is None for n in names), (profile, {n: step1[n] for n in names})
