@@ -128,7 +128,7 @@ def _round_tokens(sd, n: np.ndarray) -> np.ndarray | None:
         return None
     sid, gen = df["sample_id"].to_numpy(), df["generation"].to_numpy()
     seq_sid = sd.col("sample_id").astype(np.int64)
-    order = np.argsort(sid, kind="stable")
+    order = np.argsort(sid)  # sample ids are unique in the samples table
     at = order[np.minimum(np.searchsorted(sid, seq_sid, sorter=order), len(sid) - 1)]
     if not np.array_equal(sid[at], seq_sid):
         return None  # a sequence generated at another step (a round that straddles steps)
@@ -136,7 +136,7 @@ def _round_tokens(sd, n: np.ndarray) -> np.ndarray | None:
     if not np.isin(sid[np.isin(gen, rounds)], seq_sid).all():
         return None  # part of a round is trained on at a later step
     _, first = np.unique(seq_sid, return_index=True)
-    per_round = np.bincount(seq_round[first], n[first], len(rounds))
+    per_round = np.bincount(seq_round[first], n[first])  # each round has a sequence here
     return per_round[seq_round]
 
 
@@ -158,9 +158,9 @@ def per_call_loss(sd, s: np.ndarray, n: np.ndarray) -> float | None:
         factor = S / G if v is None or v >= (1, 10) else 1.0  # TRL 1.10 (PR #6024): N/P x G/S
         return float(factor * np.sum(s / np.maximum(N, 1.0)))
     g, ng = sd.groups(("rank", "micro_batch"))
-    rows = np.bincount(g, minlength=ng).astype(np.float64)
+    rows = np.bincount(g).astype(np.float64)  # every call id in 0..ng-1 occurs in g
     if lt in SEQ_MEAN_LOSSES:
-        call = np.bincount(g, s / np.maximum(n, 1.0), ng) / rows
+        call = np.bincount(g, s / np.maximum(n, 1.0)) / rows
     elif lt == "luspo":
         ctx = sd.extra.get("schedule")
         v = ctx.rules.version if ctx is not None else None
@@ -169,14 +169,14 @@ def per_call_loss(sd, s: np.ndarray, n: np.ndarray) -> float | None:
             # TRL < 1.10 averaged L·len over every padded position once L is per token (huggingface/trl#6654):
             # padding positions' log-probs are not in the run, so that number cannot be reproduced
             return None
-        call = np.bincount(g, s, ng) / rows
+        call = np.bincount(g, s) / rows
     elif lt == "bnpo":
-        call = np.bincount(g, s, ng) / np.maximum(np.bincount(g, n, ng), 1.0)
+        call = np.bincount(g, s) / np.maximum(np.bincount(g, n), 1.0)
     else:  # dr_grpo
         length = sd.cfg.get("max_completion_length")
         if not length:
             return None
-        call = np.bincount(g, s, ng) / (rows * length)
+        call = np.bincount(g, s) / (rows * length)
     rank_of_call = np.zeros(ng)
     rank_of_call[g] = sd.col("rank")
     _, r = np.unique(rank_of_call, return_inverse=True)

@@ -85,13 +85,13 @@ def grouped_ratio(sd: StepData, num: str, den: str, rule: str) -> float | None:
         g, n = sd.groups(("micro_batch",))
         if n == 0:
             return None
-        gs, gc = np.bincount(g, s, n), np.bincount(g, c, n)
+        gs, gc = np.bincount(g, s), np.bincount(g, c)  # every group id occurs: n bins
         return _f(np.mean(gs / np.maximum(gc, 1.0)))
     if rule == "pack_mean":
         g, n = sd.groups(("rank", "micro_batch"))
         if n == 0:
             return None
-        gs, gc = np.bincount(g, s, n), np.bincount(g, c, n)
+        gs, gc = np.bincount(g, s), np.bincount(g, c)
         valid = gc > 0
         return _f(np.mean(gs[valid] / (gc[valid] + 1e-8))) if valid.any() else None
     raise ValueError(f"unknown grouping rule {rule!r}")
@@ -137,10 +137,10 @@ def _family_value(metric: Metric, sd: StepData) -> float | None:
     x = sd.col(metric.num)
     if kind == "max":
         v = np.max(x)
-        return None if not np.isfinite(v) and v < 0 else _f(v)
+        return None if v == -np.inf else _f(v)  # every sequence without a valid token
     if kind == "min":
         v = np.min(x)
-        return None if not np.isfinite(v) and v > 0 else _f(v)
+        return None if v == np.inf else _f(v)
     if kind == "sum":
         return _f(x.sum())
     if kind == "seq_mean":

@@ -76,3 +76,21 @@ def test_zero_when_empty_needs_sequences_under_xtuner():
               "policy.k3.sum": np.zeros(3), "policy.k3_c20.sum": np.zeros(3), "policy.n": np.zeros(3)}
     assert compute(metric, StepData(0, masked, {}, PROFILE)) == 0.0
     assert compute(metric, StepData(0, {k: v[:0] for k, v in masked.items()}, {}, PROFILE)) is None
+
+
+def test_a_step_without_an_optional_column_the_run_has_elsewhere(tmp_path):
+    """The run has ref_logp and entropy, step 1 has neither: its metrics over them are null (the
+    step's partial table lacks their columns altogether), step 0's are unchanged."""
+    import grpolens
+    from tests.refdata import approx, pooled, random_calls, write_run
+
+    calls = random_calls(np.random.default_rng(2), steps=(0, 1), ranks=1, micro_batches=1)
+    for c in calls:
+        if c.step == 1:
+            c.ref = c.entropy = None
+    got = grpolens.recompute(write_run(tmp_path / "run", calls, config={"beta": 0.04}), write=False)
+    step0 = [c for c in calls if c.step == 0]
+    want = pooled(step0, 0, lambda c: c.entropy, lambda c: c.mask & np.isfinite(c.entropy))
+    assert approx(got["entropy"][0], want)
+    for name in ("entropy", "kl/k3", "kl/k1", "health/nonfinite/ref_logp", "health/nonfinite/entropy"):
+        assert got[name][1] is None and got[name][0] is not None, name
