@@ -79,8 +79,7 @@ def group_index(sd) -> tuple[np.ndarray, int] | None:
         if df is None or df.height == 0 or "group_id" not in df.columns:
             sd.extra[key] = None
         else:  # the integer ids themselves: ids beyond 2**53 (hashes) must not merge through float64
-            _, inv = np.unique(df["group_id"].to_numpy(), return_inverse=True)
-            inv = inv.reshape(-1)
+            _, inv = np.unique(df["group_id"].to_numpy(), return_inverse=True)  # 1-D in, 1-D out
             sd.extra[key] = (inv, int(inv.max()) + 1)
     return sd.extra[key]
 

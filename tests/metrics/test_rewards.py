@@ -12,7 +12,7 @@ import pytest
 import grpolens
 from grpolens.metrics.registry import PLACEHOLDER, REGISTRY, Metric, register
 from grpolens.metrics.rewards import QUANTILES, quantile_key
-from tests.refdata import approx, concat_samples, random_calls, random_samples, samples_run, write_rounds
+from tests.refdata import Samples, approx, concat_samples, random_calls, random_samples, samples_run, write_rounds
 
 QS = {"p00": 0.0, "p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p100": 1.0}
 
@@ -191,6 +191,63 @@ def test_rewards_hand_worked(tmp_path):
     m = row(grpolens.recompute(run, profile="maxent", write=False), 0)
     assert m["train/reward_std"] == pytest.approx(math.sqrt(0.14))
     assert m["train/frac_reward_zero_std"] == pytest.approx(0.5)
+
+
+def hand_samples(step, reward, advantage, group_id, acc=None):
+    """One step's completions from plain lists (rank 0, sample ids from 10 * step), with one reward
+    function ``acc`` (its values, or the total reward's)."""
+    n = len(reward)
+    reward = np.array(reward, dtype=float)
+    acc = reward if acc is None else np.array(acc, dtype=float)
+    return Samples(step, np.zeros(n, dtype=int), np.arange(10 * step, 10 * step + n), np.array(group_id),
+                   np.full(n, 5), np.zeros(n, dtype=bool), np.full(n, 7.0), reward, np.zeros(n, dtype=bool),
+                   np.array(advantage, dtype=float), {"acc": acc}, {"acc": np.zeros(n, dtype=bool)})
+
+
+def test_step_of_one_completion_and_step_with_an_empty_samples_table(tmp_path):
+    """Step 0 generated one completion (reward 0.7, advantage 0): every statistic of one value.
+    Step 1's samples shard has the columns and no row: nothing was generated, so the reward
+    statistics are null (MaxEnt's 0.0 for "nothing to average" included: no value was logged) and
+    the counts are 0."""
+    import pyarrow.parquet as pq
+
+    from grpolens.run import format as fmt
+
+    run = samples_run(tmp_path / "run", [hand_samples(0, [0.7], [0.0], [3], acc=[1.0]),
+                                         hand_samples(1, [0.5], [0.0], [4])])
+    shard = run / fmt.shard_relpath(fmt.SAMPLES, 1, 0)
+    pq.write_table(pq.read_table(shard).slice(0, 0), shard)
+    got = grpolens.recompute(run, write=False)
+    one, empty = row(got, 0), row(got, 1)
+    assert (one["reward/mean"], one["reward/std"], one["reward/std_pop"]) == (0.7, None, 0.0)
+    assert all(one[f"reward/{k}"] == 0.7 for k in QS) and (one["reward/count"], one["reward/nonfinite"]) == (1, 0)
+    assert (one["rewards/acc/mean"], one["rewards/acc/std"], one["rewards/acc/p50"]) == (1.0, None, 1.0)
+    assert one["rewards/acc/nonfinite"] == 0
+    assert (one["samples/count"], one["samples/groups"]) == (1, 1)
+    assert one["reward/frac_zero_std"] == 0.0  # the std of one value is undefined, so not zero (TRL)
+    assert one["advantage/frac_zero_groups"] == 1.0 and one["advantage/mean"] == 0.0
+    assert (empty["samples/count"], empty["samples/groups"]) == (0, 0)
+    nulls = [k for k in expected(hand_samples(1, [0.5], [0.0], [4])) if k not in ("samples/count", "samples/groups")]
+    assert [k for k in nulls if empty[k] is not None] == []
+    m = grpolens.recompute(run, profile="maxent", write=False)
+    assert (row(m, 0)["train/reward_std"], row(m, 0)["train/frac_reward_zero_std"]) == (0.0, 1.0)
+    assert row(m, 1)["train/reward"] is None and row(m, 1)["train/rewards/acc/std"] is None
+
+
+def test_reward_std_exactly_on_the_zero_tolerance_is_zero(tmp_path):
+    """TRL's ``isclose(σ, 0)`` is |σ| <= 1e-8: rewards -1e-8, 0, 1e-8 have a sample std of exactly
+    1e-8 (mean 0, Σd² / 2 = 1e-16), so their group is a zero-std one. Step 0: that group and
+    0, 1 -> 3 of 5 completions; under ``scale_rewards=batch`` the step's std decides: step 1 holds
+    the three values alone (in two groups) -> 1.0, step 0 -> 0.0."""
+    assert float(np.std([-1e-8, 0.0, 1e-8], ddof=1)) == 1e-8
+    steps = [hand_samples(0, [-1e-8, 0.0, 1e-8, 0.0, 1.0], [0.0] * 5, [1, 1, 1, 2, 2]),
+             hand_samples(1, [-1e-8, 0.0, 1e-8], [0.0] * 3, [3, 3, 4])]
+    got = grpolens.recompute(samples_run(tmp_path / "run", steps), write=False)
+    assert row(got, 0)["reward/frac_zero_std"] == pytest.approx(3 / 5)
+    assert row(got, 1)["reward/frac_zero_std"] == pytest.approx(2 / 3)  # group 4 has one value: no std
+    batch = grpolens.recompute(samples_run(tmp_path / "batch", steps, config={"scale_rewards": "batch"}),
+                               profile="trl", write=False)
+    assert batch["frac_reward_zero_std"].to_list() == [0.0, 1.0]
 
 
 def test_profile_names(tmp_path):
