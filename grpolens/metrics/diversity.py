@@ -28,6 +28,11 @@ from grpolens.metrics.engine import visitor
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 
+#: Bits one packed sort key may use: the keys are int64, and 62 leaves the sign bit and a margin.
+#: Steps whose keys would not fit take the per-group paths of :func:`groups_diversity`.
+KEY_BITS = 62
+
+
 def _as_ids(completions: Sequence[Sequence]) -> list[np.ndarray]:
     """Completions as int64 arrays (strings are numbered first, so text and ids share one path)."""
     if all(isinstance(c, np.ndarray) and c.dtype.kind in "iu" for c in completions):
@@ -44,7 +49,10 @@ def distinct_n(tokens: Sequence, n: int) -> float:
     if n == 1:
         grams = ids
     elif n == 2:
-        grams = ids[:-1] * (int(ids.max()) + 1) + ids[1:]  # one int per bigram, collision-free
+        # one int per bigram, collision-free: the ids' ranks (0 <= rank < u) rather than the ids,
+        # which may be negative (a null token id is -1) or large enough to overflow the product
+        u, rank = _dense_ranks(ids)
+        grams = rank[:-1] * u + rank[1:]
     else:
         raise ValueError("distinct_n supports n = 1 or 2")
     return _n_unique(grams) / (len(ids) - n + 1)
@@ -124,7 +132,7 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     # keys pack (group, token[, token | completion]) into the bits of one int64: shifts and masks
     # instead of products, divisions and remainders over every token of the step
     gb, ub, cb = (max(int(x - 1).bit_length(), 1) for x in (n_groups, u, gmax))
-    if gb + ub + cb <= 62:
+    if gb + ub + cb <= KEY_BITS:
         # one sort of (group, token, completion-in-group) serves distinct_1 and Jaccard
         first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         local = np.arange(len(lens)) - np.repeat(first, sizes)  # completion index inside its group
@@ -141,7 +149,7 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     n1 = np.bincount(uni >> ub, minlength=n_groups)
     out[:, 0] = np.where(length >= 1, n1 / np.maximum(length, 1), 0.0)
     same = tg[1:] == tg[:-1]  # bigrams run across completions but never across groups
-    if gb + 2 * ub <= 62:
+    if gb + 2 * ub <= KEY_BITS:
         big = _unique(((((tg[1:] << ub) | dense[:-1]) << ub) | dense[1:])[same])
         n2 = np.bincount(big >> (2 * ub), minlength=n_groups)
         out[:, 1] = np.where(length >= 2, n2 / np.maximum(length - 1, 1), 0.0)

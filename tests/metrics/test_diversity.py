@@ -5,7 +5,8 @@ import pyarrow as pa
 import pytest
 
 import grpolens
-from grpolens.metrics.diversity import distinct_n, group_diversity, jaccard_distance
+from grpolens.metrics import diversity
+from grpolens.metrics.diversity import distinct_n, group_diversity, groups_diversity, jaccard_distance
 from tests.refdata import random_calls, write_run
 
 
@@ -35,6 +36,55 @@ def test_edge_cases():
     assert jaccard_distance([["a"]]) == 0.0
     assert jaccard_distance([[], []]) == 0.0
     assert jaccard_distance([["a"], ["b"]]) == 1.0
+
+
+def test_distinct_n_against_reference():
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        toks = list(rng.integers(0, 5, size=rng.integers(0, 9)))
+        ref = ref_group([toks])
+        assert (distinct_n(toks, 1), distinct_n(toks, 2)) == pytest.approx((ref["distinct_1"], ref["distinct_2"]))
+    assert (distinct_n(["a", "b", "a", "b"], 1), distinct_n(["a", "b", "a", "b"], 2)) == (2 / 4, 2 / 3)  # ab ba ab
+    assert distinct_n(["a"], 1) == 1.0 and distinct_n(["a", "a"], 2) == 1.0
+    # bigrams (2, -1), (-1, 1), (1, 5) are distinct; a null token id is -1, and ids may be huge
+    assert distinct_n(np.array([2, -1, 1, 5]), 2) == 1.0
+    assert distinct_n(np.array([2**62, 1, 2**62, 2]), 2) == 1.0
+    with pytest.raises(ValueError, match="n = 1 or 2"):
+        distinct_n([1, 2, 3], 3)
+
+
+def test_unique_helpers():
+    x = np.array([5, -3, 5, 2**40, -3, 0])
+    assert diversity._unique(x).tolist() == [-3, 0, 5, 2**40] and diversity._unique(np.zeros(0)).size == 0
+    n, rank = diversity._dense_ranks(x)
+    assert n == 4 and rank.tolist() == [2, 0, 2, 3, 0, 1]
+    assert diversity._n_unique(x) == 4 and diversity._n_unique(np.zeros(0)) == 0
+    assert diversity._n_unique(np.array([7])) == 1
+
+
+def _groups(rng, n_groups, max_size, base, vocab=5):
+    return [[rng.integers(0, vocab, size=rng.integers(0, 6)) + base for _ in range(rng.integers(1, max_size + 1))]
+            for _ in range(n_groups)]
+
+
+@pytest.mark.parametrize("key_bits", [62, 40, 0])
+def test_token_ids_of_any_size_on_every_key_path(monkeypatch, key_bits):
+    """groups_diversity packs (group, token, completion) into one sort key: 32 bits (uint32) when
+    it fits, int64 up to KEY_BITS, else one group at a time; bigrams likewise. Lowering KEY_BITS
+    reaches the per-group paths on small data. Token ids used as they are below 2**24, ranked
+    first beyond it or when negative. 130 groups of at most 2 with ids near 2**23 need 8 + 24 + 1 =
+    33 bits: the uint32 key would drop group 128's top bit."""
+    monkeypatch.setattr(diversity, "KEY_BITS", key_bits)
+    rng = np.random.default_rng(11)
+    cases = [_groups(rng, 12, 4, base) for base in (0, 2**23, 2**40, -2**40, -2)]
+    cases.append(_groups(rng, 130, 2, 2**23 - 3))
+    cases.append([[np.array([1, 2**24]), np.array([2**24])], [np.array([0, 2**24, 1])]])
+    for groups in cases:
+        got = groups_diversity(groups)
+        assert got.shape == (len(groups), 3)
+        for g, row in zip(groups, got):
+            ref = ref_group([list(c) for c in g])
+            assert row == pytest.approx([ref["distinct_1"], ref["distinct_2"], ref["jaccard"]])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
