@@ -81,3 +81,23 @@ def test_a_third_party_profile_loads_through_the_entry_point_group(tmp_path):
                        env={"PYTHONPATH": f"{ROOT}:{pkg}", "PATH": ""})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "['acme/entropy', 'acme/kl', 'step']"
+
+
+def test_profile_registry_rules():
+    from grpolens.metrics.profile import get_profile, register_profile
+
+    with pytest.raises(ValueError, match=r"^profile tests-x: unknown token_mean 'per_rank'$"):
+        Profile("tests-x", "t", token_mean="per_rank")
+    p = Profile("tests-x", "t", token_mean="pack_mean", names={"entropy": "x/entropy"})
+    assert (p.name_of("entropy"), p.name_of("kl/k3")) == ("x/entropy", None)
+    assert PROFILES["grpolens"].name_of("kl/k3") == "kl/k3"  # the default profile: every name is its own
+    try:
+        assert register_profile(p) is p and register_profile(p) is p  # a module imported again: the same object
+        assert get_profile("tests-x") is p
+        with pytest.raises(ValueError, match=r"^profile tests-x registered twice$"):
+            register_profile(Profile("tests-x", "another"))
+        assert PROFILES["tests-x"] is p
+    finally:
+        del PROFILES["tests-x"]
+    with pytest.raises(KeyError, match=r"unknown profile 'tests-x'; choose one of grpolens, "):
+        get_profile("tests-x")
