@@ -94,3 +94,24 @@ def test_a_step_without_an_optional_column_the_run_has_elsewhere(tmp_path):
     assert approx(got["entropy"][0], want)
     for name in ("entropy", "kl/k3", "kl/k1", "health/nonfinite/ref_logp", "health/nonfinite/entropy"):
         assert got[name][1] is None and got[name][0] is not None, name
+
+
+def test_grouping_rules_on_one_token_one_group_and_a_rank_with_one_micro_batch():
+    """TRL's per-slot rule clamps each slot's count to >= 1 (a slot of one token divides by 1),
+    xtuner's per-pack rule keeps a pack of one token; a single slot or pack is a mean over one.
+    Rank 0 has only micro-batch 0, so packs (0, 0) and (1, 0) differ by rank alone."""
+    from grpolens.metrics.reduce import grouped_ratio
+
+    seqs = {"step": np.zeros(3, np.int64), "rank": np.array([0, 1, 1]), "micro_batch": np.array([0, 0, 1]),
+            "sample_id": np.arange(3), "x.sum": np.array([2.0, 4.0, 3.0]), "x.n": np.array([1.0, 1.0, 2.0])}
+    sd = StepData(0, seqs, {})
+    # slots: micro-batch 0 = (2 + 4) / max(1 + 1, 1), micro-batch 1 = 3 / 2
+    assert grouped_ratio(sd, "x.sum", "x.n", "trl_slot") == pytest.approx((3.0 + 1.5) / 2, rel=1e-12)
+    # packs (0, 0): 2 / (1 + 1e-8), (1, 0): 4 / (1 + 1e-8), (1, 1): 3 / (2 + 1e-8)
+    want = (2.0 / (1.0 + 1e-8) + 4.0 / (1.0 + 1e-8) + 3.0 / (2.0 + 1e-8)) / 3
+    assert grouped_ratio(sd, "x.sum", "x.n", "pack_mean") == pytest.approx(want, rel=1e-12)
+    # one sequence of one token: one slot of one token, one pack
+    one = StepData(0, {k: v[:1] for k, v in seqs.items()}, {})
+    assert grouped_ratio(one, "x.sum", "x.n", "trl_slot") == 2.0
+    assert grouped_ratio(one, "x.sum", "x.n", "pack_mean") == pytest.approx(2.0 / (1.0 + 1e-8), rel=1e-12)
+    assert grouped_ratio(one, "x.sum", "x.n", "pooled") == 2.0
