@@ -134,7 +134,7 @@ def test_config_and_absent_columns(tmp_path):
 def test_empty_samples_shard(tmp_path):
     rng = np.random.default_rng(6)
     s = random_samples(rng, 0)
-    run = samples_run(tmp_path / "run", [s])
+    run = samples_run(tmp_path / "run", [s], config={"max_completion_length": MAX_LEN})
     import pyarrow.parquet as pq
 
     (run / "samples" / "step=00000001").mkdir()
@@ -142,6 +142,7 @@ def test_empty_samples_shard(tmp_path):
     g = row(grpolens.recompute(run, write=False), 1)  # a shard with no rows: nothing to average
     assert g["completions/length/mean"] is None and g["completions/truncated_frac"] is None
     assert g["reward/mean"] is None and g["samples/count"] == 0 and g["tokens/seen"] is None
+    assert g["completions/clipped_frac"] is None and g["completions/unclipped_length/max"] is None
 
 
 def test_trl_averages_generation_rounds(tmp_path):
