@@ -90,3 +90,17 @@ def test_sustained_parse_errors(value, msg):
 def test_sustained_needs_per_step_reduce():
     with pytest.raises(UserError, match="only applies to reduce"):
         parse_rules('[[rule]]\nmetric = "clip/low"\nmax = 0.05\nreduce = "mean"\nsustained = { count = 2, window = 4 }\n')
+
+
+def test_default_rules_text_is_the_header_each_familys_rules_and_the_general_ones():
+    """`check --show-rules` prints this text for people to copy: one blank line between the pieces."""
+    from grpolens.check.defaults import DEFAULT_RULES_TOML, GENERAL_RULES, HEADER
+    from grpolens.metrics.registry import FAMILIES
+
+    text = DEFAULT_RULES_TOML
+    assert text.startswith(HEADER) and text.endswith("\n" + GENERAL_RULES)
+    assert "\n\n\n" not in text and not text.endswith("\n\n")
+    pieces = [f.rules.rstrip("\n") for f in FAMILIES.values() if f.rules]
+    assert len(pieces) >= 3
+    for piece in pieces:
+        assert f"\n\n{piece}\n\n" in text

@@ -30,7 +30,6 @@ GOLDEN_VERSION = 1
 @dataclass
 class Baseline:
     label: str  # what the reports call it
-    kind: str  # "run" or "golden"
     series: dict[str, Series]
     steps: list[int]  # every step the baseline has (for the coverage check)
     overrides: dict | None = None  # the --set a golden was written with (None: a run, same as ours)
@@ -77,7 +76,7 @@ def load_baseline(path: Path, overrides: dict | None, engine=None) -> Baseline:
             what = "" if remote else "a directory but "
             raise UserError(f"--baseline: {path} is {what}not a grpolens run (no grpolens.json)")
         df = metrics_of(path, overrides, engine)
-        return Baseline(str(path), "run", run_series(df), sorted(df["step"].to_list()))
+        return Baseline(str(path), run_series(df), sorted(df["step"].to_list()))
     if path.is_file():
         return read_golden(path)
     raise UserError(f"--baseline: no such run directory or golden file {path}")
@@ -113,9 +112,7 @@ def golden_json(df, metrics: list[str], *, run: Path, overrides: dict | None, ru
         "steps": sorted(int(s) for s in df["step"].to_list()),
         "metrics": {},
     }
-    for m in metrics:
-        if m not in df.columns:
-            continue
+    for m in metrics:  # columns of df: the caller picks them from its metrics
         s = Series.from_frame(df, m)
         out["metrics"][m] = {"values": {str(int(k)): _encode(float(v)) for k, v in zip(s.steps, s.values)}}
     return out
@@ -165,4 +162,4 @@ def read_golden(path: Path) -> Baseline:
         steps = sorted({int(s) for ser in series.values() for s in ser.steps.tolist()})
     label = f"{path} (golden of {data.get('run_name') or data.get('run') or '?'})"
     overrides = data.get("overrides") if isinstance(data.get("overrides"), dict) else {}
-    return Baseline(label, "golden", series, sorted(steps), overrides)
+    return Baseline(label, series, sorted(steps), overrides)
