@@ -43,8 +43,8 @@ _MERGE = {c: "sum" for c in _COLS} | {"tw.k3.max": "max", "tw.r.max": "max"}
 
 
 def temperature(cfg: dict) -> float:
-    t = float(cfg.get("temperature") or 1.0)
-    return t if t > 0 else 1.0
+    # config.check_config sets it (default 1.0) and refuses a value that is not > 0
+    return float(cfg["temperature"])
 
 
 def scaled(cfg: dict) -> bool:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpolens.errors import UserError
 from grpolens.functional import is_weights as ris
 from grpolens.functional.is_weights import ISConfig, loss_weights
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
@@ -63,6 +64,11 @@ CLAMP = 20.0
 _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
          "va.kld_tm", "va.width", "va.old_n", "va.old_ent")
 _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
+
+
+def _unsupported(key: str, value, choices: str) -> UserError:
+    """A verl setting of the run's config (``verl_actor``) that the verl profile does not know."""
+    return UserError(f"config key 'verl_actor.{key}': the verl profile supports {choices}, got {value!r}")
 
 
 def actor_cfg(cfg: dict) -> dict | None:
@@ -121,8 +127,10 @@ def kl_penalty(logp: np.ndarray, ref: np.ndarray, kind: str) -> np.ndarray:
         return 0.5 * (logp - ref) ** 2
     if kind in ("low_var_kl", "k3"):
         x = np.clip(ref - logp, -CLAMP, CLAMP)
-        return np.clip(np.expm1(x) - x, -10.0, 10.0)
-    raise ValueError(f"verl kl_loss_type {kind!r} is not supported")
+        # verl clips the estimate to ±10; e^x − 1 − x >= 0 in floating point (expm1 is monotone and
+        # faithfully rounded, so expm1(x) >= x), so only the upper side can bind
+        return np.minimum(np.expm1(x) - x, 10.0)
+    raise _unsupported("kl_loss_type", kind, "kl, k1, abs, mse, k2, low_var_kl and k3, each optionally with +")
 
 
 def _mode(a: dict) -> str:
@@ -182,7 +190,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             L = -(4.0 / tau) * _sigmoid(tau * (r - 1.0)) * A
             clip = np.zeros(b.n)
         else:
-            raise ValueError(f"verl policy_loss.loss_mode {mode!r} is not supported by the verl profile")
+            raise _unsupported("policy_loss.loss_mode", mode, "vanilla, gspo, cispo and sapo")
         isc = ISConfig.from_cfg(cfg)
         if isc.configured and b.has("rollout_logp") and not by:
             w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
@@ -248,6 +256,9 @@ def _calls(sd):
     return sd.extra[key]
 
 
+_AGG_MODES = "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-sum-norm and seq-mean-token-mean"
+
+
 def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int, count: str = "va.n") -> float:
     """agg_loss of one call; ``count``: the per-sequence tokens of the term's mask (seq-mean modes)."""
     a = actor_cfg(sd.cfg)
@@ -264,7 +275,7 @@ def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int, count:
         return v
     if mode == "seq-mean-token-mean":
         return float(sd.col(tm)[idx][n > 0].sum() / G * dp)
-    raise ValueError(f"verl loss_agg_mode {mode!r} is not supported")
+    raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
 
 
 def _values(sd) -> dict[str, float]:
@@ -367,7 +378,7 @@ def _old_entropy(sd) -> float | None:
         elif mode == "seq-mean-token-mean":
             v = (s[has] / (n[has] + 1e-8)).sum() / has.sum()
         else:
-            raise ValueError(f"verl loss_agg_mode {mode!r} is not supported")
+            raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
     return None if np.isnan(v) else float(v)
 
 

@@ -169,6 +169,15 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
     return arrays, config
 
 
+#: kl_penalty of every kl_loss_type verl accepts (a ``+`` suffix changes the gradient only), on
+#: log-prob pairs from equal to far apart: low_var_kl clamps x = ref − logp to ±20 and the estimate
+#: e^x − x − 1 to ±10, which x = 2.8 already exceeds; x = −29.5 is past the clamp on the other side
+KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
+KL_LOGP = [-1.0, -1.0, -1.5, -0.1, -3.0, -30.0, -0.5, -2.0]
+KL_REF = [-1.0, -1.5, -1.0, -3.0, -0.2, -0.5, -30.0, -2.4]
+KL_JOB = "kl_penalty"
+
+
 @pytest.fixture(scope="module")
 def verl_logged(verl_python, tmp_path_factory):
     """Every case of the matrix through verl's code, in one driver run."""
@@ -179,9 +188,12 @@ def verl_logged(verl_python, tmp_path_factory):
         np.savez(d / f"{c.name}.npz", **arrays)
         jobs.append({"in": str(d / f"{c.name}.npz"), "config": config, "out": str(d / f"{c.name}.out.npz")})
         inputs[c.name] = (arrays, config)
+    jobs.append({"kl_penalty": {"logp": KL_LOGP, "ref": KL_REF, "types": KL_TYPES}})
     (d / "cases.json").write_text(json.dumps(jobs))
     logged = json.loads(refvenv.run(verl_python, "verl_driver.py", str(d / "cases.json")))
-    return {c.name: (inputs[c.name], dict(np.load(d / f"{c.name}.out.npz")), logged[i]) for i, c in enumerate(CASES)}
+    out = {c.name: (inputs[c.name], dict(np.load(d / f"{c.name}.out.npz")), logged[i]) for i, c in enumerate(CASES)}
+    out[KL_JOB] = logged[len(CASES)]
+    return out
 
 
 def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
@@ -285,6 +297,17 @@ def test_verl_profile_reproduces_verl(case, group, verl_logged, tmp_path):
         or (group == "actor_entropy" and bypass(case)) or (group == "actor_rollout_corr" and not bypass(case)), \
         "verl logged nothing in this group"
     assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
+
+
+def test_kl_penalty_is_verls(verl_logged):
+    """grpolens' kl_penalty (verl's KL loss per token) against verl's own, type by type."""
+    from grpolens.metrics.verl_actor import kl_penalty
+
+    theirs = verl_logged[KL_JOB]
+    for t in KL_TYPES:
+        ours = kl_penalty(np.array(KL_LOGP), np.array(KL_REF), t)
+        np.testing.assert_allclose(ours, theirs[t], rtol=1e-12, atol=1e-12, err_msg=t)
+    assert max(theirs["k3"]) == 10.0  # the clip was reached
 
 
 def test_docs_quote_the_count():

@@ -3,7 +3,8 @@
 Executed by the reference venv's interpreter (``tests/reference/refvenv.py``), never by grpolens'
 environment: ``python verl_driver.py CASES.json`` runs each case ``{"in": IN.npz, "config": {...},
 "out": OUT.npz}`` and prints one JSON list, the logged metrics of each case (one import of verl
-for the whole matrix).
+for the whole matrix). A job ``{"kl_penalty": {"logp": [...], "ref": [...], "types": [...]}}``
+instead gives verl's ``kl_penalty`` of each type on those log-probs (float64).
 
 What is verl's code and what is replayed here:
 
@@ -243,6 +244,15 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
     return {k: float(v) for k, v in metrics.items()}
 
 
+def kl_penalties(job: dict) -> dict:
+    """``kl_penalty(logp, ref, type)`` of each type, as verl's KL loss computes it per token."""
+    from verl.trainer.ppo.core_algos import kl_penalty
+
+    logp, ref = (torch.tensor(job[k], dtype=torch.float64) for k in ("logp", "ref"))
+    return {t: kl_penalty(logp, ref, t).tolist() for t in job["types"]}
+
+
 if __name__ == "__main__":
     cases = json.loads(open(sys.argv[1]).read())
-    print(json.dumps([run_case(c["in"], c["config"], c["out"]) for c in cases]))
+    print(json.dumps([kl_penalties(c["kl_penalty"]) if "kl_penalty" in c else run_case(c["in"], c["config"], c["out"])
+                      for c in cases]))

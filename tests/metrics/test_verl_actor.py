@@ -1,0 +1,61 @@
+"""verl's actor metrics (grpolens/metrics/verl_actor.py) on small hand-worked runs.
+
+verl's own code judges the profile on random ragged steps in tests/reference/test_verl_reference.py;
+these tests pin what those steps do not reach (settings the profile refuses, edge cases), with
+values worked by hand from verl 0.9.1's formulas (the module doc)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import grpolens
+from grpolens.errors import UserError
+from grpolens.integrations.verl import VerlCapture, verl_config
+
+
+def verl_run(run, actor: dict, logp, old, adv, calls, *, algorithm: dict | None = None, dp: int = 1, ref=None):
+    """One step of a verl run written through VerlCapture, as verl's actor hands it over: rows of
+    (B, T) per-token ``logp`` / ``old`` / ``adv`` (NaN off the response), ``calls`` the loss calls
+    in order, each (rank, rows); rank r holds rows r·B/dp to (r + 1)·B/dp − 1."""
+    logp, old, adv = (np.asarray(x, dtype=np.float32) for x in (logp, old, adv))
+    B, T = logp.shape
+    valid = ~np.isnan(logp)
+    z = lambda x: torch.tensor(np.where(valid, x, 0.0).astype(np.float32))  # noqa: E731
+    per_rank = B // dp
+    cfg = verl_config({"ppo_mini_batch_size": 1, "rollout_n": per_rank * dp, **actor}, algorithm or {})
+    for r in range(dp):
+        chunk = slice(r * per_rank, (r + 1) * per_rank)
+        batch = {"responses": torch.tensor(np.where(valid, 5, 0)[chunk]),
+                 "attention_mask": torch.tensor(np.concatenate([np.ones((B, 1)), valid], 1).astype(np.int64)[chunk]),
+                 "response_mask": torch.tensor(valid[chunk]), "old_log_probs": z(old)[chunk],
+                 "advantages": z(adv)[chunk]}
+        if ref is not None:
+            batch["ref_log_prob"] = z(ref)[chunk]
+        cap = VerlCapture(run, config=cfg, rank=r, world_size=dp)
+        cap.begin_step(SimpleNamespace(batch=batch, non_tensor_batch={}, meta_info={"global_steps": 1}))
+        for rank, rows in calls:
+            if rank == r:
+                local = torch.tensor(rows) - r * per_rank
+                cap.log_micro_batch({k: v[local] for k, v in batch.items()}, log_prob=z(logp)[torch.tensor(rows)])
+        cap.end_step()
+        cap.close()
+    return run
+
+
+@pytest.mark.parametrize("actor, key, value", [
+    ({"use_kl_loss": True, "kl_loss_type": "k4"}, "kl_loss_type", "'k4'"),
+    ({"policy_loss": {"loss_mode": "geo_mean"}}, "policy_loss.loss_mode", "'geo_mean'"),
+    ({"loss_agg_mode": "seq-sum"}, "loss_agg_mode", "'seq-sum'"),
+])
+def test_a_verl_setting_the_profile_does_not_know_is_refused_by_name(tmp_path, actor, key, value):
+    nan = np.nan
+    run = verl_run(tmp_path / "run", actor, logp=[[-1.0, -0.5], [-0.2, nan]], old=[[-1.0, -0.6], [-0.3, nan]],
+                   adv=[[1.0, 1.0], [-1.0, nan]], calls=[(0, [0, 1])], ref=[[-1.0, -0.5], [-0.2, nan]])
+    with pytest.raises(UserError) as e:
+        grpolens.recompute(run, profile="verl", write=False)
+    assert e.value.message.startswith(f"config key 'verl_actor.{key}': the verl profile supports ")
+    assert e.value.message.endswith(f", got {value}")
