@@ -483,3 +483,49 @@ def test_log_ratio_clamp_applies_below_too(tmp_path):
     c.old[:] = -5.0
     run = write_run(tmp_path / "run", [c], config={"loss_type": "dapo", "log_ratio_clamp": 20})
     assert grpolens.recompute(run, write=False)["loss"][0] == pytest.approx(-np.exp(-20.0), rel=1e-9)
+
+
+def test_trl_round_token_count_when_the_step_also_generated_a_later_round(tmp_path):
+    """As above (S = 4 > G = 2, one round trained at steps 0 and 1), and step 1 also generated the
+    next round, whose completions (lower sample ids here) are trained on later: the step's own
+    samples do not hold the sequences it trains on, so N comes from the run's samples again."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(32)
+    calls = random_calls(rng, micro_batches=2, batch=3)
+    for c in calls:
+        c.sample_ids = c.sample_ids + 1000
+    cfg = {"loss_type": "dapo", "gradient_accumulation_steps": 2, "steps_per_generation": 4}
+    rounds = {int(s): 0 for c in calls for s in c.sample_ids}
+    samples = round_samples(calls, rounds, at_step=0)
+    samples[1] = pa.table({
+        "step": pa.array([1] * 3, pa.int64()), "rank": pa.array([0] * 3, pa.int32()),
+        "sample_id": pa.array([0, 1, 2], pa.int64()), "group_id": pa.array([0, 1, 2], pa.int64()),
+        "completion_len": pa.array([4, 5, 6], pa.int32()), "truncated": pa.array([False] * 3, pa.bool_()),
+        "generation": pa.array([1] * 3, pa.int64())})
+    trl = grpolens.recompute(write_run(tmp_path / "run", calls, config=cfg, samples=samples), profile="trl", write=False)
+    n_round = float(sum(c.lengths.sum() for c in calls))
+    for step in (0, 1):
+        total = sum(ref_token_loss(c, cfg)[0].sum() for c in calls if c.step == step)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], 4 / 2 * total / n_round), step
+
+
+def test_trl_token_count_of_one_completion_steps_with_and_without_rounds(tmp_path):
+    """One completion per step (a samples table of one row): its round's N is its own valid tokens
+    (some masked here, so not its completion_len). Samples without the ``generation`` column: one
+    round per step, N the step's tokens -- the same number here, reached without the round table."""
+    rng = np.random.default_rng(34)
+    calls = random_calls(rng, ranks=1, micro_batches=1, batch=1, max_len=12, single_token=False, spread=0.5)
+    for c in calls:
+        c.lengths[:] = 12
+        c.mask[:] = False
+        c.mask[0, :9] = True  # 9 of the 12 generated tokens are in the loss
+    cfg = {"loss_type": "dapo"}
+    rounds = {int(c.sample_ids[0]): c.step for c in calls}
+    with_rounds = round_samples(calls, rounds)
+    without = {step: t.drop_columns(["generation"]) for step, t in with_rounds.items()}
+    for name, samples in (("rounds", with_rounds), ("no_rounds", without)):
+        trl = grpolens.recompute(write_run(tmp_path / name, calls, config=cfg, samples=samples), profile="trl", write=False)
+        for step in (0, 1):
+            want = ref_trl_rounds(calls, step, cfg, rounds, 1, 1)
+            assert approx(trl.filter(trl["step"] == step)["loss"][0], want), (name, step)
