@@ -23,7 +23,7 @@ Non-finite values are counted apart (``nonfinite``) and never enter a bin.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,13 +63,12 @@ class LogBins:
         return 2 * self.per_sign + 1
 
     def index(self, x: np.ndarray) -> np.ndarray:
-        """Bin of each finite value: 0..per_sign-1 negative (most negative first), per_sign the
-        zero bin, then positive (smallest first)."""
-        x = np.asarray(x, dtype=np.float64)
+        """Bin of each finite float64 value: 0..per_sign-1 negative (most negative first), per_sign
+        the zero bin, then positive (smallest first)."""
         a = np.abs(x)
-        with np.errstate(divide="ignore"):
-            k = np.ceil(np.log(np.maximum(a, self.min_abs)) / math.log(self.gamma)).astype(np.int64)
-        off = np.clip(k, self.k_min, self.k_max + 1) - self.k_min  # 0 .. per_sign-1 (last: overflow)
+        # |x| is raised to min_abs first: the log is finite and k >= k_min
+        k = np.ceil(np.log(np.maximum(a, self.min_abs)) / math.log(self.gamma)).astype(np.int64)
+        off = np.minimum(k, self.k_max + 1) - self.k_min  # 0 .. per_sign-1 (last: overflow)
         zero = a < self.min_abs
         pos = self.per_sign + 1 + off
         neg = self.per_sign - 1 - off
@@ -92,16 +91,12 @@ class LogBins:
 class LogHistogram:
     """Counts over :class:`LogBins`, plus the exact count, minimum, maximum and non-finite count."""
 
-    bins: LogBins = field(default_factory=LogBins)
-    counts: np.ndarray | None = None
-    n: int = 0
-    min: float = math.inf
-    max: float = -math.inf
-    nonfinite: int = 0
-
-    def __post_init__(self):
-        if self.counts is None:
-            self.counts = np.zeros(self.bins.size, dtype=np.int64)
+    bins: LogBins
+    counts: np.ndarray  # int64, one per bin
+    n: int
+    min: float
+    max: float
+    nonfinite: int
 
     @classmethod
     def of(cls, values: np.ndarray, bins: LogBins | None = None) -> "LogHistogram":
@@ -130,17 +125,6 @@ class LogHistogram:
         for p in parts[1:]:
             out = out.merge(p)
         return out
-
-    def count_below(self, threshold: float = 0.0) -> int:
-        """Exact count of values < 0 (threshold 0 only: the sign of every bin is known)."""
-        if threshold != 0.0:
-            raise ValueError("only the sign split is exact")
-        return int(self.counts[: self.bins.per_sign].sum())
-
-    def count_above(self, threshold: float = 0.0) -> int:
-        if threshold != 0.0:
-            raise ValueError("only the sign split is exact")
-        return int(self.counts[self.bins.per_sign + 1:].sum())
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile within the bound of the module docstring (None without values)."""

@@ -48,7 +48,39 @@ def test_hand_worked_bin():
     assert h.quantile(0.5) == pytest.approx(2 / (g + 1), rel=1e-12)
     assert abs(h.quantile(0.5) - 1.0) <= 0.005
     assert h.quantile(0) == -5.0 and h.quantile(1) == 7.0
-    assert (h.count_below(), h.count_above()) == (1, 3)
+
+
+def test_quantile_picks_the_bin_of_its_order_statistic():
+    # [1, 2, 3]: the median is rank floor(0.5 * 2) = 1, the value 2 (not the maximum, which rank
+    # n - 1 = 2 gives; not the bin of 1, whose cumulative count equals the rank)
+    h = LogHistogram.of(np.array([1.0, 2.0, 3.0]))
+    assert h.quantile(0.5) == pytest.approx(2.0, rel=BINS.alpha) and h.quantile(0.5) != 2.0
+
+
+def test_values_exactly_on_min_abs_are_binned_not_zero():
+    # the bound covers min_abs <= |x|: ±min_abs itself gets a bin within alpha, not the zero bin
+    h = LogHistogram.of(np.array([-1.0, -BINS.min_abs, BINS.min_abs, 1.0]))
+    for q, x in ((1 / 3, -BINS.min_abs), (2 / 3, BINS.min_abs)):
+        assert abs(h.quantile(q) - x) <= BINS.alpha * BINS.min_abs, q
+
+
+def test_quantiles_beyond_max_abs_are_the_exact_extremes():
+    # beyond max_abs a value falls in its sign's overflow bin, reported as the exact min or max
+    h = LogHistogram.of(np.array([-5e6, -4e6, -3e6, -2e6, 0.5, 2e6, 3e6, 4e6, 5e6]))
+    assert h.quantile(0.25) == -5e6  # rank 2: -3e6, in the negative overflow bin
+    assert h.quantile(0.75) == 5e6   # rank 6: 3e6, in the positive overflow bin
+    assert h.quantile(0.5) == pytest.approx(0.5, rel=BINS.alpha)
+    # the largest regular bins are not overflow bins: ±0.9e6 are reported within alpha, not as the extremes
+    h = LogHistogram.of(np.array([-5e6, -0.9e6, 0.9e6, 5e6]))
+    assert h.quantile(1 / 3) == pytest.approx(-0.9e6, rel=BINS.alpha)
+    assert h.quantile(2 / 3) == pytest.approx(0.9e6, rel=BINS.alpha)
+
+
+def test_float32_values_are_binned_at_float64_precision():
+    # 1.5527129 in float32: its float32 log puts it in bin 44, its exact (float64) value in bin 45
+    v = np.array([1.5527129173278809, -1.5527129173278809, 0.25], dtype=np.float32)
+    h32, h64 = LogHistogram.of(v), LogHistogram.of(v.astype(np.float64))
+    assert np.array_equal(h32.counts, h64.counts) and (h32.min, h32.max) == (h64.min, h64.max)
 
 
 def test_merge_is_exact_for_any_split():
@@ -60,6 +92,14 @@ def test_merge_is_exact_for_any_split():
         assert np.array_equal(merged.counts, whole.counts)
         assert (merged.n, merged.min, merged.max, merged.nonfinite) == (whole.n, whole.min, whole.max, 3)
         assert [merged.quantile(q) for q in (0.01, 0.5, 0.99)] == [whole.quantile(q) for q in (0.01, 0.5, 0.99)]
+    # pieces without a finite value (a shard whose tokens are all masked) change nothing
+    small = np.array([0.991, 0.991, 0.991])  # its bin's midpoint is above 0.991: clamped to the exact max
+    h = LogHistogram.of(small)
+    for empty in (np.array([]), np.array([np.nan, -np.inf])):
+        for parts in ([empty, small], [small, empty]):
+            merged = LogHistogram.merge_all([LogHistogram.of(p) for p in parts])
+            assert (merged.n, merged.min, merged.max) == (3, 0.991, 0.991)
+            assert merged.quantile(0.5) == h.quantile(0.5) == 0.991
 
 
 def test_empty_and_nonfinite_only():
@@ -75,8 +115,9 @@ def test_pickles_sparse_and_round_trips():
     assert len(blob) < h.counts.nbytes / 4
     back = pickle.loads(blob)
     assert np.array_equal(back.counts, h.counts) and (back.n, back.min, back.max) == (h.n, h.min, h.max)
+    assert h.counts.dtype == back.counts.dtype == np.int64  # integer counts: merges stay exact
 
 
 def test_different_bins_refuse_to_merge():
-    with pytest.raises(ValueError, match="different bins"):
+    with pytest.raises(ValueError, match="^cannot merge histograms with different bins$"):
         LogHistogram.of(np.ones(3)).merge(LogHistogram.of(np.ones(3), LogBins(alpha=0.01)))
