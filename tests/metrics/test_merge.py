@@ -226,8 +226,12 @@ def test_a_producer_declares_valid_merge_rules_and_a_name_of_its_own():
     with pytest.raises(ValueError, match=r"producer plugin_x: unknown merge rules \{'x.sum': 'mean'\}"):
         producer("plugin_x", merge={"x.sum": "mean"})
     assert "plugin_x" not in PRODUCERS
-    with pytest.raises(ValueError, match="producer entropy registered twice"):
-        producer("entropy", merge={"x.sum": "sum"})(lambda b, cfg: {})
+    entropy = PRODUCERS["entropy"]
+    try:
+        with pytest.raises(ValueError, match="producer entropy registered twice"):
+            producer("entropy", merge={"x.sum": "sum"})(lambda b, cfg: {})
+    finally:
+        PRODUCERS["entropy"] = entropy  # the registry as it was, whatever the registration did
 
 
 def test_a_producer_must_return_exactly_the_columns_it_declares():
