@@ -951,3 +951,26 @@ def test_trl_truncate_without_clip_min_caps_only(tmp_path):
     run, _ = one_call(tmp_path, [[-1.0, -1.0]], [[-1.0, -2.0]],
                       config={"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0})
     assert weights_of(run).sort("pos")["is_weight"].to_list() == [1.0, 2.0]
+
+
+def test_xtuner_pack_of_one_token_reports_its_mismatch(tmp_path):
+    # xtuner's compute_mismatch_metrics treats the pack as one row, whatever its number of tokens:
+    # one valid token, log π_train = -1, log π_rollout = -1.5 (δ = 0.5): training log-PPL 1,
+    # rollout log-PPL 1.5, k1 = mean(log π_rollout − log π_train) = -0.5, k3 = e^0.5 − 0.5 − 1,
+    # log-PPL difference lr − lo = -0.5
+    run, _ = one_call(tmp_path, [[-1.0]], [[-1.5]], config={"rollout_is_threshold": [2.0, 0.5]})
+    xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+    want = {"mismatch_training_log_ppl": 1.0, "mismatch_training_ppl": np.e, "mismatch_rollout_log_ppl": 1.5,
+            "mismatch_rollout_ppl": np.exp(1.5), "mismatch_kl": -0.5, "mismatch_k3_kl": np.exp(0.5) - 1.5,
+            "mismatch_log_ppl_diff": -0.5, "mismatch_log_ppl_abs_diff": 0.5, "mismatch_log_ppl_diff_max": -0.5,
+            "mismatch_log_ppl_diff_min": -0.5, "mismatch_ppl_ratio": np.exp(-0.5), "mismatch_logprob_abs_diff": 0.5}
+    assert {k: xt["mismatch/" + k] for k in want} == pytest.approx(want, rel=1e-6)
+
+
+def test_xtuner_without_an_is_threshold_logs_only_the_mismatch(tmp_path):
+    # xtuner computes no IS weight metrics without rollout_is_threshold (a lone veto, written the
+    # canonical way so that the config keeps it): its mismatch metrics only
+    run, _ = one_call(tmp_path, [[-1.0, -1.0]], [[-1.5, -1.2]], config={"veto_upper": 10.0})
+    xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+    assert xt["mismatch/mismatch_kl"] == pytest.approx(-0.35, rel=1e-6)
+    assert all(v is None for k, v in xt.items() if k.startswith("mismatch/rollout_is_")), xt
