@@ -974,3 +974,24 @@ def test_xtuner_without_an_is_threshold_logs_only_the_mismatch(tmp_path):
     xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
     assert xt["mismatch/mismatch_kl"] == pytest.approx(-0.35, rel=1e-6)
     assert all(v is None for k, v in xt.items() if k.startswith("mismatch/rollout_is_")), xt
+
+
+@pytest.mark.parametrize("level", ["sequence", "geometric"])
+def test_xtuner_pack_without_a_lower_bound(tmp_path, level):
+    # a config with an upper bound only (xtuner itself always has both; grpolens' canonical config
+    # may not), one pack: row A δ = [1, 1], row B δ = [-1]. Sequence level X = [2, -1], geometric
+    # X = [1, -1]; upper 2: no row is below a missing lower bound, and the clamp for the spread
+    # has no floor: w' = min(e^X, 2), token-weighted over the pack's 3 tokens.
+    run, _ = one_call(tmp_path, [[-1.0, -1.0], [-1.0, -1.0]], [[-2.0, -2.0], [0.0, -9.0]],
+                      mask=np.array([[True, True], [True, False]]),
+                      config={"level": level, "mode": "truncate", "upper": 2.0})
+    xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+    X = np.array([2.0, -1.0]) if level == "sequence" else np.array([1.0, -1.0])
+    n = np.array([2, 1])
+    wc = np.minimum(np.exp(X), 2.0)
+    mean, sq = (n * wc).sum() / 3, (n * wc * wc).sum() / 3
+    assert xt["mismatch/rollout_is_ratio_fraction_low"] == 0.0
+    high = 0.5 if level == "sequence" else 2 / 3  # sequence level: a share of rows; geometric: of tokens
+    assert xt["mismatch/rollout_is_ratio_fraction_high"] == pytest.approx(high)
+    assert xt["mismatch/rollout_is_std"] == pytest.approx(np.sqrt(sq - mean ** 2), rel=1e-6)
+    assert xt["mismatch/rollout_is_seq_fraction_low"] == 0.0
