@@ -851,9 +851,7 @@ def _column_stats(pf, usable: set[str]) -> dict[str, tuple | None]:
     index = {md.schema.column(i).name: i for i in range(md.num_columns)}
     out: dict[str, tuple | None] = {}
     for name in usable:
-        i = index.get(name)
-        if i is None:
-            continue
+        i = index[name]  # ``usable`` names top-level primitive columns: each is a Parquet leaf of that name
         lo = hi = None
         nulls = 0
         for g in range(md.num_row_groups):
