@@ -109,10 +109,20 @@ def test_mistyped_column(run, table, column, to):
     assert (p.path, p.column) == (table, column) and f"type {to}" in p.message
 
 
-def test_large_string_text_is_accepted(run):
+@pytest.mark.parametrize("to", [pa.large_string(), pa.string_view(), pa.dictionary(pa.int32(), pa.string())])
+def test_other_string_encodings_of_text_are_accepted(run, to):
     _rewrite(run / SMP, lambda t: t.set_column(t.schema.get_field_index("prompt"), "prompt",
-                                               t.column("prompt").cast(pa.large_string())))
+                                               t.column("prompt").cast(to)))
+    assert pq.read_schema(run / SMP).field("prompt").type == to
     assert validate_run(run).problems == []
+
+
+def test_dictionary_of_the_wrong_value_type_is_mistyped(run):
+    to = pa.dictionary(pa.int32(), pa.string())
+    _rewrite(run / SMP, lambda t: t.set_column(t.schema.get_field_index("group_id"), "group_id",
+                                               t.column("group_id").cast(pa.string()).cast(to)))
+    p = _only(validate_run(run))
+    assert (p.path, p.column, p.message) == (SMP, "group_id", f"column has type {to}, expected int64")
 
 
 @pytest.mark.parametrize("table, column", [(TOK, "advantage"), (TOK, "sample_id"), (SMP, "truncated")])
@@ -349,6 +359,24 @@ def test_nulls_in_nullable_log_prob_columns_are_fine(run):
     assert pq.read_table(run / TOK)["ref_logp"].null_count == 3
     assert validate_run(run).problems == []
     assert check_before_reading(run).ok
+
+
+def test_tokenizer_file_that_does_not_load_is_a_warning_naming_the_error(run):
+    """tokenizer.json that the tokenizers library loads: no problem; one it cannot load: a warning
+    with the library's first line of error, as views then show token ids."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from grpolens.run.decode import TOKENIZER_FILE
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.save(str(run / TOKENIZER_FILE))
+    assert validate_run(run).problems == []
+    (run / TOKENIZER_FILE).write_text("{oops")
+    with pytest.raises(Exception) as e:
+        tokenizers.Tokenizer.from_file(str(run / TOKENIZER_FILE))
+    first = str(e.value).splitlines()[0]
+    w = _only(validate_run(run), WARNING)
+    assert (w.path, w.column) == (TOKENIZER_FILE, None)
+    assert w.message == f"not a tokenizers JSON file ({first}): views show token ids instead of text"
 
 
 # -- files and layout -------------------------------------------------------------------------
