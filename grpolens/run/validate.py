@@ -571,7 +571,7 @@ class _Validator:
         files on disk; every rank left a finished record. Runs written before markers: a warning."""
         if self.world_size is None:
             return
-        shards = [sh for t in fmt.TABLES for sh in (self.listed[t] if t in self.listed else fmt.list_shards(self.root, t, complete_only=False))]
+        shards = [sh for t in fmt.TABLES for sh in self.listed[t]]  # run() listed both tables before
         if not self.markers:
             if shards:
                 self.add(WARNING, fmt.MANIFEST_NAME, "written without completion markers (before grpolens wrote them, "
