@@ -393,3 +393,71 @@ def test_builtin_rules_alone_and_the_baseline_next_to_the_file(tmp_path):
     f.write_text("baseline = 'golden.json'\n[[rule]]\nmetric = 'entropy'\nmax = 1\n")
     rs = load_rules(f)
     assert rs.baseline == tmp_path / "cfg" / "golden.json" and rs.source == str(f)
+
+
+# -- reading the file, and the line an error points at --------------------------------------------
+
+def test_metric_refusals_in_full():
+    assert error_of("[[rule]]\nmetric = 'nope/*'\nmax = 1\n") == (
+        "r.toml:2: rule 1: metric: the pattern 'nope/*' matches no registered metric (patterns match canonical "
+        "names; see `grpolens metrics`)")
+    msg = error_of("[[rule]]\nmetric = 'entropie'\nmax = 1\n")
+    assert msg.startswith("r.toml:2: rule 1: metric: unknown metric 'entropie'") and msg.endswith(" (see `grpolens metrics`)")
+
+
+@pytest.mark.parametrize("text,msg", [
+    # a quoted key is found like a bare one
+    ("[[rule]]\nmetric = 'entropy'\n\"max\" = 'x'\n", "r.toml:3: rule 1: max: must be a number, got 'x'"),
+    # the key of the second rule, not the same key in the first
+    ("[[rule]]\nmetric = 'entropy'\nmax = 1\n\n[[rule]]\nmetric = 'entropy'\nmax = 'x'\n",
+     "r.toml:7: rule 2: max: must be a number, got 'x'"),
+    # a key the rule lacks: its [[rule]] line, not the same key of the next rule
+    ("[[rule]]\nname = 'a'\nmax = 1\n[[rule]]\nmetric = 'entropy'\nmax = 1\n",
+     "r.toml:1: rule 1 ('a'): metric: required: a metric name (canonical or any profile's alias) or a glob like "
+     "'health/nonfinite/*'"),
+    # a nested table ends the rule: its key is not the rule's
+    ("[[rule]]\nname = 'a'\nmax = 1\n[rule.early]\nmetric = 'x'\n",
+     "r.toml:1: rule 1 ('a'): metric: required: a metric name (canonical or any profile's alias) or a glob like "
+     "'health/nonfinite/*'"),
+    # a top-level key
+    ("baseline = 1\n", "r.toml:1: baseline: must be a path (string)"),
+    ("\n\n  [[ rule ]]\nmetric = 'entropy'\nreduce = 'x'\nmax = 1\n", "r.toml:5: rule 1: reduce: unknown reducer 'x'; "
+     "use all, last, mean, median, min, max or pNN (p50, p95, p99.9)"),
+])
+def test_errors_point_at_the_line(text, msg):
+    assert error_of(text) == msg
+
+
+def test_yaml_errors_point_at_the_line():
+    pytest.importorskip("yaml")
+    text = "rule:\n  - metric: entropy\n    max: 1\n  - name: b\n    metric: entropy\n    max: x\n"
+    assert error_of(text, "yaml") == "r.toml:6: rule 2 ('b'): max: must be a number, got 'x'"
+    assert error_of("rule:\n  - name: b\n    max: 1\n", "yaml").startswith("r.toml:2: rule 1 ('b'): metric: required")
+    assert error_of("baseline: 3\nrule: []\n", "yaml") == "r.toml:1: baseline: must be a path (string)"
+
+
+def test_yaml_rules_without_pyyaml(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml -> ImportError
+    assert error_of("rule: []\n", "yaml") == "r.toml: YAML rules need PyYAML (pip install pyyaml), or write the rules in TOML"
+
+
+def test_load_rules_reads_yaml_by_suffix_and_names_the_file(tmp_path):
+    pytest.importorskip("yaml")
+    for name in ("r.yaml", "r.yml", "R.YML"):
+        f = tmp_path / name
+        f.write_text("rule:\n  - metric: entropy\n    max: 1\n")
+        assert load_rules(f).rules[0].max == 1.0 and load_rules(f).source == str(f)
+    f = tmp_path / "r.toml"
+    f.write_text("[[rule]]\nmetric = 'entropy'\nmax = 'x'\n")
+    with pytest.raises(UserError) as e:
+        load_rules(str(f))
+    assert e.value.message == f"{f}:3: rule 1: max: must be a number, got 'x'"
+    with pytest.raises(UserError) as e:
+        load_rules(tmp_path / "nope.toml")
+    assert e.value.message == f"--rules: no such file {tmp_path / 'nope.toml'}"
+    f.write_bytes(b"\xff\xfe[[rule]]")
+    with pytest.raises(UserError) as e:
+        load_rules(f)
+    assert e.value.message.startswith(f"--rules: cannot read {f}: 'utf-8' codec can't decode")
