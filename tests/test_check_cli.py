@@ -482,3 +482,12 @@ def test_check_notes_and_timing(runs, tmp_path):
     assert check(runs["clean"], rules=rules, baseline=golden).notes == []
     # a baseline run is recomputed with this check's --set: nothing to say
     assert check(runs["clean"], rules=rules, baseline=runs["clean-other-seed"]).notes == []
+
+
+def test_baseline_run_is_recomputed_with_the_checks_overrides(runs, tmp_path):
+    """--set applies to the baseline run too: the run against itself under --set epsilon=0.1 agrees exactly
+    (clip/low changes with epsilon: test_set_overrides_reach_golden_and_leave_the_cache_alone)."""
+    rules = tmp_path / "r.toml"
+    rules.write_text("[[rule]]\nmetric = 'clip/low'\nabs = 0\n")
+    report = check(runs["clean"], rules=rules, baseline=runs["clean"], overrides={"epsilon": 0.1})
+    assert [o.status for o in report.outcomes] == ["PASS", "PASS"] and report.outcomes[1].checked == STEPS
