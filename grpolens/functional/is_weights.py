@@ -227,10 +227,9 @@ class Segments:
 
 @dataclass
 class Inputs:
-    """The per-token inputs of one batch: δ and the valid tokens; ``dv``/``av`` are δ and |A| on the
+    """The per-token inputs of one batch: the valid tokens; ``dv``/``av`` are δ and |A| on the
     valid tokens only (|A| is 0 where the advantage is not finite)."""
 
-    delta: np.ndarray
     valid: np.ndarray
     seg: Segments
     dv: np.ndarray
@@ -253,7 +252,7 @@ def inputs(b) -> Inputs:
             valid &= ~b.broadcast(both)
     seg = Segments(b, valid)
     adv = b.adv[seg.idx]
-    return Inputs(delta, valid, seg, delta[seg.idx], np.where(np.isfinite(adv), np.abs(adv), 0.0))
+    return Inputs(valid, seg, delta[seg.idx], np.where(np.isfinite(adv), np.abs(adv), 0.0))
 
 
 @dataclass
@@ -308,7 +307,7 @@ IS_MERGE = {
     "ris.tw": "sum", "ris.tw2": "sum", "ris.twmax": "max", "ris.twmin": "min",
     "ris.thi": "sum", "ris.tlo": "sum", "ris.tc": "sum", "ris.tc2": "sum",
     "ris.ta": "sum", "ris.ta2": "sum", "ris.tamax": "max", "ris.tamin": "min", "ris.tchg": "sum",
-    "ris.tband": "sum", "ris.trej": "sum", "ris.tdrop": "sum", "ris.tdrop_adv": "sum", "ris.tmod": "sum",
+    "ris.tband": "sum", "ris.trej": "sum", "ris.tdrop_adv": "sum", "ris.tmod": "sum",
     "ris.k1": "sum", "ris.k2": "sum", "ris.k3": "sum", "ris.k2max": "max", "ris.k3max": "max",
 }
 
@@ -337,7 +336,6 @@ def sequence_partials(b, x: Inputs, c: ISConfig, t: TokenDecisions | None = None
         "ris.tamax": out["ris.twmax"] if same else s.max(t.a), "ris.tamin": out["ris.twmin"] if same else s.min(t.a),
         "ris.tchg": s.sum(t.chg) if t.chg.any() else zeros, "ris.tband": s.sum(t.band) if t.band.any() else zeros,
         "ris.trej": s.sum(t.rej) if t.rej.any() else zeros,
-        "ris.tdrop": s.sum(t.drop) if t.drop.any() else zeros,
         "ris.tdrop_adv": s.sum(np.where(t.drop, x.av, 0.0)) if t.drop.any() else zeros,
         "ris.tmod": s.sum(t.mod) if t.mod.any() else zeros,
     })
@@ -377,8 +375,7 @@ class SeqView:
     rs_rej: np.ndarray     # sequence rejected by a sequence filter
     seq_rej: np.ndarray    # any of the three
     rejected: np.ndarray   # tokens removed from the loss mask
-    dropped: np.ndarray    # tokens removed or zero-weighted
-    dropped_adv: np.ndarray
+    dropped_adv: np.ndarray  # |A| of the tokens removed or zero-weighted
     modified: np.ndarray   # tokens removed or re-weighted
     changed: np.ndarray    # tokens whose weight truncation/zeroing changed
     rs_value: dict[str, np.ndarray]  # sequence filter option -> its per-sequence statistic
@@ -421,7 +418,6 @@ def seq_view(p: dict, c: ISConfig) -> SeqView:
     return SeqView(
         n=n, X=X, w=w, a=a, vetoed=vetoed, band_rej=band_rej, rs_rej=rs_rej, seq_rej=seq_rej,
         rejected=np.where(seq_rej, n, _col(p, "ris.trej")),
-        dropped=np.where(gone, n, _col(p, "ris.tdrop")),
         dropped_adv=np.where(gone, _col(p, "ris.adv"), _col(p, "ris.tdrop_adv")),
         modified=np.where(seq_rej | seq_chg, n, _col(p, "ris.tmod")),
         changed=np.where(seq_chg, n, 0.0) if c.level != "token" else _col(p, "ris.tchg"),

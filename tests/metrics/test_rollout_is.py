@@ -1004,3 +1004,37 @@ def test_xtuner_pack_without_a_lower_bound(tmp_path, level):
     assert xt["mismatch/rollout_is_ratio_fraction_high"] == pytest.approx(high)
     assert xt["mismatch/rollout_is_std"] == pytest.approx(np.sqrt(sq - mean ** 2), rel=1e-6)
     assert xt["mismatch/rollout_is_seq_fraction_low"] == 0.0
+
+
+def test_sequence_holding_both_infinite_log_ratios_is_left_out_whole(tmp_path):
+    # row A: δ = [+inf, -inf, 0.1] has no defined Σδ: its three tokens are undefined; row B's lone
+    # +inf stays in (weight e^20); row C's third token is masked out, so neither valid nor undefined
+    old = [[-1.0, -np.inf, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]]
+    rollout = [[-np.inf, -1.0, -1.1], [-np.inf, -1.0, -1.0], [-1.2, -1.3, -1.1]]
+    mask = np.array([[True, True, True], [True, True, True], [True, True, False]])
+    run, _ = one_call(tmp_path, old, rollout, mask=mask, config={"level": "token", "mode": "none"})
+    got = grpolens.recompute(run, write=False).row(0, named=True)
+    assert (got["rollout_is/valid_tokens"], got["rollout_is/undefined_tokens"]) == (5.0, 3.0)
+    w = weights_of(run).sort(["sample_id", "pos"])
+    assert w["valid"].to_list() == [False] * 3 + [True] * 3 + [True, True, False]
+
+
+def test_loss_mass_removed_counts_a_non_finite_advantage_as_zero(tmp_path):
+    # one token per sequence, veto_upper 10: sequence 0 (w = 20, |A| = 2) is vetoed; sequence 1's
+    # advantage is NaN (|A| counted as 0), sequence 2's is 1: removed mass 2 / (2 + 0 + 1)
+    run, _ = one_call(tmp_path, [[-1.0], [-1.0], [-1.0]], [[-1.0 - np.log(20.0)], [-1.0], [-1.0]],
+                      adv=[2.0, np.nan, 1.0], config={"level": "token", "mode": "none", "veto_upper": 10.0})
+    got = grpolens.recompute(run, write=False).row(0, named=True)
+    assert got["rollout_is/veto/seq_fraction"] == pytest.approx(1 / 3)
+    assert got["rollout_is/loss_mass_removed"] == pytest.approx(2 / 3)
+
+
+def test_log_weight_exactly_on_the_safety_bound_is_not_beyond_it(tmp_path):
+    # the ±20 bound counts |X| > 20. δ rows [20, 0], [10, 10], [21, 0]: at token level only the 21
+    # is beyond (1 of 6 tokens); at sequence level X = Σδ = [20, 20, 21], only the last sequence
+    # (2 of 6 tokens); at geometric level X = [10, 10, 10.5], none
+    old, rollout = np.zeros((3, 2)), -np.array([[20.0, 0.0], [10.0, 10.0], [21.0, 0.0]])
+    for level, want in (("token", 1 / 6), ("sequence", 2 / 6), ("geometric", 0.0)):
+        run, _ = one_call(tmp_path, old, rollout, config={"level": level, "mode": "none"}, name=level)
+        got = grpolens.recompute(run, write=False).row(0, named=True)
+        assert got["rollout_is/safety_bound_fraction"] == pytest.approx(want), level
