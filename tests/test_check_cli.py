@@ -353,7 +353,7 @@ def _golden(tmp_path, data) -> Path:
     return p
 
 
-GOLDEN = {"format": "grpolens-golden", "version": 1, "run": "runs/a", "run_name": "exp-1", "steps": [0, 1, 2, 3],
+GOLDEN = {"format": "grpolens-golden", "version": 1, "run": "runs/a", "run_name": "exp-1", "steps": [0, 1, 2, 3, 4],
           "overrides": {"epsilon": 0.1}, "metrics": {"m": {"values": {"1": 1.5, "0": "nan", "2": "inf", "3": "-inf"}}}}
 
 
@@ -362,7 +362,8 @@ def test_golden_file_is_read_back(tmp_path):
 
     p = _golden(tmp_path, GOLDEN)
     b = read_golden(p)
-    assert b.label == f"{p} (golden of exp-1)" and b.steps == [0, 1, 2, 3] and b.overrides == {"epsilon": 0.1}
+    # the steps the golden lists, step 4 without a value included (what the coverage rule counts)
+    assert b.label == f"{p} (golden of exp-1)" and b.steps == [0, 1, 2, 3, 4] and b.overrides == {"epsilon": 0.1}
     s = b.series["m"]
     assert s.steps.tolist() == [0, 1, 2, 3] and math.isnan(s.values[0])
     assert s.values[1:].tolist() == [1.5, float("inf"), float("-inf")]
