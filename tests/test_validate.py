@@ -211,6 +211,33 @@ def test_unsorted_rows_sharing_a_pos_are_not_duplicates(micro_batch, sample_id, 
     both = key_order_problems(np.array(micro_batch * 2), np.array(sample_id * 2), np.array(pos * 2))
     assert both == [unsorted_message(1), "2 duplicate (step, rank, micro_batch, sample_id, pos) keys"]
 
+@pytest.mark.parametrize("micro_batch, sample_id, pos", [
+    ([0, 1], [0, 0], [0, 0]),  # one-token sequences of the same sample id in two micro-batches
+    ([0, 0], [0, 1], [5, 5]),  # two one-token sequences at the same pos
+])
+def test_sorted_rows_sharing_a_pos_are_not_duplicates(micro_batch, sample_id, pos):
+    """A sorted shard's duplicates are counted on the whole (micro_batch, sample_id, pos) key too."""
+    from grpolens.run.validate import key_order_problems
+
+    assert key_order_problems(np.array(micro_batch), np.array(sample_id), np.array(pos)) == []
+
+
+def test_extra_columns_are_allowed_whatever_their_name_or_type(run):
+    """Columns outside the format are ignored, first in the file or not; only samples' reward/...
+    columns are typed."""
+    def first(name):
+        return lambda t: t.add_column(0, pa.field(name, pa.string()), pa.array(["x"] * t.num_rows))
+    _rewrite(run / TOK, first("reward/note"))
+    _rewrite(run / SMP, first("note"))
+    assert validate_run(run).problems == []
+    assert check_before_reading(run).ok
+    # the columns after an extra one are still checked
+    _rewrite(run / SMP, lambda t: t.set_column(t.schema.get_field_index("group_id"), "group_id",
+                                               t.column("group_id").cast(pa.int32())))
+    p = _only(validate_run(run))
+    assert (p.path, p.column, p.message) == (SMP, "group_id", "column has type int32, expected int64")
+
+
 def test_unsorted_file(run):
     def swap(t):  # exchange two adjacent rows of one sequence
         idx = np.arange(t.num_rows)
@@ -350,13 +377,13 @@ def test_non_finite_values_counted_per_column(run):
 def test_nulls_in_nullable_log_prob_columns_are_fine(run):
     """old_logp and ref_logp may be null (a trainer without a reference model): neither a
     non-finite value nor a positive log-prob, and no error."""
-    def null_three(t):
-        for name in ("old_logp", "ref_logp"):
+    def null_three(t):  # old_logp null in 3 rows, ref_logp in all (its statistics have no min/max)
+        for name, rows in (("old_logp", 3), ("ref_logp", t.num_rows)):
             t = t.set_column(t.schema.get_field_index(name), t.schema.field(name),
-                             pa.array(t.column(name).to_numpy(), pa.float32(), mask=np.arange(t.num_rows) < 3))
+                             pa.array(t.column(name).to_numpy(), pa.float32(), mask=np.arange(t.num_rows) < rows))
         return t
     _rewrite(run / TOK, null_three)
-    assert pq.read_table(run / TOK)["ref_logp"].null_count == 3
+    assert pq.read_table(run / TOK)["old_logp"].null_count == 3
     assert validate_run(run).problems == []
     assert check_before_reading(run).ok
 
@@ -458,6 +485,9 @@ def test_micro_batch_split_across_parts(run):
     remark(run)
     p = _only(validate_run(run))
     assert p.column == "micro_batch" and "micro_batch 0 of step 1 rank 0 is split" in p.message
+    with pytest.raises(fmt.RunFormatError) as e:  # the footers' micro_batch ranges show it too
+        check_before_reading(run)
+    assert (e.value.column, e.value.message) == ("micro_batch", p.message)
 
 
 def test_parts_repeating_a_loss_call_are_split_and_duplicated(run):
