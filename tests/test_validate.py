@@ -222,6 +222,13 @@ def test_sorted_rows_sharing_a_pos_are_not_duplicates(micro_batch, sample_id, po
     assert key_order_problems(np.array(micro_batch), np.array(sample_id), np.array(pos)) == []
 
 
+def test_key_order_problems_name_the_first_row_out_of_order():
+    from grpolens.run.validate import key_order_problems, unsorted_message
+
+    got = key_order_problems(np.zeros(5, int), np.zeros(5, int), np.array([0, 1, 3, 2, 4]))
+    assert got == [unsorted_message(3)] and "row 3)" in got[0]
+
+
 def test_extra_columns_are_allowed_whatever_their_name_or_type(run):
     """Columns outside the format are ignored, first in the file or not; only samples' reward/...
     columns are typed."""
