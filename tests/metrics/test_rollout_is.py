@@ -1038,3 +1038,35 @@ def test_log_weight_exactly_on_the_safety_bound_is_not_beyond_it(tmp_path):
         run, _ = one_call(tmp_path, old, rollout, config={"level": level, "mode": "none"}, name=level)
         got = grpolens.recompute(run, write=False).row(0, named=True)
         assert got["rollout_is/safety_bound_fraction"] == pytest.approx(want), level
+
+
+@pytest.mark.parametrize("level", ["sequence", "geometric"])
+def test_xtuner_row_weight_exactly_on_a_band_bound_is_inside(tmp_path, level):
+    # xtuner counts X > log upper and X < log lower (strictly): rows with δ = 0 everywhere have
+    # X = 0 = log 1.0, exactly on the upper bound of [0.5, 1.0] and on the lower bound of
+    # [1.0, 2.0]; the other row (δ = 1) is above both bands
+    old, rollout = [[-1.0, -1.0], [-1.0, -1.0]], [[-1.0, -1.0], [-2.0, -2.0]]
+    for band, key, want in (([1.0, 0.5], "rollout_is_ratio_fraction_high", 0.5),
+                            ([2.0, 1.0], "rollout_is_ratio_fraction_low", 0.0)):
+        run, _ = one_call(tmp_path, old, rollout, name=f"{level}-{band[1]}",
+                          config={"rollout_is_level": level, "rollout_is_mode": "truncate", "rollout_is_threshold": band})
+        xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+        assert xt["mismatch/" + key] == want, band
+
+
+def test_xtuner_clamped_spread_of_a_two_token_pack(tmp_path):
+    # xtuner: std of the clamped weights when the pack has more than one token. Weights 0.5 and
+    # 0.25 inside [0.1, 2]: population std 0.125; ESS = mean² / mean of squares = 0.140625 / 0.15625
+    run, _ = one_call(tmp_path, [[0.0, 0.0]], [-np.log([0.5, 0.25])], config={"rollout_is_threshold": [2.0, 0.1]})
+    xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+    assert xt["mismatch/rollout_is_std"] == pytest.approx(0.125, rel=1e-6)
+    assert xt["mismatch/rollout_is_eff_sample_size"] == pytest.approx(0.9, rel=1e-6)
+
+
+def test_xtuner_ess_of_vanishing_weights_keeps_the_reference_guard(tmp_path):
+    # xtuner's ESS divides the weights by (mean + 1e-8) before squaring: for one token of weight
+    # w = e^-20 (lower bound 0, so nothing clamps it up) that is ((w + 1e-8) / w)², about 34, not 1
+    run, _ = one_call(tmp_path, [[-21.0]], [[-1.0]], config={"rollout_is_threshold": [2.0, 0.0]})
+    xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
+    w = np.exp(-20.0)
+    assert xt["mismatch/rollout_is_eff_sample_size"] == pytest.approx(((w + 1e-8) / w) ** 2, rel=1e-6)
