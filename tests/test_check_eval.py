@@ -320,3 +320,110 @@ def test_early_reference_is_the_first_fraction_rounded_up_at_least_one_step():
     # two steps, 5, or of every step, 9, would let it pass)
     o = evaluate(rule(direction="upper", early=Early(factor=2.0)), {"m": series([1.0, 9.0, 9.0, 9.0, 9.0])}, None)
     assert o.status == FAIL and o.step == 1 and o.upper == 2.0
+
+# -- pattern rules: which metrics they judge, and which outcome speaks for them -----------------
+
+def test_a_passing_pattern_reports_the_pattern_as_a_whole():
+    r = rule(metric="g/*", max=1.0)
+    o = evaluate(r, {"g/a": series([0.1, 0.2]), "g/b": series([0.3, 0.4, 0.5]), "h": series([9.0])}, None)
+    assert (o.rule, o.status, o.metric, o.checked) == (r, PASS, "g/*", 5)
+    assert o.message == "2 matched metric(s) pass"
+    # a rule naming one metric reports that metric
+    assert evaluate(rule(max=1.0), {"m": series([0.5])}, None).metric == "m"
+
+
+def test_a_pattern_matching_nothing_fails_unless_missing_is_skip():
+    cand = {"h": series([1.0])}
+    r = rule(metric="g/*", max=1.0)
+    o = evaluate(r, cand, None)
+    assert (o.rule, o.status, o.metric) == (r, FAIL, "g/*")
+    assert o.message == "no metric matching 'g/*' has values in this run"
+    assert evaluate(rule(metric="g/*", max=1.0, missing="skip"), cand, None).status == SKIP
+
+
+def test_among_failing_metrics_the_earliest_first_failure_speaks():
+    cand = {"g/a": series([0.0, 0.0, 0.0, 5.0]), "g/b": series([0.0, 5.0, 0.0, 0.0]), "g/c": series([0.0] * 4)}
+    o = evaluate(rule(metric="g/*", max=1.0), cand, None)
+    assert (o.status, o.metric, o.step) == (FAIL, "g/b", 1)
+    assert o.message == "1/4 step(s) outside the limit; first at step 1 [2 of 3 matched metrics fail: g/a, g/b]"
+    # a failure without a step (no value in this run, the baseline has it but the rule does not
+    # compare) ranks after one that names its step
+    o = evaluate(rule(metric="g/*", max=1.0), {"g/a": series([0.0, 0.0, 5.0]), "g/z": series([])},
+                 {"g/z": series([1.0])})
+    assert (o.status, o.metric, o.step) == (FAIL, "g/a", 2)
+
+
+@pytest.mark.parametrize("n_bad,listed", [
+    (5, "g/0, g/1, g/2, g/3, g/4]"),
+    (6, "g/0, g/1, g/2, g/3, g/4, ...]"),
+])
+def test_a_failing_pattern_lists_at_most_five_failing_metrics(n_bad, listed):
+    cand = {f"g/{i}": series([5.0 if i < n_bad else 0.0]) for i in range(7)}
+    o = evaluate(rule(metric="g/*", max=1.0), cand, None)
+    assert o.message == f"1/1 step(s) outside the limit; first at step 0 [{n_bad} of 7 matched metrics fail: {listed}"
+
+
+def test_a_pattern_against_a_baseline_compares_each_metric_and_sees_the_baselines_metrics():
+    same = series([1.0, 1.0, 1.0])
+    cand, base = {"g/a": same, "g/b": same}, {"g/a": same, "g/b": same}
+    r = rule(metric="g/*", abs=0.1)
+    o = evaluate(r, cand, base)
+    assert (o.status, o.checked) == (PASS, 6)
+    assert evaluate(r, {"g/a": same, "g/b": series([1.0, 1.5, 1.0])}, base).metric == "g/b"
+    # a metric only the baseline has: this run lost it, a failure
+    o = evaluate(r, cand, {**base, "g/c": series([1.0, 1.0])})
+    assert (o.status, o.metric, o.step) == (FAIL, "g/c", 0)
+    assert o.message.startswith("g/c has no values in this run, the baseline has 2 step(s)")
+    # a metric only this run has: the baseline cannot judge it, an error
+    o = evaluate(r, {**cand, "g/d": same}, base)
+    assert (o.status, o.metric, o.step) == (ERROR, "g/d", None)
+    # without a baseline, a comparing pattern rule is skipped
+    assert evaluate(r, cand, None).status == SKIP
+
+
+# -- what the limit and margin columns say ---------------------------------------------------
+
+@pytest.mark.parametrize("lower,upper,finite,text", [
+    (0.5, 2.0, False, "[0.5, 2]"),
+    (-np.inf, 2.5, True, "≤ 2.5"),
+    (0.25, np.inf, False, "≥ 0.25"),
+    (-np.inf, np.inf, True, "finite"),
+    (-np.inf, np.inf, False, "—"),
+])
+def test_limit_text_names_the_bounds_that_apply(lower, upper, finite, text):
+    from grpolens.check.evaluate import Outcome
+
+    assert Outcome(rule(finite=finite), PASS, "m", value=1.0, lower=lower, upper=upper).limit_text() == text
+
+
+@pytest.mark.parametrize("value,lower,upper,text", [
+    (12.5, 1.0, 10.0, "above by 2.5 (25%)"),  # 2.5 past the upper bound 10
+    (10.5, 1.0, 10.0, "above by 0.5 (5%)"),
+    (3.0, 4.0, 10.0, "below by 1 (25%)"),
+    (5.0, 4.0, 10.0, "headroom 1 (25%)"),  # nearer the lower bound: 1 of 4
+    (8.0, 1.0, 10.0, "headroom 2 (20%)"),  # nearer the upper bound: 2 of 10
+    (2.0, 1.0, 3.0, "headroom 1 (33%)"),  # as near one as the other: the upper one
+    (2.0, -np.inf, 2.0, "headroom 0 (0%)"),  # exactly on the bound
+    (-0.5, -np.inf, 0.0, "headroom 0.5"),  # no percentage of a zero bound
+    (1.0, 4.9, 1.0, "below by 3.9 (80%)"),  # bounds crossed (max 1, baseline 5 ± 0.1): 3.9 of 4.9
+    (1.0, -np.inf, np.inf, ""),  # no bound (a "finite" rule): nothing to measure
+    (np.nan, 0.0, 1.0, "not finite"),
+    (np.inf, -np.inf, np.inf, "not finite"),
+    (None, 0.0, 1.0, ""),
+])
+def test_margin_text_says_how_far_past_or_inside_the_nearest_bound(value, lower, upper, text):
+    from grpolens.check.evaluate import Outcome
+
+    assert Outcome(rule(max=1.0), PASS, "m", value=value, lower=lower, upper=upper).margin_text() == text
+
+
+def test_series_from_pairs_drops_missing_values_and_sorts_by_step():
+    s = Series.from_pairs({3: 0.5, 1: None, 0: 2.0, 2: float("nan")})
+    assert s.steps.dtype == np.int64 and s.values.dtype == np.float64
+    assert s.steps.tolist() == [0, 2, 3] and s.values[0] == 2.0 and math.isnan(s.values[1]) and s.values[2] == 0.5
+
+
+def test_steps_read_from_a_frame_are_shown_as_integers():
+    s = Series.from_frame(pl.DataFrame({"step": [0, 3], "m": [1.0, 1.0]}), "m")
+    o = evaluate(rule(max=2.0, window=Window(start=5)), {"m": s}, None)
+    assert o.message == "window steps 5: selects no step of 0..3"

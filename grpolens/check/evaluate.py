@@ -87,25 +87,25 @@ class Outcome:
 
     def limit_text(self) -> str:
         lo, hi = np.isfinite(self.lower), np.isfinite(self.upper)
-        fin = " (finite)" if self.rule.finite and not (lo or hi) else ""
         if lo and hi:
             return f"[{_num(self.lower)}, {_num(self.upper)}]"
         if hi:
             return f"≤ {_num(self.upper)}"
         if lo:
             return f"≥ {_num(self.lower)}"
-        return "finite" if fin else "—"
+        return "finite" if self.rule.finite else "—"
 
     def margin_text(self) -> str:
         """``+0.034 (+283%)`` past the nearest bound for a failure, the headroom otherwise."""
         ex = self.excess
-        if ex is None or (ex == -np.inf and np.isfinite(self.value)):  # no bound, only "finite"
+        if ex is None or ex == -np.inf:  # no bound, only "finite" (a value that is not finite has ex = inf)
             return ""
         if not np.isfinite(ex):
             return "not finite"
-        bound = self.upper if self.value > self.upper or (ex <= 0 and self.upper - self.value <= self.value - self.lower) \
-            else self.lower
-        rel = f" ({abs(ex) / abs(bound):.0%})" if np.isfinite(bound) and bound != 0 else ""
+        # Past the upper bound, or inside and nearer it: the upper one (below the lower bound, the
+        # upper is farther away). With a finite ex, the bound picked is finite.
+        bound = self.upper if self.value > self.upper or self.upper - self.value <= self.value - self.lower else self.lower
+        rel = f" ({abs(ex) / abs(bound):.0%})" if bound != 0 else ""
         if ex > 0:
             return f"{'above' if self.value > self.upper else 'below'} by {_num(ex)}{rel}"
         return f"headroom {_num(-ex)}{rel}"
