@@ -424,6 +424,41 @@ def test_series_from_pairs_drops_missing_values_and_sorts_by_step():
 
 
 def test_steps_read_from_a_frame_are_shown_as_integers():
-    s = Series.from_frame(pl.DataFrame({"step": [0, 3], "m": [1.0, 1.0]}), "m")
+    s = Series.from_frame(pl.DataFrame({"step": [0, 1, 3], "m": [1.0, 1.0, 1.0]}), "m")
     o = evaluate(rule(max=2.0, window=Window(start=5)), {"m": s}, None)
     assert o.message == "window steps 5: selects no step of 0..3"
+
+
+# -- the messages of the outcomes that are not a verdict on values -----------------------------
+
+def test_messages_of_rules_that_could_not_judge_say_why():
+    c = {"m": series([1.0, 2.0])}
+    assert evaluate(rule(abs=0.1), c, None).message == "compares against a baseline; none given"
+    o = evaluate(rule(abs=0.1), c, {"other": series([1.0])})
+    assert o.message == "the baseline has no values for m (write the golden with these rules, or drop the rule)"
+    o = evaluate(rule(abs=0.1, max=5.0, missing="skip"), c, {"other": series([1.0])})
+    assert o.message == "2 step(s) within the limit (the baseline has no values for this metric: compared without it)"
+    assert evaluate(rule(max=1.0), {}, None).message == "m has no values in this run"
+    o = evaluate(rule(abs=0.1), {}, {"m": series([1.0, 1.0], steps=[4, 7])})
+    assert (o.status, o.step) == (FAIL, 4)
+    assert o.message == "m has no values in this run, the baseline has 2 step(s)"
+
+
+def test_short_candidate_message_names_the_first_missing_and_the_last_present_step():
+    o = evaluate(rule(abs=0.1), {"m": series([1.0] * 6)}, {"m": series([1.0] * 10)})
+    assert o.message == ("this run lacks 4 of the 10 step(s) the baseline has in window all steps "
+                         "(first missing: step 6; this run's last step: 5)")
+
+
+def test_early_reference_without_a_finite_value_names_its_steps():
+    o = evaluate(rule(direction="upper", early=Early(factor=2.0, steps=3)),
+                 {"m": series([np.nan, np.inf, np.nan, 1.0])}, None)
+    assert (o.status, o.step) == (FAIL, 0)
+    assert o.message == "no finite value in the early reference steps 0..2"
+
+
+def test_a_run_without_data_at_all_is_no_data_even_against_a_baseline_that_has_the_metric():
+    # the rule does not compare, so the baseline's values do not stand in for this run's
+    o = evaluate(rule(max=1.0), {}, {"m": series([1.0, 1.0])}, [0, 1], [0, 1])
+    assert (o.status, o.step, o.failing, o.checked) == (NO_DATA, 0, 2, 2)
+    assert o.message.startswith("no data at 2 step(s), first 0 (2 of 2 in all steps)")

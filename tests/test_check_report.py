@@ -141,3 +141,61 @@ def test_drilldown_score(metric, by):
     from grpolens.check.runner import drilldown_score
 
     assert drilldown_score(metric) == by
+
+
+# -- what the reports say, worked by hand ----------------------------------------------------
+
+def _outcome(status, **kw):
+    from grpolens.check.evaluate import Outcome
+
+    return Outcome(Rule(kw.pop("name", "r"), "m", max=1.0), status, kw.pop("metric", "m"), **kw)
+
+
+@pytest.mark.parametrize("statuses,no_data,word,line", [
+    (["PASS", "SKIP"], [], "PASSED", "1 passed, 0 failed, 1 skipped in 0.25s"),
+    (["PASS", "FAIL", "NO DATA"], [3], "REGRESSION", "1 passed, 1 failed, 1 without data, 1 step (3) had no data in 0.25s"),
+    (["NO DATA", "PASS"], [0, 1], "NO DATA", "1 passed, 0 failed, 1 without data, 2 steps (0, 1) had no data in 0.25s"),
+    (["ERROR", "FAIL"], [], "ERROR", "0 passed, 1 failed, 1 error(s) in 0.25s"),
+])
+def test_verdict_and_summary_line(statuses, no_data, word, line):
+    r = CheckReport(Path("run"), [_outcome(s) for s in statuses], "rules.toml", None, seconds=0.25, no_data_steps=no_data)
+    assert rep.verdict(r) == word and rep.summary_line(r) == line
+
+
+@pytest.mark.parametrize("steps,text", [
+    ([3], "1 step (3)"),
+    ([0, 1, 2, 3, 4], "5 steps (0, 1, 2, 3, 4)"),
+    ([0, 1, 2, 3, 4, 9], "6 steps (0, 1, 2, 3, 4, ...)"),
+])
+def test_no_data_text(steps, text):
+    assert rep.no_data_text(steps) == text
+
+
+def test_how_names_reducer_and_window():
+    from grpolens.check.rules import Window
+    from grpolens.check.runner import COVERAGE_RULE
+    from grpolens.check.evaluate import Outcome
+
+    assert rep.how(Outcome(COVERAGE_RULE, "PASS", "step")) == "every step"
+    assert rep.how(_outcome("PASS")) == "all steps"
+    assert rep.how(Outcome(Rule("r", "m", reduce="mean", max=1.0, window=Window(last=20)), "PASS", "m")) == "mean, last 20"
+
+
+def test_detail_gives_the_value_step_baseline_limit_and_margin():
+    # baseline 1.0, tolerance 0.01 + 0.1 * 1.0: limit 1.11, and 1.3 is 0.19 (17 % of 1.11) above it
+    o = evaluate(Rule("r", "m", abs=0.01, rel=0.1, direction="upper"), {"m": s([0.0, 1.3])}, {"m": s([0.0, 1.0])})
+    assert rep.detail(o) == ("1/2 step(s) outside the limit; first at step 1; "
+                             "value 1.3 at step 1, baseline 1, limit ≤ 1.11, above by 0.19 (17%)")
+    # a reduced rule: no step, no baseline
+    o = evaluate(Rule("r", "m", reduce="mean", max=1.0), {"m": s([0.25, 0.75])}, None)
+    assert rep.detail(o) == "mean over all steps (2 step(s)); value 0.5, limit ≤ 1, headroom 0.5 (50%)"
+    # no value: the message alone
+    o = evaluate(Rule("r", "m", max=1.0), {}, None)
+    assert rep.detail(o) == "m has no values in this run"
+    assert rep.detail(_outcome("SKIP", message="skipped", value=0.5)) == "skipped"
+
+
+def test_markdown_row_of_a_rule_without_baseline():
+    o = evaluate(Rule("r", "m", reduce="mean", max=1.0), {"m": s([0.25, 0.75])}, None)
+    md = rep.markdown_summary(CheckReport(Path("run"), [o], "rules.toml", None, seconds=0.25))
+    assert "| ✅ PASS | r | m | mean, all steps | 0.5 |  | ≤ 1 | headroom 0.5 (50%) |  |" in md.splitlines()

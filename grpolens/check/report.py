@@ -32,7 +32,7 @@ def how(o: Outcome) -> str:
 def detail(o: Outcome) -> str:
     """One line that says what happened, with the numbers."""
     parts = [o.message]
-    if o.value is not None and o.status in (FAIL, PASS) and o.metric != "step":
+    if o.value is not None and o.status in (FAIL, PASS):  # the coverage rule ("step") has no value
         at = f" at step {o.step}" if o.rule.reduce == "all" and o.step is not None else ""
         base = f", baseline {_v(o.baseline)}" if o.baseline is not None else ""
         parts.append(f"value {_v(o.value)}{at}{base}, limit {o.limit_text()}, {o.margin_text()}")
