@@ -462,3 +462,11 @@ def test_a_run_without_data_at_all_is_no_data_even_against_a_baseline_that_has_t
     o = evaluate(rule(max=1.0), {}, {"m": series([1.0, 1.0])}, [0, 1], [0, 1])
     assert (o.status, o.step, o.failing, o.checked) == (NO_DATA, 0, 2, 2)
     assert o.message.startswith("no data at 2 step(s), first 0 (2 of 2 in all steps)")
+
+
+def test_early_bounds_in_both_directions():
+    # early median 2: factor 10, abs 1 -> upper 2 + 9·2 + 1 = 21; factor 4 -> lower 2 - (3/4)·2 = 0.5
+    up = evaluate(rule(direction="both", early=Early(factor=10.0, abs=1.0)), {"m": series([2.0] * 9 + [25.0])}, None)
+    assert (up.status, up.step, up.upper) == (FAIL, 9, pytest.approx(21.0))
+    low = evaluate(rule(direction="both", early=Early(factor=4.0, steps=2)), {"m": series([2.0, 2.0, 2.0, 0.4])}, None)
+    assert (low.status, low.step, low.lower, low.upper) == (FAIL, 3, pytest.approx(0.5), pytest.approx(8.0))
