@@ -199,3 +199,18 @@ def test_markdown_row_of_a_rule_without_baseline():
     o = evaluate(Rule("r", "m", reduce="mean", max=1.0), {"m": s([0.25, 0.75])}, None)
     md = rep.markdown_summary(CheckReport(Path("run"), [o], "rules.toml", None, seconds=0.25))
     assert "| ✅ PASS | r | m | mean, all steps | 0.5 |  | ≤ 1 | headroom 0.5 (50%) |  |" in md.splitlines()
+
+
+def test_detail_of_a_failing_reduced_rule_names_no_step_in_the_value():
+    # mean 0.5 against max 0.3: 0.2 above, 67 % of 0.3; the step is in the message, not after the value
+    o = evaluate(Rule("r", "m", reduce="mean", max=0.3), {"m": s([0.25, 0.75])}, None)
+    assert rep.detail(o) == ("mean over all steps (2 step(s)) is outside the limit; first step beyond it: 1; "
+                             "value 0.5, limit ≤ 0.3, above by 0.2 (67%)")
+
+
+def test_rich_table_title_names_the_run_and_baseline():
+    from rich.console import Console
+
+    buf = io.StringIO()
+    rep.print_report(make_report("runs/cand"), Console(file=buf, width=200, color_system=None))
+    assert buf.getvalue().splitlines()[0].strip() == "grpolens check runs/cand vs golden.json"
