@@ -134,8 +134,14 @@ def kl_penalty(logp: np.ndarray, ref: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _mode(a: dict) -> str:
-    return str((a.get("policy_loss") or {}).get("loss_mode", "vanilla")) if isinstance(a.get("policy_loss"), dict) \
-        else str(a.get("loss_mode", "vanilla"))
+    # verl's actor config holds the loss under policy_loss (PolicyLossConfig), as verl_config reads it
+    return str(dict(a.get("policy_loss") or {}).get("loss_mode", "vanilla"))
+
+
+def _global_batch(a: dict) -> int:
+    """verl's mini-batch in sequences over all ranks, ``ppo_mini_batch_size · rollout_n``; 0 when
+    the run's actor config does not say (then no loss call can be placed in a mini-batch)."""
+    return int(a.get("ppo_mini_batch_size") or 0) * int(a.get("rollout_n") or 1)
 
 
 @producer("verl_actor", merge=_MERGE)
@@ -226,7 +232,7 @@ def loss_calls(rank: np.ndarray, micro_batch: np.ndarray, sample_id: np.ndarray,
     mini-batch index and its row indices; None when the rows cannot be split into verl's
     mini-batches (``ppo_mini_batch_size · rollout_n`` sequences over all ranks)."""
     rank, mb, sid = (np.asarray(x, dtype=np.int64) for x in (rank, micro_batch, sample_id))
-    G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
+    G = _global_batch(a)
     ranks = np.unique(rank)
     rows = {int(r): len(np.unique(sid[rank == r])) for r in ranks}
     total = sum(rows.values())
@@ -288,7 +294,7 @@ def _values(sd) -> dict[str, float]:
     if calls:
         a = actor_cfg(sd.cfg)
         dp = len({c[0] for c in calls})
-        G = int(a.get("ppo_mini_batch_size", 0)) * int(a.get("rollout_n", 1) or 1)
+        G = _global_batch(a)
         sapo = _mode(a) == "sapo" and not bypass(sd.cfg)
         with_ent = bool(a.get("calculate_entropy")) or float(a.get("entropy_coeff", 0.0) or 0.0) != 0.0
         with_kl = bool(a.get("use_kl_loss")) and "ref_logp" in sd.present

@@ -20,13 +20,15 @@ from grpolens.integrations.verl import VerlCapture, verl_config
 def verl_run(run, actor: dict, logp, old, adv, calls, *, algorithm: dict | None = None, dp: int = 1, ref=None):
     """One step of a verl run written through VerlCapture, as verl's actor hands it over: rows of
     (B, T) per-token ``logp`` / ``old`` / ``adv`` (NaN off the response), ``calls`` the loss calls
-    in order, each (rank, rows); rank r holds rows r·B/dp to (r + 1)·B/dp − 1."""
+    in order, each (rank, rows); rank r holds rows r·B/dp to (r + 1)·B/dp − 1. ``actor`` defaults to
+    one mini-batch of every row (a key set to None is left out)."""
     logp, old, adv = (np.asarray(x, dtype=np.float32) for x in (logp, old, adv))
     B, T = logp.shape
     valid = ~np.isnan(logp)
     z = lambda x: torch.tensor(np.where(valid, x, 0.0).astype(np.float32))  # noqa: E731
     per_rank = B // dp
-    cfg = verl_config({"ppo_mini_batch_size": 1, "rollout_n": per_rank * dp, **actor}, algorithm or {})
+    actor = {k: v for k, v in ({"ppo_mini_batch_size": 1, "rollout_n": B} | actor).items() if v is not None}
+    cfg = verl_config(actor, algorithm or {})
     for r in range(dp):
         chunk = slice(r * per_rank, (r + 1) * per_rank)
         batch = {"responses": torch.tensor(np.where(valid, 5, 0)[chunk]),
@@ -59,3 +61,37 @@ def test_a_verl_setting_the_profile_does_not_know_is_refused_by_name(tmp_path, a
         grpolens.recompute(run, profile="verl", write=False)
     assert e.value.message.startswith(f"config key 'verl_actor.{key}': the verl profile supports ")
     assert e.value.message.endswith(f", got {value}")
+
+
+NAN = np.nan
+#: two completions, 2 and 1 tokens, on-policy (r = 1): vanilla L = −A per token, A = 1, 1 | −1
+ON_POLICY = dict(logp=[[-1.0, -0.5], [-0.2, NAN]], old=[[-1.0, -0.5], [-0.2, NAN]], adv=[[1.0, 1.0], [-1.0, NAN]],
+                 calls=[(0, [0, 1])])
+
+
+def _actor_values(run, **kw) -> dict:
+    df = grpolens.recompute(run, profile="verl", write=False, **kw)
+    return {k: v for k, v in df.row(0, named=True).items() if k.startswith("actor/") and v is not None}
+
+
+def test_mini_batch_without_rollout_n_is_ppo_mini_batch_size_sequences(tmp_path):
+    # rollout_n unset: one sequence per prompt, G = ppo_mini_batch_size = 2 = the step's sequences:
+    # one mini-batch, token-mean pg_loss = Σ −A / N = (−1 − 1 + 1) / 3
+    run = verl_run(tmp_path / "run", {"ppo_mini_batch_size": 2, "rollout_n": None}, **ON_POLICY)
+    v = _actor_values(run)
+    assert v["actor/pg_loss"] == pytest.approx(-1 / 3, rel=1e-6)
+    assert v["actor/pg_clipfrac"] == 0.0 and v["actor/ppo_kl"] == 0.0
+
+
+def test_without_ppo_mini_batch_size_no_actor_loss_is_reported(tmp_path):
+    # the mini-batch size is unknown: no loss call can be placed in a mini-batch, so no actor/pg_loss
+    # (rather than one computed with a guessed size)
+    run = verl_run(tmp_path / "run", {"ppo_mini_batch_size": None}, **ON_POLICY)
+    v = _actor_values(run)
+    assert not any(k in v for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/loss"))
+
+
+def test_a_verl_actor_setting_that_is_not_a_table_gives_no_actor_metrics(tmp_path):
+    run = verl_run(tmp_path / "run", {}, **ON_POLICY)
+    assert "actor/pg_loss" in _actor_values(run)
+    assert not _actor_values(run, overrides={"verl_actor": "fsdp"})

@@ -89,6 +89,8 @@ CASES = [
     Case("bypass_ppo_clip_token_tis_rs_token_k1", corr={**YAML_CORR, "bypass_mode": True, "rollout_is": "token",
                                                         "rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25"},
          mini_batches=2, seed=11, wild=0.3),
+    # bypass mode without rollout IS or rejection (verl's YAML default but bypass_mode): plain PPO on the rollout's log-probs
+    Case("bypass_ppo_clip_no_is", corr={**YAML_CORR, "bypass_mode": True}, mini_batches=2, seed=21, wild=0.3),
     # bypass mode with verl's REINFORCE loss (−A·log π·w, w against the rollout per loss call)
     Case("bypass_reinforce_token_tis", corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce",
                                              "rollout_is": "token"}, seed=12, wild=0.3),
