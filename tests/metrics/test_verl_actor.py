@@ -95,3 +95,15 @@ def test_a_verl_actor_setting_that_is_not_a_table_gives_no_actor_metrics(tmp_pat
     run = verl_run(tmp_path / "run", {}, **ON_POLICY)
     assert "actor/pg_loss" in _actor_values(run)
     assert not _actor_values(run, overrides={"verl_actor": "fsdp"})
+
+
+@pytest.mark.parametrize("mini_batch_size", [1, 2])
+def test_loss_calls_fall_into_mini_batches_in_call_order(tmp_path, mini_batch_size):
+    # four one-token completions, one loss call each, A = 1, 1, 1, 5 (r = 1, L = −A): token-mean
+    # per mini-batch Σ L / N, then the mean over mini-batches. Two sequences per mini-batch:
+    # {−1, −1}, {−1, −5} -> mean(−1, −3) = −2; one per mini-batch: mean(−1, −1, −1, −5) = −2
+    # (calls grouped {0}, {1, 2}, {3} would give −7/3)
+    run = verl_run(tmp_path / "run", {"ppo_mini_batch_size": mini_batch_size, "rollout_n": 1},
+                   logp=[[-1.0]] * 4, old=[[-1.0]] * 4, adv=[[1.0], [1.0], [1.0], [5.0]],
+                   calls=[(0, [0]), (0, [1]), (0, [2]), (0, [3])])
+    assert _actor_values(run)["actor/pg_loss"] == pytest.approx(-2.0, rel=1e-6)
