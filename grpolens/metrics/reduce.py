@@ -130,8 +130,8 @@ def _family_value(metric: Metric, sd: StepData) -> float | None:
     rule = sd.profile.token_mean
     if kind == "custom":
         return metric.fn(sd)
-    if kind in ("token_mean", "pooled", "trl_slot", "pack_mean"):
-        return grouped_ratio(sd, metric.num, metric.den, rule if kind == "token_mean" else kind)
+    if kind == "token_mean":  # the profile's grouping (registry.KINDS has no other grouped kind)
+        return grouped_ratio(sd, metric.num, metric.den, rule)
     if sd.n_seq == 0:
         return None
     x = sd.col(metric.num)
