@@ -129,13 +129,12 @@ def std_population(x: np.ndarray | None) -> float | None:
     return float(np.std(x, ddof=0)) if x is not None and x.size else None
 
 
-def quantile(x: np.ndarray | None, q):
-    """Quantile ``q`` of ``x`` (a list of them for a sequence ``q``: one partition of ``x`` for all,
-    each value the same as alone); None when ``x`` is empty."""
+def quantiles(x: np.ndarray | None, qs) -> list[float] | None:
+    """The quantiles ``qs`` of ``x`` (one partition of ``x`` for all of them, each value the same
+    as alone); None when ``x`` is None or empty."""
     if x is None or not x.size:
         return None
-    v = np.quantile(x, q, method="linear")
-    return float(v) if np.ndim(v) == 0 else [float(t) for t in v]
+    return [float(t) for t in np.quantile(x, qs, method="linear")]
 
 
 def quantile_of(q: float, column: str | None = None) -> Callable:
@@ -144,8 +143,7 @@ def quantile_of(q: float, column: str | None = None) -> Callable:
     def fn(sd, column: str = column):
         key = ("samples", "_quantiles", column)
         if key not in sd.extra:
-            x = finite_values(sd, column)
-            v = None if x is None else quantile(x, QUANTILES)
+            v = quantiles(finite_values(sd, column), QUANTILES)
             sd.extra[key] = None if v is None else dict(zip(QUANTILES, v))
         got = sd.extra[key]
         return None if got is None else got[q]
