@@ -238,16 +238,31 @@ def test_reward_std_exactly_on_the_zero_tolerance_is_zero(tmp_path):
     """TRL's ``isclose(σ, 0)`` is |σ| <= 1e-8: rewards -1e-8, 0, 1e-8 have a sample std of exactly
     1e-8 (mean 0, Σd² / 2 = 1e-16), so their group is a zero-std one. Step 0: that group and
     0, 1 -> 3 of 5 completions; under ``scale_rewards=batch`` the step's std decides: step 1 holds
-    the three values alone (in two groups) -> 1.0, step 0 -> 0.0."""
+    the three values alone (in two groups) -> 1.0, step 0 -> 0.0, and step 2's single completion
+    -> 1.0 (TRL sets σ = 0 for a batch of one)."""
     assert float(np.std([-1e-8, 0.0, 1e-8], ddof=1)) == 1e-8
     steps = [hand_samples(0, [-1e-8, 0.0, 1e-8, 0.0, 1.0], [0.0] * 5, [1, 1, 1, 2, 2]),
-             hand_samples(1, [-1e-8, 0.0, 1e-8], [0.0] * 3, [3, 3, 4])]
+             hand_samples(1, [-1e-8, 0.0, 1e-8], [0.0] * 3, [3, 3, 4]),
+             hand_samples(2, [0.3], [0.0], [5])]  # TRL: a batch of one completion has std 0 (zeros_like)
     got = grpolens.recompute(samples_run(tmp_path / "run", steps), write=False)
     assert row(got, 0)["reward/frac_zero_std"] == pytest.approx(3 / 5)
     assert row(got, 1)["reward/frac_zero_std"] == pytest.approx(2 / 3)  # group 4 has one value: no std
+    assert row(got, 2)["reward/frac_zero_std"] == 0.0
     batch = grpolens.recompute(samples_run(tmp_path / "batch", steps, config={"scale_rewards": "batch"}),
                                profile="trl", write=False)
-    assert batch["frac_reward_zero_std"].to_list() == [0.0, 1.0]
+    assert batch["frac_reward_zero_std"].to_list() == [0.0, 1.0, 1.0]
+
+
+def test_step_whose_samples_lack_the_reward_column(tmp_path):
+    """Step 0 logged no total reward (the column is absent from its samples): its reward statistics
+    are null, its advantages still count; step 1 has both."""
+    s0 = hand_samples(0, [1.0, 0.0], [0.0, 0.0], [1, 1])
+    s0.reward = None
+    run = samples_run(tmp_path / "run", [s0, hand_samples(1, [1.0, 0.0], [0.5, -0.5], [2, 2])])
+    got = grpolens.recompute(run, write=False)
+    assert [row(got, 0)[k] for k in ("reward/mean", "reward/frac_zero_std", "reward/nonfinite")] == [None] * 3
+    assert (row(got, 0)["advantage/frac_zero_groups"], row(got, 0)["samples/groups"]) == (1.0, 1)
+    assert (row(got, 1)["reward/mean"], row(got, 1)["reward/frac_zero_std"]) == (0.5, 0.0)
 
 
 def test_profile_names(tmp_path):
