@@ -79,6 +79,7 @@ def test_token_ids_of_any_size_on_every_key_path(monkeypatch, key_bits):
     cases = [_groups(rng, 12, 4, base) for base in (0, 2**23, 2**40, -2**40, -2)]
     cases.append(_groups(rng, 130, 2, 2**23 - 3))
     cases.append([[np.array([1, 2**24]), np.array([2**24])], [np.array([0, 2**24, 1])]])
+    cases.append([[np.array([3, 1, 3])], [np.array([2, 2])], [np.array([], dtype=np.int64)] * 2])  # last group: no token
     for groups in cases:
         got = groups_diversity(groups)
         assert got.shape == (len(groups), 3)
@@ -160,3 +161,18 @@ def test_many_groups_at_once_equal_each_group_alone(seed):
     for g, row in zip(groups, got):
         ref = ref_group([list(c) for c in g])
         assert row == pytest.approx([ref["distinct_1"], ref["distinct_2"], ref["jaccard"]])
+
+
+def test_one_sequence_shards_and_a_sample_without_tokens_or_text(tmp_path):
+    """Each rank's shard holds one sequence; the samples table lists first a completion with no
+    token rows and no text (generated, never trained on): it is left out, the others still count."""
+    rng = np.random.default_rng(7)
+    calls = random_calls(rng, steps=(0,), ranks=2, micro_batches=1, batch=1)
+    table = _samples(calls, lambda s: 0)
+    ghost = pa.table({c: pa.array([999 if c == "sample_id" else False if c == "truncated" else 0], table.schema.field(c).type)
+                      for c in table.column_names})
+    run = write_run(tmp_path / "run", calls, samples={0: pa.concat_tables([ghost, table])})
+    df = grpolens.recompute(run, write=False)
+    ref = ref_group([list(c.token_ids[0, : c.lengths[0]]) for c in calls])
+    for key in ("distinct_1", "distinct_2", "jaccard"):
+        assert df[f"diversity/{key}"][0] == pytest.approx(ref[key])
