@@ -80,6 +80,7 @@ def test_token_ids_of_any_size_on_every_key_path(monkeypatch, key_bits):
     cases.append(_groups(rng, 130, 2, 2**23 - 3))
     cases.append([[np.array([1, 2**24]), np.array([2**24])], [np.array([0, 2**24, 1])]])
     cases.append([[np.array([3, 1, 3])], [np.array([2, 2])], [np.array([], dtype=np.int64)] * 2])  # last group: no token
+    cases.append([[np.array([4, 5])], [], [np.array([5, 6]), np.array([6])]])  # a group without a completion
     for groups in cases:
         got = groups_diversity(groups)
         assert got.shape == (len(groups), 3)
