@@ -470,3 +470,13 @@ def test_early_bounds_in_both_directions():
     assert (up.status, up.step, up.upper) == (FAIL, 9, pytest.approx(21.0))
     low = evaluate(rule(direction="both", early=Early(factor=4.0, steps=2)), {"m": series([2.0, 2.0, 2.0, 0.4])}, None)
     assert (low.status, low.step, low.lower, low.upper) == (FAIL, 3, pytest.approx(0.5), pytest.approx(8.0))
+
+
+def test_isolated_steps_outside_a_sustained_rule_are_counted_in_its_message():
+    from grpolens.check.rules import Sustained
+
+    # one step of 6 outside (0.15 > 0.05), no window of 4 holds 2: not counted, but said
+    o = evaluate(rule(max=0.05, sustained=Sustained(count=2, window=4)), {"m": series([0, 0.15, 0, 0, 0, 0])}, None)
+    assert (o.status, o.failing, o.checked) == (PASS, 0, 6)
+    assert o.message == ("6 step(s) within the limit (1 isolated step(s) outside the limit not counted: "
+                         "sustained: 2 of 4 consecutive steps)")
