@@ -438,7 +438,7 @@ class _Validator:
     def check_token_rows(self, rel: str, shard: fmt.Shard, pf, usable: set[str]) -> None:
         wanted = [c for c in ("step", "rank", *_ORDER) if c in usable]
         floats = [c for c in _FLOAT_TOKEN_COLUMNS if c in usable]
-        others = [c for c in ("advantage", "mask", "rollout_rejected") if c in usable and c not in floats]
+        others = [c for c in ("mask", "rollout_rejected") if c in usable]  # the non-float columns read
         columns = wanted + floats + others
         nulls: dict[str, int] = {}
         bad_path: dict[str, list] = {}
