@@ -1070,3 +1070,21 @@ def test_xtuner_ess_of_vanishing_weights_keeps_the_reference_guard(tmp_path):
     xt = grpolens.recompute(run, profile="xtuner", write=False).row(0, named=True)
     w = np.exp(-20.0)
     assert xt["mismatch/rollout_is_eff_sample_size"] == pytest.approx(((w + 1e-8) / w) ** 2, rel=1e-6)
+
+
+def test_sequence_log_weight_exactly_on_a_band_bound_is_inside(tmp_path):
+    # sequence level, δ rows [0.5, -0.5] (X = 0, exactly log 1.0) and [-0.25, -0.25] (X = -0.5):
+    # the token fractions count X > log upper and X < log lower strictly
+    old, rollout = np.zeros((2, 2)), -np.array([[0.5, -0.5], [-0.25, -0.25]])
+    for band, key, want in (([0.5, 1.0], "fraction_high", 0.0), ([1.0, 2.0], "fraction_low", 0.5)):
+        run, _ = one_call(tmp_path, old, rollout, config={"level": "sequence", "mode": "truncate", "threshold": band},
+                          name=f"band-{band[0]}")
+        got = grpolens.recompute(run, write=False).row(0, named=True)
+        assert got[f"rollout_is/raw/{key}"] == want, band
+    # no lower bound: no fraction_low, and the clamped weights are clip(w, 0, upper) = [1, e^-0.5]
+    # per token: population std (1 - e^-0.5) / 2
+    run, _ = one_call(tmp_path, old, rollout, config={"level": "sequence", "mode": "truncate_upper", "upper": 2.0},
+                      name="upper-only")
+    got = grpolens.recompute(run, write=False).row(0, named=True)
+    assert got["rollout_is/raw/fraction_low"] is None
+    assert got["rollout_is/clamped/std"] == pytest.approx((1 - np.exp(-0.5)) / 2, rel=1e-6)
