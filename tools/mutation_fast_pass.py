@@ -59,7 +59,7 @@ def function_of(mutant: str) -> str:
     return mutant.rpartition("__mutmut_")[0]
 
 
-def unchecked(patterns: list[str], redo: set[str]) -> dict[Path, dict[str, list[str]]]:
+def unchecked(patterns: list[str], redo_survivors: bool) -> dict[Path, dict[str, list[str]]]:
     """Per .meta file, per function, the mutants to run."""
     todo: dict[Path, dict[str, list[str]]] = {}
     for meta in sorted(MUTANTS.rglob("*.py.meta")):
@@ -67,7 +67,7 @@ def unchecked(patterns: list[str], redo: set[str]) -> dict[Path, dict[str, list[
         for name, code in codes.items():
             if patterns and not any(fnmatch.fnmatch(name, p) for p in patterns):
                 continue
-            if code is None or (code in (SURVIVED,) and "survived" in redo):
+            if code is None or (redo_survivors and code == SURVIVED):
                 todo.setdefault(meta, defaultdict(list))[function_of(name)].append(name)
     return todo
 
@@ -298,7 +298,7 @@ def main() -> int:
         chunk = [(Path(m), f, ms) for m, f, ms in json.loads(Path(args.child).read_text())]
         return run_chunk(chunk, tests_of, args.timeout)
 
-    todo = unchecked(args.patterns, {"survived"} if args.redo_survivors else set())
+    todo = unchecked(args.patterns, args.redo_survivors)
     work = work_list(todo, args.patterns)
     total = sum(len(ms) for _, _, ms in work)
     print(f"{total} mutants of {len(work)} functions in {len(todo)} files", flush=True)
