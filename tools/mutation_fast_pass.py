@@ -49,6 +49,7 @@ MUTANTS = ROOT / "mutants"
 STATS = MUTANTS / "mutmut-stats.json"
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 killed, 0 survived, 33 no tests, 36 timeout.
 KILLED, SURVIVED, NO_TESTS, TIMEOUT = 1, 0, 33, 36
+CLEAN_RUN_FACTOR = 10  # the first clean run's time limit, in units of the per-mutant one
 POLLUTED = 3  # a child's exit status: state was left behind, start a fresh process
 # Functions whose mutants left state behind: left to `mutmut run`, a process per mutant.
 SKIPPED = MUTANTS / "fast-pass-skipped.txt"
@@ -159,9 +160,10 @@ class _MutantLoop:
                 return KILLED
         return SURVIVED
 
-    def _timed(self, session, mutant: str) -> tuple[int, float]:
+    def _timed(self, session, mutant: str, timeout: float | None = None) -> tuple[int, float]:
+        timeout = timeout or self.timeout
         t0 = time.perf_counter()
-        signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             code = self._run_all(session, mutant)
         except _Timeout:
@@ -169,12 +171,14 @@ class _MutantLoop:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         dt = time.perf_counter() - t0
-        return (TIMEOUT if dt >= self.timeout and code == SURVIVED else code), dt
+        return (TIMEOUT if dt >= timeout and code == SURVIVED else code), dt
 
     def pytest_runtestloop(self, session):
         if not session.items:
             return True
-        self.clean, _ = self._timed(session, "")
+        # The first run builds the session and module fixtures (the verl reference fixture runs
+        # verl over every configuration: about a minute), which the mutants' runs then share.
+        self.clean, _ = self._timed(session, "", timeout=self.timeout * CLEAN_RUN_FACTOR)
         if self.clean == SURVIVED:
             for m in self.mutants:
                 self.verdicts[m], self.durations[m] = self._timed(session, m)
@@ -199,7 +203,8 @@ def run_chunk(chunk: list[tuple[Path, str, list[str]]], tests_of: dict[str, list
         loop = _MutantLoop(mutants, current, timeout)
         _quiet_pytest(base + tests, plugins=[loop])
         if loop.clean != SURVIVED:
-            print(f"  {function}: its tests fail without a mutant; left unchecked", flush=True)
+            why = "time out" if loop.clean == TIMEOUT else "fail"
+            print(f"  {function}: its tests {why} without a mutant; left unchecked", flush=True)
             continue
         if loop.after != SURVIVED:
             print(f"  {function}: a mutant left state behind; left to `mutmut run`", flush=True)
