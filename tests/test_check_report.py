@@ -214,3 +214,149 @@ def test_rich_table_title_names_the_run_and_baseline():
     buf = io.StringIO()
     rep.print_report(make_report("runs/cand"), Console(file=buf, width=200, color_system=None))
     assert buf.getvalue().splitlines()[0].strip() == "grpolens check runs/cand vs golden.json"
+
+
+# -- every status once, built by hand: the whole JUnit document, every annotation ------------
+
+KL_DETAIL = ("1/4 step(s) outside the limit; first at step 3; "
+             "value 0.75 at step 3, baseline 0.25, limit ≤ 0.5, above by 0.25 (50%)")  # 0.25 past 0.5 is 50 %
+ENTROPY_DETAIL = "mean over all steps (4 step(s)); value 2, limit ≥ 1, headroom 1 (100%)"  # a reduced rule: no step
+NO_DATA_MSG = "no data at step 2 (1 of 4 in all steps): no token counts in the loss, so clip/high has no value"
+ERROR_MSG = "the baseline has no values for mismatch/kl_k3 (write the golden with these rules, or drop the rule)"
+SKIP_MSG = "compares with a baseline; none given"
+
+
+def every_status_report(run="runs/cand", baseline="golden.json", notes=()) -> CheckReport:
+    """FAIL, PASS, NO DATA, ERROR, SKIP: one outcome each, their numbers chosen to be worked by hand."""
+    from grpolens.check.evaluate import Outcome
+
+    outcomes = [
+        Outcome(Rule("kl rises", "kl/k3", direction="upper", abs=0.25, why="KL must stay low"), "FAIL", "kl/k3",
+                value=0.75, baseline=0.25, upper=0.5, step=3, failing=1, checked=4,
+                message="1/4 step(s) outside the limit; first at step 3"),
+        Outcome(Rule("entropy floor", "entropy", reduce="mean", min=1.0), "PASS", "entropy", value=2.0, lower=1.0,
+                step=2, checked=4, message="mean over all steps (4 step(s))"),
+        Outcome(Rule("clip high", "clip/high", max=0.1), "NO DATA", "clip/high", step=2, failing=1, checked=4,
+                message=NO_DATA_MSG),
+        Outcome(Rule("mismatch vs golden", "mismatch/kl_k3", abs=0.1), "ERROR", "mismatch/kl_k3", message=ERROR_MSG),
+        Outcome(Rule("veto", "rollout_is/veto/seq_fraction", abs=0.1), "SKIP", "rollout_is/veto/seq_fraction",
+                message=SKIP_MSG),
+    ]
+    return CheckReport(Path(run), outcomes, "rules.toml", baseline, seconds=1.5, notes=list(notes))
+
+
+def test_junit_document_of_every_status():
+    import re
+    import socket
+
+    data = rep.junit_xml(every_status_report())
+    # a declaration naming the encoding (what pytest writes too), one document, a final newline
+    assert re.match(rb"<\?xml version='1\.0' encoding='utf-8'\?>\n<testsuites ", data, re.IGNORECASE), data[:80]
+    assert data.endswith(b"</testsuites>\n")
+    root = ET.fromstring(data)
+    # NO DATA counts as a failure; 5 rules in 1.5 s
+    counts = {"tests": "5", "failures": "2", "errors": "1", "skipped": "1", "time": "1.500"}
+    assert root.tag == "testsuites" and root.attrib == {"name": "grpolens check", **counts}
+    [suite] = list(root)
+    assert suite.tag == "testsuite"
+    stamp = suite.attrib.pop("timestamp")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", stamp), stamp  # ISO 8601 to the second
+    assert suite.attrib == {"name": "grpolens check runs/cand", **counts, "hostname": socket.gethostname()}
+    props, *cases = list(suite)
+    assert props.tag == "properties"
+    assert [(p.tag, p.attrib) for p in props] == [
+        ("property", {"name": "run", "value": "runs/cand"}), ("property", {"name": "baseline", "value": "golden.json"}),
+        ("property", {"name": "rules", "value": "rules.toml"})]
+    names = ["kl rises", "entropy floor", "clip high", "mismatch vs golden", "veto"]
+    assert [(c.tag, c.attrib) for c in cases] == [
+        ("testcase", {"classname": "grpolens.check", "name": n, "time": "0.000"}) for n in names]
+    children = [[(el.tag, el.attrib, el.text) for el in c] for c in cases]
+    assert children == [
+        [("failure", {"message": KL_DETAIL, "type": "regression"},
+          KL_DETAIL + "\ndrill down: grpolens tokens runs/cand --step 3 --by kl\nwhy this rule: KL must stay low")],
+        [("system-out", {}, ENTROPY_DETAIL)],  # a pass: its numbers, no drill-down, no "why"
+        [("failure", {"message": NO_DATA_MSG, "type": "no-data"}, NO_DATA_MSG)],
+        [("error", {"message": ERROR_MSG, "type": "bad-baseline"}, ERROR_MSG)],
+        [("skipped", {"message": SKIP_MSG}, None)],
+    ]
+
+
+def test_junit_without_baseline_has_an_empty_baseline_property():
+    root = ET.fromstring(rep.junit_xml(every_status_report(baseline=None)))
+    props = {p.get("name"): p.get("value") for p in root.find("testsuite/properties")}
+    assert props == {"run": "runs/cand", "baseline": "", "rules": "rules.toml"}
+
+
+def test_junit_carries_hostile_text_and_drops_what_xml_cannot_hold():
+    """Markup, quotes and newlines are escaped and come back intact; C0 controls, lone surrogates (a run path
+    that is not UTF-8, as Python decodes argv) and U+FFFF cannot be written in XML 1.0 at all and are dropped."""
+    from grpolens.check.evaluate import Outcome
+
+    hostile = 'a<b>&amp;"q\' ]]>\nline2\t\x07\x1b\ufffftail'
+    kept = 'a<b>&amp;"q\' ]]>\nline2\ttail'
+    o = Outcome(Rule(hostile, "kl/k3", max=0.5, why=hostile), "FAIL", "kl/k3", value=1.0, upper=0.5, step=0,
+                failing=1, checked=1, message=hostile)
+    run = "runs/x\x07y\udcff<&"  # a bell and a byte that is not UTF-8 in the directory's name
+    r = CheckReport(Path(run), [o], hostile, hostile, seconds=0.0)
+    root = ET.fromstring(rep.junit_xml(r))  # well-formed
+    suite = root.find("testsuite")
+    assert suite.get("name") == "grpolens check runs/xy<&"
+    assert {p.get("name"): p.get("value") for p in suite.find("properties")} == {
+        "run": "runs/xy<&", "baseline": kept, "rules": kept}
+    case = suite.find("testcase")
+    assert case.get("name") == kept
+    fail = case.find("failure")
+    message = kept + "; value 1 at step 0, limit ≤ 0.5, above by 0.5 (100%)"
+    assert fail.get("message") == message
+    assert fail.text == message + "\ndrill down: grpolens tokens 'runs/xy<&' --step 0 --by kl\nwhy this rule: " + kept
+
+
+def _parse_workflow_command(line: str):
+    """How the Actions runner reads a line (actions/runner ActionCommand.TryParseV2): ``::name k=v,k=v::data``,
+    the header ending at the first ``::`` after the leading one; then it undoes the escapes of @actions/core
+    (properties: %0D %0A %3A %2C, data: %0D %0A; %25 last)."""
+    assert line.startswith("::") and "\n" not in line and "\r" not in line
+    end = line.index("::", 2)
+    name, _, props = line[2:end].partition(" ")
+    out = {}
+    for kv in filter(None, props.split(",")):
+        k, v = kv.split("=", 1)
+        out[k] = v.replace("%0D", "\r").replace("%0A", "\n").replace("%3A", ":").replace("%2C", ",").replace("%25", "%")
+    data = line[end + 2:].replace("%0D", "\r").replace("%0A", "\n").replace("%25", "%")
+    return name, out, data
+
+
+def test_github_lines_of_every_status():
+    lines = rep.github_lines(every_status_report(notes=["a note, with: colon", "100% done\r\nnext"]))
+    assert lines == [
+        "::error title=grpolens check FAIL%3A kl rises::kl/k3: " + KL_DETAIL.replace("(50%)", "(50%25)")
+        + "%0Adrill down: grpolens tokens runs/cand --step 3 --by kl",
+        "::error title=grpolens check NO DATA%3A clip high::clip/high: " + NO_DATA_MSG,
+        "::error title=grpolens check ERROR%3A mismatch vs golden::mismatch/kl_k3: " + ERROR_MSG,
+        # passes and skips say nothing; notes are warnings
+        "::warning title=grpolens check::a note, with: colon",
+        "::warning title=grpolens check::100%25 done%0D%0Anext",
+    ]
+
+
+def test_github_escaping_follows_the_workflow_command_rules():
+    # % first (else the escapes themselves would be escaped), then CR and LF; properties also : and ,
+    assert rep._gh_data("50% a:b,c\r\nd %0A") == "50%25 a:b,c%0D%0Ad %250A"
+    assert rep._gh_prop("50% a:b,c\r\nd %0A") == "50%25 a%3Ab%2Cc%0D%0Ad %250A"
+
+
+def test_github_annotation_of_hostile_text_reads_back_exactly():
+    """What the runner reads back is what grpolens meant: no text can end the header early, add a property or
+    start a second command on a new line."""
+    from grpolens.check.evaluate import Outcome
+
+    hostile = "x::error title=pwned::boom,file=a.py\r\n::warning::y 100%0A%2C"
+    o = Outcome(Rule(hostile, "kl/k3", max=0.5), "FAIL", "kl/k3", value=1.0, upper=0.5, step=0, failing=1,
+                checked=1, message=hostile)
+    run = "runs/a,b:c\n::d"
+    [line, warn] = rep.github_lines(CheckReport(Path(run), [o], "rules.toml", None, notes=[hostile]))
+    name, props, data = _parse_workflow_command(line)
+    assert name == "error" and props == {"title": f"grpolens check FAIL: {hostile}"}
+    assert data == (f"kl/k3: {hostile}; value 1 at step 0, limit ≤ 0.5, above by 0.5 (100%)\n"
+                    "drill down: grpolens tokens 'runs/a,b:c\n::d' --step 0 --by kl")
+    assert _parse_workflow_command(warn) == ("warning", {"title": "grpolens check"}, hostile)

@@ -126,7 +126,7 @@ def junit_xml(report: CheckReport) -> bytes:
               "skipped": str(c[SKIP])}
     root = ET.Element("testsuites", {"name": "grpolens check", **counts, "time": t})
     suite = ET.SubElement(root, "testsuite", {
-        "name": f"grpolens check {report.run}", **counts, "time": t,
+        "name": _xml_text(f"grpolens check {report.run}"), **counts, "time": t,
         "timestamp": _dt.datetime.now().isoformat(timespec="seconds"), "hostname": _xml_text(socket.gethostname()),
     })
     props = ET.SubElement(suite, "properties")
@@ -154,11 +154,13 @@ def junit_xml(report: CheckReport) -> bytes:
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
 
 
-_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# XML 1.0's Char production leaves out most C0 controls, the surrogates (a path that is not UTF-8 reaches
+# Python as lone surrogates) and U+FFFE/U+FFFF
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _xml_text(s: str) -> str:
-    """XML 1.0 cannot carry most control characters even escaped; drop them."""
+    """XML 1.0 cannot carry these characters even escaped; drop them."""
     return _XML_BAD.sub("", s)
 
 
