@@ -360,3 +360,136 @@ def test_github_annotation_of_hostile_text_reads_back_exactly():
     assert data == (f"kl/k3: {hostile}; value 1 at step 0, limit ≤ 0.5, above by 0.5 (100%)\n"
                     "drill down: grpolens tokens 'runs/a,b:c\n::d' --step 0 --by kl")
     assert _parse_workflow_command(warn) == ("warning", {"title": "grpolens check"}, hostile)
+
+
+# -- the Markdown job summary ----------------------------------------------------------------
+
+def test_markdown_summary_of_every_status():
+    md = rep.markdown_summary(every_status_report(notes=["a note, with: colon"]))
+    assert md == "\n".join([
+        "### grpolens check: ⚠️ error — runs/cand vs golden.json",
+        "",
+        "1 passed, 1 failed, 1 without data, 1 skipped, 1 error(s) in 1.50s; rules: rules.toml",
+        "",
+        "| | rule | metric | steps | value | baseline | limit | margin | step |",
+        "|---|---|---|---|--:|--:|---|---|--:|",
+        "| ❌ FAIL | kl rises | kl/k3 | all steps | 0.75 | 0.25 | ≤ 0.5 | above by 0.25 (50%) | 3 |",
+        # a reduced rule that passes has no step to show; rules without a value show no numbers
+        "| ✅ PASS | entropy floor | entropy | mean, all steps | 2 |  | ≥ 1 | headroom 1 (100%) |  |",
+        "| 🚫 NO DATA | clip high | clip/high | all steps |  |  |  |  | 2 |",
+        r"| ⚠️ ERROR | mismatch vs golden | mismatch/kl\_k3 | all steps |  |  |  |  |  |",
+        r"| ⏭️ SKIP | veto | rollout\_is/veto/seq\_fraction | all steps |  |  |  |  |  |",
+        "",
+        "- **kl rises**: 1/4 step(s) outside the limit; first at step 3",
+        "- **clip high**: " + NO_DATA_MSG,
+        r"- **mismatch vs golden**: the baseline has no values for mismatch/kl\_k3 (write the golden with these "
+        "rules, or drop the rule)",
+        "",
+        "Drill down:",
+        "",
+        "```",
+        "grpolens tokens runs/cand --step 3 --by kl",
+        "```",
+        "",
+        "> a note, with: colon",
+    ]) + "\n\n"  # a blank line after, so the next step's summary starts a block of its own
+
+
+@pytest.mark.parametrize("statuses,heading", [
+    (["PASS", "SKIP"], "### grpolens check: ✅ passed — run"),
+    (["PASS", "FAIL", "NO DATA"], "### grpolens check: ❌ regression — run"),
+    (["NO DATA", "PASS"], "### grpolens check: 🚫 no data — run"),
+    (["ERROR", "FAIL"], "### grpolens check: ⚠️ error — run"),
+])
+def test_markdown_heading_names_the_verdict(statuses, heading):
+    md = rep.markdown_summary(CheckReport(Path("run"), [_outcome(s) for s in statuses], "rules.toml", None))
+    assert md.splitlines()[0] == heading  # no baseline: no " vs ..."
+    assert "Drill down:" not in md  # no failure here has a step to drill into
+
+
+def test_markdown_rows_show_the_step_unless_a_reduced_rule_passed_and_numbers_only_of_judged_rules():
+    from grpolens.check.evaluate import Outcome
+
+    per_step_pass = Outcome(Rule("p", "m", max=1.0), "PASS", "m", value=0.5, upper=1.0, step=4)  # the step nearest
+    reduced_fail = Outcome(Rule("f", "m", reduce="max", max=1.0), "FAIL", "m", value=2.0, upper=1.0, step=6)
+    # an outcome built by hand may carry a value on a rule that did not judge: no numbers then, as in detail()
+    skipped = Outcome(Rule("s", "m", max=1.0), "SKIP", "m", value=2.0, baseline=1.0, upper=1.0, message="skipped")
+    md = rep.markdown_summary(CheckReport(Path("run"), [per_step_pass, reduced_fail, skipped], "rules.toml", None))
+    rows = [ln for ln in md.splitlines() if ln.startswith(("| ✅", "| ❌", "| ⏭️"))]
+    assert rows == ["| ✅ PASS | p | m | all steps | 0.5 |  | ≤ 1 | headroom 0.5 (50%) | 4 |",
+                    "| ❌ FAIL | f | m | max, all steps | 2 |  | ≤ 1 | above by 1 (100%) | 6 |",
+                    "| ⏭️ SKIP | s | m | all steps |  |  |  |  |  |"]
+
+
+def _render(md: str):
+    """The summary as a CommonMark renderer with GitHub's tables reads it (markdown-it-py, which rich uses)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").parse(md)
+
+
+def test_markdown_summary_of_hostile_names_renders_one_table_and_one_code_block():
+    """Rule names, messages and notes are text: no HTML, link, emphasis, extra cell or row; the drill-down
+    commands come back exactly, even from a run path that holds a newline and a code fence."""
+    from grpolens.check.evaluate import Outcome
+
+    hostile = "a|b <img src=x> [l](http://x) **bold** `c` \\| _i_ # ~s~ &amp;\n| --- |\n```"
+    o = Outcome(Rule(hostile, "kl/k3", max=0.5), "FAIL", "kl/k3", value=1.0, upper=0.5, step=0, failing=1,
+                checked=1, message=hostile)
+    run = "runs/a\n```\n<img src=x>\n````"
+    report = CheckReport(Path(run), [o, o], "rules.toml", None, notes=[hostile])
+    tokens = _render(rep.markdown_summary(report))
+    kinds = [t.type for t in tokens] + [c.type for t in tokens for c in (t.children or [])]
+    assert not set(kinds) & {"html_block", "html_inline", "link_open", "image", "em_open", "s_open", "code_inline"}
+    assert kinds.count("strong_open") == 2  # the two failures' names in the list, in bold as meant
+    assert [t.tag for t in tokens if t.type == "heading_open"] == ["h3"]  # the summary's own heading only
+    flat = " ".join(hostile.split())
+    cells = []
+    for i, t in enumerate(tokens):
+        if t.type == "tr_open":
+            cells.append([])
+        elif t.type == "inline" and tokens[i - 1].type in ("th_open", "td_open"):
+            cells[-1].append(t.content)
+    assert len(cells) == 3 and all(len(row) == 9 for row in cells)  # the header and two rows of nine cells
+    for row in cells[1:]:
+        assert _render(row[1])[1].children[0].content == flat  # the escaped name reads back as written
+    fences = [t for t in tokens if t.type == "fence"]
+    assert len(fences) == 1
+    cmd = "grpolens tokens 'runs/a\n```\n<img src=x>\n````' --step 0 --by kl"
+    assert fences[0].content == f"{cmd}\n{cmd}\n"
+
+
+def test_append_markdown_creates_then_appends(tmp_path):
+    f = tmp_path / "summary.md"
+    rep.append_markdown(f, "one ✅\n")  # a file that does not exist yet is created
+    rep.append_markdown(f, "two\n")
+    assert f.read_bytes() == "one ✅\ntwo\n".encode()
+    missing = tmp_path / "no"
+    with pytest.raises(Exception) as e:
+        rep.append_markdown(missing / "x.md", "x")
+    assert str(e.value) == f"--summary-md: directory {missing} does not exist"
+
+
+def test_append_markdown_writes_utf8_under_an_ascii_locale(tmp_path):
+    """The summary is UTF-8 (GitHub reads it so) whatever the locale: here the C locale with Python's UTF-8 mode
+    off, whose encoding is ASCII and cannot hold the icons (the subprocess asserts so, or the test proves nothing)."""
+    import os
+    import subprocess
+    import sys
+
+    f = tmp_path / "summary.md"
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONPATH": str(Path(rep.__file__).parents[2])}
+    code = ("import locale, sys; from grpolens.check.report import append_markdown; "
+            "assert locale.getpreferredencoding(False) == 'ANSI_X3.4-1968', locale.getpreferredencoding(False); "
+            "append_markdown(sys.argv[1], '\\u2705 \\u26a0\\ufe0f \\U0001f6ab \\u2264\\n')")
+    subprocess.run([sys.executable, "-c", code, str(f)], env=env, check=True)
+    assert f.read_bytes() == "✅ ⚠️ 🚫 ≤\n".encode("utf-8")
+
+
+@pytest.mark.parametrize("text,escaped", [
+    ("a & b <c> &amp;", "a &amp; b &lt;c&gt; &amp;amp;"),  # HTML cannot start; an entity is shown as typed
+    ("\\ ` * _ [ ] | # ~", r"\\ \` \* \_ \[ \] \| \# \~"),  # what Markdown and a table cell read as syntax
+    ("  one\ttwo\n\nthree \r\n", "one two three"),  # one line: a newline would end the table row
+])
+def test_md_escapes_markup_and_joins_lines(text, escaped):
+    assert rep._md(text) == escaped

@@ -213,7 +213,7 @@ def markdown_summary(report: CheckReport) -> str:
            "| | rule | metric | steps | value | baseline | limit | margin | step |",
            "|---|---|---|---|--:|--:|---|---|--:|"]
     for o in report.outcomes:
-        show = o.metric != "step" and o.status in (PASS, FAIL) and o.value is not None
+        show = o.status in (PASS, FAIL) and o.value is not None  # the coverage rule ("step") has no value
         cells = [f"{_ICON[o.status]} {o.status}", _md(o.rule.name), _md(o.metric), _md(how(o)),
                  _md(_v(o.value)) if show else "", _md(_v(o.baseline)) if show else "",
                  _md(o.limit_text()) if show else "", _md(o.margin_text()) if show else "",
@@ -226,7 +226,11 @@ def markdown_summary(report: CheckReport) -> str:
             out.append(f"- **{_md(o.rule.name)}**: {_md(o.message)}")
         cmds = [cmd for o in problems if (cmd := report.drilldown(o))]
         if cmds:
-            out += ["", "Drill down:", "", "```", *cmds, "```"]
+            # a run path may hold backticks and newlines: a fence longer than any run of backticks in the
+            # commands is one that no line of theirs can close
+            longest = max((len(m) for c in cmds for m in re.findall("`+", c)), default=0)
+            fence = "`" * max(3, longest + 1)
+            out += ["", "Drill down:", "", fence, *cmds, fence]
     for n in report.notes:
         out += ["", f"> {_md(n)}"]
     return "\n".join(out) + "\n\n"
