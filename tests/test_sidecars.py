@@ -235,6 +235,38 @@ def test_token_columns_match_numpy(tmp_path, nonfinite):
     assert sidecars.build_steps(run, [1]).equals(table.filter(pl.col("step") == 1))
 
 
+def test_token_columns_of_a_rank_without_rollout_logprobs_are_null(tmp_path):
+    # rank 1 recorded no rollout_logp (validate accepts a file without the optional column): its
+    # completions have no mismatch or IS columns (null, not 0 or False); rank 0's are those of numpy
+    rng = np.random.default_rng(8)
+    calls = random_calls(rng, steps=(0,), ranks=2, micro_batches=2, batch=4, max_len=10, spread=0.9)
+    for c in calls:
+        if c.rank == 1:
+            c.rollout = None
+    ids = [(c.rank, int(s)) for c in calls for s in c.sample_ids]
+    samples = pa.table({"step": pa.array([0] * len(ids), pa.int64()), "rank": pa.array([r for r, _ in ids], pa.int32()),
+                        "sample_id": pa.array([s for _, s in ids], pa.int64()),
+                        "group_id": pa.array([s // 4 for _, s in ids], pa.int64()),
+                        "completion_len": pa.array([5] * len(ids), pa.int32()),
+                        "truncated": pa.array([False] * len(ids), pa.bool_())})
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": RIS}, samples={0: samples})
+    grpolens.recompute(run)
+    by_id = {r["sample_id"]: r for r in pl.read_parquet(run / "grpolens" / "completions.parquet").iter_rows(named=True)}
+    rollout_cols = ("mismatch_mean", "mismatch_max", "is_weight_max", "is_vetoed", "is_masked_tokens")
+    vetoed = 0
+    for c in calls:
+        for b, sid in enumerate(c.sample_ids):
+            got, want = by_id[int(sid)], _reference(c, b) if c.rollout is not None else None
+            if want is None:
+                assert all(got[k] is None for k in rollout_cols), (sid, got)
+                assert got["masked_tokens"] == int(c.mask[b].sum())
+                continue
+            for k, v in want.items():
+                assert (got[k] == v) if isinstance(v, (bool, int)) else approx(got[k], v, rel=1e-9), (sid, k, got[k], v)
+            vetoed += got["is_vetoed"]
+    assert 0 < vetoed < sum(len(c.sample_ids) for c in calls if c.rank == 0)
+
+
 def test_incremental_keeps_rows_and_sample_only_steps(tmp_path):
     rng = np.random.default_rng(6)
     calls = random_calls(rng, steps=(0,), ranks=1, micro_batches=1, batch=3)

@@ -232,10 +232,11 @@ def sequence_columns(seq: pl.DataFrame, cfg: dict) -> pl.DataFrame:
         from grpolens.functional import is_weights as ris
 
         c = ris.ISConfig.from_cfg(cfg)
-        if c.configured:  # rows whose shard had no rollout_logp (NaN ris.n) stay null
-            view, has = ris.seq_view(p, c), ~np.isnan(p["ris.n"])
-            vetoed = np.where(has, view.vetoed.astype(np.float64), np.nan)
-            masked = np.where(has, view.rejected, np.nan)
+        if c.configured:  # rows whose shard had no rollout_logp (null IS partials) stay null
+            has = ~np.isnan(p["ris.n"])
+            view = ris.seq_view({k: v[has] for k, v in p.items() if k.startswith("ris.")}, c)
+            vetoed, masked = np.full(n, np.nan), np.full(n, np.nan)
+            vetoed[has], masked[has] = view.vetoed, view.rejected
     out["is_vetoed"], out["is_masked_tokens"] = vetoed, masked
     cols = {}
     for name, dtype in schema.items():

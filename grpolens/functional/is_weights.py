@@ -349,12 +349,10 @@ def sequence_partials(b, x: Inputs, c: ISConfig, t: TokenDecisions | None = None
 
 
 def _col(p: dict, name: str) -> np.ndarray:
-    """A partial column as float64; absent pieces (nulls) count as nothing."""
-    x = np.asarray(p[name], dtype=np.float64)
-    if not np.isnan(x).any():
-        return x
-    fill = {"max": -np.inf, "min": np.inf}.get(IS_MERGE.get(name, "sum"), 0.0)
-    return np.where(np.isnan(x), fill, x)
+    """A partial column as float64. Merged partials hold no nulls: a sequence whose shard had no
+    ``rollout_logp`` gets each column's neutral value (:func:`grpolens.metrics.partials.merge_arrays`),
+    and the completions table passes only the sequences that have IS partials."""
+    return np.asarray(p[name], dtype=np.float64)
 
 
 def _div(a, b):

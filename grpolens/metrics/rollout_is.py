@@ -110,16 +110,11 @@ def _seqs(sd) -> dict[str, np.ndarray] | None:
     return sd.seqs if "ris.n" in sd.seqs and "mm.n" in sd.seqs else None
 
 
-def _mm(p: dict, name: str) -> np.ndarray:
-    x = np.asarray(p[name], dtype=np.float64)
-    return np.where(np.isnan(x), -np.inf if name == "mm.absdmax" else 0.0, x)
-
-
 def mismatch_rows(p: dict, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-row mean log-probs (0 for a row without tokens, like the reference's masked mean)."""
-    nf = _mm(p, "mm.n")
-    lo = np.nan_to_num(ris._div(_mm(p, "mm.old"), nf))
-    lr = np.nan_to_num(ris._div(_mm(p, "mm.roll"), nf))
+    nf = ris._col(p, "mm.n")
+    lo = np.nan_to_num(ris._div(ris._col(p, "mm.old"), nf))
+    lr = np.nan_to_num(ris._div(ris._col(p, "mm.roll"), nf))
     return {"nf": nf, "lo": lo, "lr": lr, "d": lr - lo}
 
 
@@ -135,18 +130,18 @@ def mismatch_summary(p: dict, all_rows: bool = False) -> dict[str, float | None]
     sel = np.ones(len(nf), dtype=bool) if all_rows else nf > 0
     lo, lr, d = r["lo"][sel], r["lr"][sel], r["d"][sel]
     f = ris._f
-    seq_d = _mm(p, "mm.d")[sel]
+    seq_d = ris._col(p, "mm.d")[sel]
     with np.errstate(over="ignore"):
         return {
-            "mismatch/kl_k1": f(-_mm(p, "mm.d").sum() / N), "mismatch/kl_k3": f(_mm(p, "mm.k3").sum() / N),
-            "mismatch/abs_logp_diff": f(_mm(p, "mm.absd").sum() / N),
-            "mismatch/abs_logp_diff_max": f(_mm(p, "mm.absdmax")[nf > 0].max()),
+            "mismatch/kl_k1": f(-ris._col(p, "mm.d").sum() / N), "mismatch/kl_k3": f(ris._col(p, "mm.k3").sum() / N),
+            "mismatch/abs_logp_diff": f(ris._col(p, "mm.absd").sum() / N),
+            "mismatch/abs_logp_diff_max": f(ris._col(p, "mm.absdmax")[nf > 0].max()),
             "mismatch/training_ppl": f(np.exp(-lo).mean()), "mismatch/training_log_ppl": f((-lo).mean()),
             "mismatch/rollout_ppl": f(np.exp(-lr).mean()), "mismatch/rollout_log_ppl": f((-lr).mean()),
             "mismatch/log_ppl_diff": f(d.mean()), "mismatch/log_ppl_abs_diff": f(np.abs(d).mean()),
             "mismatch/log_ppl_diff_max": f(d.max()), "mismatch/log_ppl_diff_min": f(d.min()),
             "mismatch/ppl_ratio": f(np.exp(d).mean()),
-            "mismatch/chi2_token": f(_mm(p, "mm.chi").sum() / N - 1.0),
+            "mismatch/chi2_token": f(ris._col(p, "mm.chi").sum() / N - 1.0),
             "mismatch/chi2_seq": f(np.exp(2.0 * np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0),
         }
 
@@ -175,16 +170,16 @@ def xtuner_pack(p: dict, c: ISConfig) -> tuple[dict, dict]:
     """The reference's values for one pack: (mismatch dict or {} if invalid, IS dict or {})."""
     f = ris._f
     mm: dict[str, float | None] = {}
-    nf = _mm(p, "mm.n").sum()
+    nf = ris._col(p, "mm.n").sum()
     if nf > 0:  # the pack is one row: token means over the whole pack
-        lo, lr = _mm(p, "mm.old").sum() / nf, _mm(p, "mm.roll").sum() / nf
+        lo, lr = ris._col(p, "mm.old").sum() / nf, ris._col(p, "mm.roll").sum() / nf
         d = lr - lo
         mm = {"mismatch/training_ppl": f(np.exp(-lo)), "mismatch/training_log_ppl": f(-lo),
               "mismatch/rollout_ppl": f(np.exp(-lr)), "mismatch/rollout_log_ppl": f(-lr),
-              "mismatch/kl_k1": f(-_mm(p, "mm.d").sum() / nf), "mismatch/kl_k3": f(_mm(p, "mm.k3").sum() / nf),
+              "mismatch/kl_k1": f(-ris._col(p, "mm.d").sum() / nf), "mismatch/kl_k3": f(ris._col(p, "mm.k3").sum() / nf),
               "mismatch/log_ppl_diff": f(d), "mismatch/log_ppl_abs_diff": f(abs(d)),
               "mismatch/log_ppl_diff_max": f(d), "mismatch/log_ppl_diff_min": f(d),
-              "mismatch/ppl_ratio": f(np.exp(d)), "mismatch/abs_logp_diff": f(_mm(p, "mm.absd").sum() / nf)}
+              "mismatch/ppl_ratio": f(np.exp(d)), "mismatch/abs_logp_diff": f(ris._col(p, "mm.absd").sum() / nf)}
     if not (c.configured and c.has_band):
         return mm, {}
     sv = ris.seq_view(p, c)
@@ -352,7 +347,7 @@ def trl_summary(sd) -> dict[str, float | None]:
     p = _sub(p, np.sort(first))
     sv = ris.seq_view(p, c)
     ranks = np.asarray(p["rank"])
-    nf, absd, absdmax = _mm(p, "mm.n"), _mm(p, "mm.absd"), _mm(p, "mm.absdmax")
+    nf, absd, absdmax = ris._col(p, "mm.n"), ris._col(p, "mm.absd"), ris._col(p, "mm.absdmax")
     means, maxes, rmin, rmean, rmax = [], [], [], [], []
     for r in np.unique(ranks):
         s = ranks == r
