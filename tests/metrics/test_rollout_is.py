@@ -6,6 +6,8 @@ numpy, without grpolens' partials; runs are written with the plain pyarrow write
 """
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -311,6 +313,29 @@ def test_all_masked_and_empty(tmp_path):
     assert xt["mismatch/mismatch_kl"].to_list() == [0.0, 0.0]
     vl = grpolens.recompute(run, profile="verl", write=False)  # verl raises; grpolens reports null
     assert vl["rollout_corr/kl"].to_list() == [None, None]
+
+
+def test_step_mixing_shards_with_and_without_rollout_logprobs(tmp_path):
+    # rank 1 recorded no rollout_logp: validate accepts it (an optional column, checked per file),
+    # and its sequences have no IS or mismatch partials, so each step's rollout_is/* and mismatch/*
+    # are those of rank 0's tokens alone (a piece without the partials adds nothing to a sum, -inf
+    # to a max, +inf to a min)
+    from grpolens.run.validate import validate_run
+
+    rng = np.random.default_rng(12)
+    calls = random_calls(rng, spread=0.45, nonfinite=0.05)
+    for c in calls:
+        if c.rank == 1:
+            c.rollout = None
+    ris = {"level": "token", "mode": "both", "threshold": [0.9, 1.1], "veto_threshold": [0.5, 2.0]}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": ris})
+    assert validate_run(run).errors == []
+    got = grpolens.recompute(run, write=False)
+    own = [c for c in calls if c.rank == 0]
+    for step in (0, 1):
+        check(got, step, ref_canonical(own, step, norm(ris)), "rollout_is/")
+        check(got, step, ref_mismatch(own, step), "mismatch/")
+    assert got["rollout_is/rejected/token_fraction"].max() > 0
 
 
 def test_single_token(tmp_path):
@@ -814,6 +839,25 @@ def test_constant_offset_diagnosis(tmp_path):
     assert any("constant train–rollout offset at step(s) 1" in n and "top-p" in n for n in res.notes)
 
 
+@pytest.mark.parametrize("delta,agreement,quartiles,flag", [
+    # δ = 0 is on neither side: 4 of 7 tokens share the median's sign, below 75 %: no offset
+    ([-0.5, 0.0, 0.0, 0.3, 0.3, 0.3, 2.0], 4 / 7, (0.0, 0.3), 0.0),      # median 0.3
+    ([0.5, 0.0, 0.0, -0.3, -0.3, -0.3, -2.0], 4 / 7, (-0.3, 0.0), 0.0),  # median -0.3
+    ([-0.5, 0.3, 0.3, 0.3], 0.75, (-0.5, 0.3), 1.0),                     # exactly 75 % on its side
+    ([0.0, 0.0, 0.0], 0.0, (0.0, 0.0), 0.0),                             # median 0: no side agrees
+])
+def test_delta_sign_agreement_counts_the_median_side_only(tmp_path, delta, agreement, quartiles, flag):
+    # one row; δ = old − rollout with old = −1. Quantiles are lower ones (sorted δ at floor(q·(n−1))).
+    d = np.array([delta])
+    run, _ = one_call(tmp_path, np.full(d.shape, -1.0), -1.0 - d)
+    got = grpolens.recompute(run, write=False).row(0, named=True)
+    assert got["mismatch/delta_sign_agreement"] == agreement
+    assert got["mismatch/constant_offset"] == flag
+    assert within_histogram_bound(got["mismatch/delta_median"], np.quantile(d, 0.5, method="lower"))
+    q25, q75 = quartiles
+    assert within_histogram_bound(got["mismatch/delta_iqr"], (q75, q25))
+
+
 # ---------------------------------------------------------------------------------------------
 # Threshold conventions
 # ---------------------------------------------------------------------------------------------
@@ -908,6 +952,34 @@ def _partials(**cols):
     n = len(next(iter(cols.values())))
     base = {k: np.full(n, -np.inf if rule == "max" else np.inf if rule == "min" else 0.0) for k, rule in IS_MERGE.items()}
     return {**base, **{k: np.asarray(v, float) for k, v in cols.items()}}
+
+
+#: docs/metrics.md: the share-of-the-band metrics, computed only with an upper bound
+BAND_METRICS = {"raw/fraction_high", "raw/fraction_low", "raw/seq_fraction_high", "raw/seq_fraction_low",
+                "clamped/std", "clamped/ess"}
+MASK_METRICS = {"mask/token_fraction", "mask/seq_fraction"}
+
+
+@pytest.mark.parametrize("ris,absent", [
+    ({"level": "token", "mode": "truncate", "threshold": [0.5, 2.0]}, MASK_METRICS | {"zeroed_fraction"}),
+    ({"level": "token", "mode": "both", "upper": 2.0, "mask_threshold": [0.2, 5.0]}, {"zeroed_fraction"}),
+    ({"level": "sequence", "mode": "icepop", "threshold": [0.5, 2.0]}, MASK_METRICS | {"truncated_fraction"}),
+    ({"level": "geometric", "mode": "mask", "threshold": [0.5, 2.0]}, {"truncated_fraction", "zeroed_fraction"}),
+    ({"level": "token", "veto_threshold": [1e-4, 1e4]}, BAND_METRICS | MASK_METRICS | {"truncated_fraction", "zeroed_fraction"}),
+])
+def test_canonical_summary_holds_exactly_the_documented_metrics(ris, absent):
+    # every rollout_is/* metric docs/metrics.md lists, but those that do not apply to the config
+    # (the band's without an upper bound, a mode's own fractions; batch_norm_factor is the verl
+    # profile's), and nothing else: the applied weights' sequence summary has no band fractions
+    from grpolens.functional.is_weights import ISConfig, summarize
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `rollout_is/([^`]+)` \|", docs, flags=re.M))
+    assert {"raw/mean", "applied/seq_mean", "loss_mass_removed"} <= documented
+    p = _partials(**{"ris.n": [2, 1], "ris.L": [0.4, -0.2], "ris.tw": [2.2, 0.8], "ris.tw2": [2.6, 0.64],
+                     "ris.ta": [2.0, 0.8], "ris.ta2": [2.0, 0.64], "ris.adv": [2.0, 1.0]})
+    got = summarize(p, ISConfig.from_cfg(norm(ris)))
+    assert set(got) == documented - absent - {"batch_norm_factor"}
 
 
 def test_sequence_max_filter_on_one_token_and_on_no_token():
