@@ -1,0 +1,133 @@
+"""The parts of ``--engine ray`` that need no Ray instance: how a task reports a shard's error
+(``_run_group`` runs in a worker, where an exception would lose the shard's name), how
+``--ray-address`` is checked before Ray retries it for minutes, and the engine's settings. The
+engine itself, on a real local Ray instance, is tested in ``tests/distributed/test_ray_engine.py``."""
+
+from __future__ import annotations
+
+import builtins
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from grpolens.errors import RunFormatError, UserError
+from grpolens.metrics import engine_ray
+from grpolens.metrics.engine_ray import RayEngine, ShardFailure, _check_reachable, _run_group
+from grpolens.run.storage import StorageError
+
+
+def _shards(*names: str) -> list:
+    return [SimpleNamespace(path=Path("/runs/r/tokens") / n) for n in names]
+
+
+def _failing_on(name: str, error: Exception):
+    def work(sh):
+        if sh.path.name == name:
+            raise error
+        return {"shard": sh.path.name}
+    return work
+
+
+def test_a_group_returns_every_shards_pieces_in_order():
+    assert _run_group(lambda sh: {"shard": sh.path.name}, _shards("a", "b", "c")) == [
+        {"shard": "a"}, {"shard": "b"}, {"shard": "c"}]
+    assert _run_group(lambda sh: {}, []) == []
+
+
+def test_a_format_error_keeps_its_file_message_and_column():
+    err = RunFormatError("/runs/r/tokens/b", "column has nulls", column="logp")
+    got = _run_group(_failing_on("b", err), _shards("a", "b", "c"))
+    assert got == ShardFailure("/runs/r/tokens/b", "column has nulls", "logp", storage=False)
+
+
+def test_a_storage_or_user_error_names_the_shard_and_is_marked_as_storage():
+    for err in (StorageError("s3://bucket/run: access denied"), UserError("credentials expired")):
+        got = _run_group(_failing_on("b", err), _shards("a", "b"))
+        assert got == ShardFailure("/runs/r/tokens/b", err.message, None, storage=True)
+
+
+@pytest.mark.parametrize(("error", "message"), [
+    (OSError("disk gone\nsecond line"), "unreadable shard: disk gone"),
+    (ValueError("bad footer"), "unreadable shard: bad footer"),
+    (OSError(), "unreadable shard: OSError"),  # no text: its type says what happened
+])
+def test_an_unreadable_shard_is_named_with_the_first_line_of_the_error(error, message):
+    got = _run_group(_failing_on("a", error), _shards("a", "b"))
+    assert got == ShardFailure("/runs/r/tokens/a", message, None, storage=False)
+
+
+def test_any_other_exception_is_left_to_ray():
+    with pytest.raises(KeyError):
+        _run_group(_failing_on("a", KeyError("x")), _shards("a"))
+
+
+def test_a_worker_registers_the_builtin_producers_before_its_first_shard(monkeypatch):
+    calls = []
+    monkeypatch.setattr("grpolens.metrics.registry.load_builtins", lambda: calls.append("loaded"))
+    _run_group(lambda sh: calls.append(sh.path.name), _shards("a"))
+    assert calls == ["loaded", "a"]
+
+
+def test_an_address_nothing_answers_at_is_one_line():
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(UserError) as e:
+            _check_reachable(address, timeout=2.0)
+        assert e.value.message.startswith(
+            f"--ray-address {address}: cannot connect: nothing answers at 127.0.0.1:{port} (")
+        assert "\n" not in e.value.message
+
+
+def test_a_listening_address_passes_and_brackets_are_stripped_from_ipv6():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _check_reachable(f"127.0.0.1:{port}")
+        _check_reachable(f"ray://127.0.0.1:{port}")
+    if socket.has_ipv6:
+        try:
+            s6 = socket.socket(socket.AF_INET6)
+            s6.bind(("::1", 0))
+        except OSError:
+            return  # no IPv6 loopback on this machine
+        with s6:
+            s6.listen()
+            _check_reachable(f"[::1]:{s6.getsockname()[1]}")
+
+
+@pytest.mark.parametrize("address", ["auto", "localhost", "host:port", "ray://host/x:10001", "10.0.0.1:"])
+def test_addresses_that_are_not_host_and_port_are_left_to_ray(address, monkeypatch):
+    def connect(*a, **k):
+        raise AssertionError(f"{address!r} was dialled")
+    monkeypatch.setattr(socket, "create_connection", connect)
+    _check_reachable(address)
+
+
+def test_engine_settings():
+    assert RayEngine().shards_per_task == engine_ray.SHARDS_PER_TASK == 8
+    assert RayEngine(shards_per_task=3).shards_per_task == 3
+    assert RayEngine(shards_per_task=0).shards_per_task == 1  # a group holds at least one shard
+    e = RayEngine(address="ray://head:10001")
+    assert e.address == "ray://head:10001" and e._remote is None and e._started is False
+    assert RayEngine().address is None
+    e.close()  # nothing started: nothing to stop (and no import of ray)
+    assert e._started is False
+
+
+def test_without_ray_the_engine_says_which_extra_to_install(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(UserError) as e:
+        RayEngine()._ensure()
+    assert e.value.message == "--engine ray needs Ray: pip install 'grpolens[ray]'"
