@@ -480,3 +480,29 @@ def test_isolated_steps_outside_a_sustained_rule_are_counted_in_its_message():
     assert (o.status, o.failing, o.checked) == (PASS, 0, 6)
     assert o.message == ("6 step(s) within the limit (1 isolated step(s) outside the limit not counted: "
                          "sustained: 2 of 4 consecutive steps)")
+
+
+def test_a_sustained_rule_counts_its_streak_and_names_the_isolated_steps_apart():
+    from grpolens.check.rules import Sustained
+
+    # steps 0 and 1 outside (a streak: 2 in the window of steps 0..3), step 6 alone (no window of 4
+    # around it holds a second one): 2 counted, 1 isolated, 3 outside in all
+    x = [0.15, 0.15, 0, 0, 0, 0, 0.15, 0]
+    o = evaluate(rule(max=0.05, sustained=Sustained(count=2, window=4)), {"m": series(x)}, None)
+    assert (o.status, o.failing, o.checked, o.step) == (FAIL, 2, 8, 0)
+    assert o.message == ("2/8 step(s) outside the limit; first at step 0 (1 isolated step(s) outside the limit "
+                         "not counted: sustained: 2 of 4 consecutive steps)")
+
+
+@pytest.mark.parametrize("x,step", [
+    ([0.5, 0.05, 0.9], 1),  # 0.05 above the lower bound 0: the nearest of all to a bound
+    ([0.5, 0.97, 0.1], 1),  # 0.03 below the upper bound 1 (step 2 is 0.1 above the lower one)
+    ([0.2, 0.5, 0.99], 2),
+])
+def test_a_passing_rule_shows_the_step_closest_to_either_bound(x, step):
+    o = evaluate(rule(min=0.0, max=1.0), {"m": series(x)}, None)
+    assert (o.status, o.failing) == (PASS, 0)
+    assert (o.step, o.value, o.lower, o.upper) == (step, x[step], 0.0, 1.0)
+    # one-sided: the distance to the bound that exists
+    assert evaluate(rule(min=0.0), {"m": series([0.5, 0.05, 0.9])}, None).step == 1
+    assert evaluate(rule(max=1.0), {"m": series([0.5, 0.97, 0.1])}, None).step == 1
