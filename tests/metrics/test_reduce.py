@@ -115,3 +115,14 @@ def test_grouping_rules_on_one_token_one_group_and_a_rank_with_one_micro_batch()
     assert grouped_ratio(one, "x.sum", "x.n", "trl_slot") == 2.0
     assert grouped_ratio(one, "x.sum", "x.n", "pack_mean") == pytest.approx(2.0 / (1.0 + 1e-8), rel=1e-12)
     assert grouped_ratio(one, "x.sum", "x.n", "pooled") == 2.0
+
+
+def test_a_reduction_that_comes_out_nan_is_no_value():
+    """Values are floats or None, never NaN: a plugin's partial holding NaN (its sequence's sum, or
+    its max) makes the step's sum, sequence mean, extreme and token mean NaN, reported null."""
+    nan = {**SEQS, "x.sum": np.array([3.0, np.nan, 0.0]), "x.max": np.array([-0.5, np.nan, -np.inf]),
+           "x.min": np.array([0.5, np.nan, np.inf])}
+    for kind in ("sum", "seq_mean", "max", "min", "token_mean"):
+        assert _value(kind, nan) is None, kind
+    # the fractions' extremes skip a NaN fraction: the other sequence's 3/2 is the value
+    assert _value("seq_frac_max", nan) == 1.5
