@@ -392,6 +392,23 @@ def test_trl_token_count_when_a_round_straddles_steps(tmp_path):
         assert approx(trl.filter(trl["step"] == step)["loss"][0], 4 / 2 * total / n_round), step
         assert not approx(trl.filter(trl["step"] == step)["loss"][0], ref_pooled(calls, step, cfg)), step
 
+def test_trl_gradient_accumulation_left_null_is_trls_default_of_one(tmp_path):
+    """``gradient_accumulation_steps: null`` in a run's config is "not set": TRL's value is then the
+    TrainingArguments default, 1 (TRL itself always has an integer). With steps_per_generation = 2
+    one round (generated at step 0) is trained on at steps 0 and 1, one loss call per rank and step,
+    and each call is divided by the round's N/P · G/S = N/P · 1/2."""
+    rng = np.random.default_rng(35)
+    calls = random_calls(rng, micro_batches=1, batch=3)
+    cfg = {"loss_type": "dapo", "gradient_accumulation_steps": None, "steps_per_generation": 2}
+    rounds = {int(s): 0 for c in calls for s in c.sample_ids}
+    run = write_run(tmp_path / "run", calls, config=cfg, samples=round_samples(calls, rounds, at_step=0))
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    n_round = float(sum(c.lengths.sum() for c in calls))
+    for step in (0, 1):
+        total = sum(ref_token_loss(c, cfg)[0].sum() for c in calls if c.step == step)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], 2 / 1 * total / n_round), step
+
+
 def _one_token_call():
     """One sequence of two stored tokens, only the first in the loss: ratio 1.5, A = +1, so with
     eps = 0.2 its loss is -min(1.5·1, 1.2·1) = -1.2."""
