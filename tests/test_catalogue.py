@@ -69,3 +69,25 @@ def test_resolve_finds_aliases_and_template_instances():
     assert m.name == "rewards/accuracy/mean" and m.per_column is None
     with pytest.raises(KeyError, match="did you mean"):
         resolve("entropyy")
+
+
+def test_the_catalogue_filters_by_family_and_by_profile():
+    from grpolens import plugins
+
+    plugins.load_plugins()  # the profiles' names, as `grpolens metrics` loads them
+    every = catalogue_rows()
+    families = list(dict.fromkeys(r["family"] for r in every))
+    # the first, a middle and the last family: a filter that stopped at the first mismatch would
+    # return nothing for the later ones
+    for family in (families[0], families[len(families) // 2], families[-1]):
+        got = catalogue_rows(family=family)
+        assert got and got == [r for r in every if r["family"] == family]
+    trl = catalogue_rows(profile="trl")
+    assert trl == [r for r in every if "trl" in r["names"]] and 0 < len(trl) < len(every)
+    # each profile's own name for a metric, and only the profiles that log it
+    by_name = {r["name"]: r for r in every}
+    assert by_name["entropy"]["names"]["maxent"] == "train/policy_entropy"
+    assert by_name["entropy"]["names"]["trl"] == "entropy"
+    assert by_name["kl/k1"]["names"] == {"grpolens": "kl/k1"}
+    assert [r["name"] for r in catalogue_rows(family="kl", profile="trl")] == [
+        r["name"] for r in trl if r["family"] == "kl"]
