@@ -792,6 +792,20 @@ def test_is_weights_output(tmp_path, level, mode):
     assert h.filter((pl.col("step") == 0) & (pl.col("kind") == "applied"))["count"].sum() == n_valid
 
 
+def test_is_hist_counts_weights_beyond_the_safety_bound_in_its_end_bins(tmp_path):
+    # raw weights e^-30, e^0.5, e^30: bounded to e^∓20, the two extremes land in the lowest and the
+    # highest bin (both are [e^-20, ...) and [..., e^20]), not outside the histogram; mode none: the
+    # applied histogram is the same
+    run, _ = one_call(tmp_path, [[-1.0, -1.0, -1.0]], [[29.0, -1.5, -31.0]], config={"level": "token", "mode": "none"})
+    grpolens.recompute(run)
+    h = pl.read_parquet(run / "grpolens" / "is_hist.parquet")
+    for kind in ("raw", "applied"):
+        k = h.filter((pl.col("kind") == kind) & (pl.col("hi") > 0)).sort("lo")
+        assert k["lo"][0] == pytest.approx(np.exp(-20.0)) and k["hi"][-1] == pytest.approx(np.exp(20.0))
+        inside = (k["lo"] <= np.exp(0.5)) & (k["hi"] > np.exp(0.5))
+        assert (k["count"][0], k["count"][-1], k.filter(inside)["count"].to_list(), k["count"].sum()) == (1, 1, [1], 3)
+
+
 def test_is_weights_follow_out(tmp_path):
     """With --out the weights go below it (OUT/is_weights/), the same files as without, none under RUN."""
     calls = random_calls(np.random.default_rng(5), spread=0.3)
@@ -844,7 +858,7 @@ def test_constant_offset_diagnosis(tmp_path):
     ([-0.5, 0.0, 0.0, 0.3, 0.3, 0.3, 2.0], 4 / 7, (0.0, 0.3), 0.0),      # median 0.3
     ([0.5, 0.0, 0.0, -0.3, -0.3, -0.3, -2.0], 4 / 7, (-0.3, 0.0), 0.0),  # median -0.3
     ([-0.5, 0.3, 0.3, 0.3], 0.75, (-0.5, 0.3), 1.0),                     # exactly 75 % on its side
-    ([0.0, 0.0, 0.0], 0.0, (0.0, 0.0), 0.0),                             # median 0: no side agrees
+    ([-0.5, 0.0, 0.0, 0.3], 0.0, (-0.5, 0.0), 0.0),                      # median 0: no side agrees
 ])
 def test_delta_sign_agreement_counts_the_median_side_only(tmp_path, delta, agreement, quartiles, flag):
     # one row; δ = old − rollout with old = −1. Quantiles are lower ones (sorted δ at floor(q·(n−1))).
