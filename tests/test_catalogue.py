@@ -67,8 +67,18 @@ def test_resolve_finds_aliases_and_template_instances():
     assert resolve("train/entropy").name == "entropy"
     m = resolve("rewards/accuracy/mean")
     assert m.name == "rewards/accuracy/mean" and m.per_column is None
-    with pytest.raises(KeyError, match="did you mean"):
+    from grpolens import plugins
+
+    plugins.load_plugins()  # the profiles' names are suggested too
+    with pytest.raises(KeyError) as e:
         resolve("entropyy")
+    head, _, close = e.value.args[0].partition("; did you mean ")
+    suggested = close.removesuffix("?").split(", ")
+    assert head == "unknown metric 'entropyy'" and suggested[0] == "entropy"
+    assert len(suggested) == 3 and len(set(suggested)) == 3  # each name once (it was "entropy, entropy, ...")
+    with pytest.raises(KeyError) as e:
+        resolve("no such thing at all")
+    assert e.value.args[0] == "unknown metric 'no such thing at all'"
 
 
 def test_the_catalogue_filters_by_family_and_by_profile():

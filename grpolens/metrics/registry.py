@@ -229,7 +229,8 @@ def resolve(name: str) -> Metric:
                 return m.expand([m.per_column + key])[0]
     import difflib
 
-    every = list(REGISTRY) + [n for m in REGISTRY.values() for n in m.names.values()]
+    # each name once: a metric's canonical name is usually a profile's name for it too
+    every = list(dict.fromkeys([*REGISTRY, *(n for m in REGISTRY.values() for n in m.names.values())]))
     close = difflib.get_close_matches(name, every, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise KeyError(f"unknown metric {name!r}{hint}")
