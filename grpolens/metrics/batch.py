@@ -24,8 +24,7 @@ KEY_COLUMNS = ("step", "rank", "micro_batch", "sample_id")
 def _to_float64(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    if arr.null_count:
-        arr = arr.cast(pa.float64()).fill_null(float("nan"))
+    # Arrow turns the nulls of a floating-point array into NaN (a copy, hence zero_copy_only=False)
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
