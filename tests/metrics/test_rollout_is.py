@@ -1022,14 +1022,15 @@ def test_weights_of_one_sequence_below_one(tmp_path):
 
 
 def test_sequence_mean_weight_exactly_on_a_band_bound_is_inside(tmp_path):
-    # sequence mean weights [1, e] (δ = 0 and 1 on every token): 1.0 is exactly on the upper
-    # bound of "0.5_1.0" and on the lower bound of "1.0_2.0", and counted in neither fraction.
+    # token weights [1, 1, e, e] (δ = 0 and 1), sequence mean weights [1, e]: 1.0 is exactly on the
+    # upper bound of "0.5_1.0" and on the lower bound of "1.0_2.0", and counted in neither fraction,
+    # of tokens or of sequences.
     old, rollout = [[-1.0, -1.0], [-1.0, -1.0]], [[-1.0, -1.0], [-2.0, -2.0]]
-    for band, key, want in (("0.5_1.0", "seq_fraction_high", 0.5), ("1.0_2.0", "seq_fraction_low", 0.0)):
+    for band, key, want in (("0.5_1.0", "fraction_high", 0.5), ("1.0_2.0", "fraction_low", 0.0)):
         run, _ = one_call(tmp_path, old, rollout, config={"rollout_is": "token", "rollout_is_threshold": band},
                           name=band)
         got = grpolens.recompute(run, write=False).row(0, named=True)
-        assert got[f"rollout_is/raw/{key}"] == want, band
+        assert (got[f"rollout_is/raw/seq_{key}"], got[f"rollout_is/raw/{key}"]) == (want, want), band
 
 
 def test_verl_seq_std_of_one_sequence_is_zero(tmp_path):
