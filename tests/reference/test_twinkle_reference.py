@@ -46,6 +46,9 @@ class Case:
     ref: bool = False
     seed: int = 0
     drift: float = 0.15
+    shift: float = 0.0  # added to every log-ratio logp - old (before the clamp at 0)
+    lens: list | None = None  # completion lengths, one per row (else random)
+    adv_scale: float = 1.0
 
 
 CASES = [
@@ -75,6 +78,26 @@ CASES = [
          loss_kwargs={"loss_agg_mode": "seq-mean-token-mean", "epsilon_high": 0.28, "beta": 0.02},
          metric_kwargs={"epsilon_high": 0.28}, config={"loss_type": "grpo", "epsilon_high": 0.28, "beta": 0.02},
          ranks=2, ref=True, seed=10),
+    # one completion of one token: every count is 1 (a count clamped to 2, a "more than one" test, a
+    # std of one value); its log-ratio below 0, so the largest ratio is below 1
+    Case("one_token_bnpo", loss="BNPOLoss", config={"loss_type": "bnpo"}, forwards=1, rows=1, lens=[1], shift=-0.5,
+         seed=11),
+    Case("one_token_temperature_1.3", metric_kwargs={"temperature": 1.3}, config={"temperature": 1.3},
+         forwards=1, rows=1, lens=[1], seed=12),
+    Case("one_token_cispo_temperature_1.3", loss="CISPOLoss", metric="CISPOMetric", metric_kwargs={"temperature": 1.3},
+         config={"loss_type": "cispo", "temperature": 1.3}, forwards=1, rows=1, lens=[1], seed=13),
+    # the rates without the advantage gate (CISPOMetric) on T·d, ratios beyond both bounds; two completions
+    Case("cispo_temperature_0.7_two_completions", loss="CISPOLoss", metric="CISPOMetric",
+         metric_kwargs={"temperature": 0.7}, config={"loss_type": "cispo", "temperature": 0.7}, forwards=1, rows=2,
+         seed=31, drift=0.6),
+    # the gated rates on T·d with tokens clipped on both sides
+    Case("temperature_1.3_clipped_both_sides", metric_kwargs={"temperature": 1.3}, config={"temperature": 1.3},
+         seed=15, drift=0.5),
+    # DRGRPOLoss' own max_completion_length (1024) when the run does not set one; advantages large enough
+    # that ÷1024 and ÷1025 differ in the 4 decimals Twinkle prints the loss with
+    Case("drgrpo_default_length", loss="DRGRPOLoss", config={"loss_type": "dr_grpo"}, seed=16, adv_scale=1000.0),
+    # a run that calls PPOLoss' token mean "dapo": per forward Σ L / Σ tokens, as bnpo
+    Case("ppo_token_mean_as_dapo", loss="PPOLoss", config={"loss_type": "dapo"}, seed=17),
 ]
 
 #: Known gaps (issue #13), each an xfail-strict marker naming it; removed as they are fixed.
@@ -88,16 +111,18 @@ def build(case: Case) -> tuple[dict, dict, list]:
     n = case.ranks * case.forwards * case.rows
     W = 10
     lens = rng.integers(1, W - PRE + 1, n)
+    if case.lens is not None:
+        lens = np.array(case.lens)
     labels = np.full((n, W), -100, dtype=np.int64)
     for i in range(n):
         labels[i, PRE:PRE + lens[i]] = rng.integers(5, 100, lens[i])
     m = labels != -100
     old = np.where(m, -rng.exponential(1.0, (n, W)), 0.0).astype(np.float32)
     # log-probabilities are <= 0 (grpolens refuses a run that stores positive ones), so perturb then clamp
-    logps = np.where(m, np.minimum(old + rng.normal(0, case.drift, (n, W)), 0.0), 0.0).astype(np.float32)
+    logps = np.where(m, np.minimum(old + case.shift + rng.normal(0, case.drift, (n, W)), 0.0), 0.0).astype(np.float32)
     ref = np.where(m, np.minimum(logps + rng.normal(0, 0.1, (n, W)), 0.0), 0.0).astype(np.float32)
     ent = np.where(m, rng.uniform(0.2, 3.0, (n, W)), 0.0).astype(np.float32)
-    adv = rng.normal(0, 1, n).astype(np.float32)
+    adv = (case.adv_scale * rng.normal(0, 1, n)).astype(np.float32)
     adv[rng.random(n) < 0.15] = 0.0
     meta, offs = [], [0]
     for r in range(case.ranks):
