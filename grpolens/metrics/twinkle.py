@@ -101,17 +101,16 @@ def mean(sd, num: str, den: str) -> float | None:
 def nonlinear(sd, which: str) -> float | None:
     """approx_kl, token_kl_max or token_ratio_max on T·d; the maxima start at 0."""
     if "old_logp" not in sd.present or not sd.col("policy.new.n").sum() > 0:
-        return None
+        return None  # a step without sequences too (its count is 0): the maxima below are over one or more
     t = scaled(sd.cfg)
     if which == "approx_kl":
         return _ratio(sd, "tw.k3.sum" if t else "policy.k3.sum", "policy.n")
     col = {"token_kl_max": "tw.k3.max" if t else "policy.k3.max", "token_ratio_max": "tw.r.max" if t else None}[which]
-    if col is None:  # T = 1: the stored largest d
-        v = float(np.max(sd.col("policy.d.max"))) if sd.n_seq else -np.inf
+    if col is None:  # T = 1: e^ of the stored largest d (e^-inf = 0 where no token has a ratio)
         with np.errstate(over="ignore"):
-            v = float(np.exp(v)) if np.isfinite(v) or v > 0 else 0.0
+            v = float(np.exp(np.max(sd.col("policy.d.max"))))
     else:
-        v = float(np.max(sd.col(col))) if sd.n_seq else 0.0
+        v = float(np.max(sd.col(col)))
     # every column here is >= 0 where a sequence has a valid token (e^x, K3 = expm1(x) - x >= 0 in
     # floating point); -inf (no valid token anywhere) and NaN become Twinkle's starting 0
     return v if v >= 0 else 0.0
@@ -142,15 +141,15 @@ def clip_fraction(sd, part: str, unconditional: bool) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 def _loss(sd) -> float | None:
-    if not sd.n_seq or "tw_loss.sum" not in sd.seqs:
+    if "tw_loss.sum" not in sd.seqs:  # a step without sequences has no partial column
         return None
     lt = sd.cfg["loss_type"]
     s, n = sd.col("tw_loss.sum"), sd.col("tw_loss.n")
-    g, ng = sd.groups(("rank", "micro_batch"))
-    rows = np.bincount(g, minlength=ng).astype(np.float64)
-    ssum, nsum = np.bincount(g, s, ng), np.bincount(g, n, ng)
+    g, _ = sd.groups(("rank", "micro_batch"))  # every call id in 0..n-1 occurs in g
+    rows = np.bincount(g).astype(np.float64)
+    ssum, nsum = np.bincount(g, s), np.bincount(g, n)
     if lt in ("grpo", "gspo", "sapo"):
-        per = np.bincount(g, s / np.maximum(n, 1.0), ng) / rows
+        per = np.bincount(g, s / np.maximum(n, 1.0)) / rows
     elif lt in ("bnpo", "dapo"):
         per = ssum / np.maximum(nsum, 1.0)
     elif lt == "cispo":
@@ -164,9 +163,11 @@ def _loss(sd) -> float | None:
     return float(np.mean(per))
 
 
+# The engine calls a samples metric only at a step with a samples shard (sd.samples is not None).
+
 def _reward(sd, column: str, stat: str) -> float | None:
     df = sd.samples
-    if df is None or df.height == 0 or column not in df.columns:
+    if df.height == 0 or column not in df.columns:
         return None
     col = df[column]
     if col.null_count():  # nulls are dropped, NaN kept (drop_nulls is a polars query: only when needed)
@@ -179,7 +180,7 @@ def _reward(sd, column: str, stat: str) -> float | None:
 
 def _completion_length(sd) -> float | None:
     df = sd.samples
-    if df is None or df.height == 0:
+    if df.height == 0:
         return None
     return float(df["completion_len"].cast(float).mean())
 

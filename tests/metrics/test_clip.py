@@ -226,6 +226,16 @@ def test_all_masked(tmp_path):
     assert approx(_row(trl, 0)["clip_ratio/low_mean"], trl_slot_mean(calls, 0, low, _v))
     assert approx(_row(trl, 0)["clip_ratio/low_mean"] * 2, _row(got, 0)["clip/low"])
 
+    # Twinkle accumulates nothing over a step without a masked token and logs no rate, also for
+    # its rates on T·d (temperature ≠ 1) and for CISPOMetric's ungated ones (cispo)
+    for lt in ("grpo", "cispo"):
+        for t in (1.0, 0.7):
+            tw = grpolens.recompute(write_run(tmp_path / f"{lt}-{t}", calls, config={"loss_type": lt, "temperature": t}),
+                                    profile="twinkle", write=False)
+            names = ("train/clip_ratio_low", "train/clip_ratio_high", "train/clip_ratio")
+            assert all(_row(tw, 0)[k] is not None for k in names), (lt, t)
+            assert [_row(tw, 1)[k] for k in names] == [None] * 3, (lt, t)
+
 
 def test_clip_hand_worked(tmp_path):
     # eps = 0.2, one call, two sequences:

@@ -203,10 +203,10 @@ def test_a_tokens_shard_without_rows(tmp_path):
     empty = run / fmt.shard_relpath(fmt.TOKENS, 1, 0, None)
     empty.parent.mkdir(parents=True)
     pq.write_table(call_table(calls[0]).slice(0, 0), empty)
-    for profile in ("grpolens", "xtuner", "trl"):
+    for profile in ("grpolens", "xtuner", "trl", "twinkle"):
         got = grpolens.recompute(run, profile=profile, write=False)
         want = _row(grpolens.recompute(plain, profile=profile, write=False), 0)
         assert _row(got, 0) == want, profile
         step1 = _row(got, 1)
-        names = [n for n in want if n.startswith(("policy/", "reduced_train_policy_", "loss", "kl", "entropy"))]
+        names = [n for n in want if n.startswith(("policy/", "reduced_train_policy_", "loss", "kl", "entropy", "train/"))]
         assert names and all(step1[n] is None for n in names), (profile, {n: step1[n] for n in names})

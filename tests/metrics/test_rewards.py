@@ -487,3 +487,26 @@ def test_maxent_frac_zero_std_nan_advantage_is_not_zero(tmp_path):
     assert m["train/frac_reward_zero_std"] == pytest.approx(maxent_frac_zero_std_groups(groups)) == pytest.approx(1 / 3)
     g = row(grpolens.recompute(run, write=False), 0)
     assert g["advantage/frac_zero_groups"] == pytest.approx(2 / 3)
+
+
+def test_twinkle_reward_metric_on_null_values_and_missing_samples(tmp_path):
+    """Twinkle's CompletionRewardMetric (``statistics`` over the values it was given; ``_mean`` of
+    nothing is -1.0, ``_std`` of fewer than two is 0.0) on the edges of a recorded run. Step 0:
+    ``acc`` = 1.0, null, 0.5: the unscorable value is left out: mean 0.75, std √0.125. Step 1: every
+    ``acc`` null: -1.0 and 0.0. Step 2: its samples lack ``acc`` (other steps have it): no value.
+    Step 3: tokens, no samples at all: no reward and no completion length."""
+    s0 = hand_samples(0, [1.0, 0.0, 0.5], [0.0] * 3, [1, 1, 1], acc=[1.0, 0.0, 0.5])
+    s0.fn_null["acc"][1] = True
+    s1 = hand_samples(1, [1.0, 0.0], [0.0] * 2, [2, 2])
+    s1.fn_null["acc"][:] = True
+    s2 = hand_samples(2, [1.0, 0.0], [0.0] * 2, [3, 3])
+    s2.rewards, s2.fn_null = {}, {}
+    calls = random_calls(np.random.default_rng(6), steps=(0, 1, 2, 3), ranks=1)
+    tw = grpolens.recompute(samples_run(tmp_path / "run", [s0, s1, s2], calls=calls), profile="twinkle", write=False)
+    r = [row(tw, st) for st in range(4)]
+    assert (r[0]["train/acc_reward"], r[0]["train/acc_reward_std"]) == (0.75, pytest.approx(math.sqrt(0.125), rel=1e-12))
+    assert (r[1]["train/acc_reward"], r[1]["train/acc_reward_std"]) == (-1.0, 0.0)
+    assert (r[2]["train/acc_reward"], r[2]["train/acc_reward_std"]) == (None, None)
+    assert [r[st]["train/completion_length"] for st in range(4)] == [5.0, 5.0, 5.0, None]
+    assert (r[3]["train/acc_reward"], r[3]["train/acc_reward_std"]) == (None, None)
+    assert r[3]["train/entropy"] is not None  # step 3 has its token metrics
