@@ -101,3 +101,13 @@ def test_the_catalogue_filters_by_family_and_by_profile():
     assert by_name["kl/k1"]["names"] == {"grpolens": "kl/k1"}
     assert [r["name"] for r in catalogue_rows(family="kl", profile="trl")] == [
         r["name"] for r in trl if r["family"] == "kl"]
+
+
+def test_the_markdown_catalogue_of_one_family_lists_that_family_only():
+    out = subprocess.run([sys.executable, "-m", "grpolens.cli", "metrics", "--family", "kl", "--markdown"],
+                         capture_output=True, text=True, cwd=DOC.parents[1])
+    assert out.returncode == 0, out.stderr
+    headings = [line for line in out.stdout.splitlines() if line.startswith("## ")]
+    listed = [line.split("`")[1] for line in out.stdout.splitlines() if line.startswith("| `")]
+    assert headings == ["## kl"]
+    assert listed == [r["name"] for r in catalogue_rows(family="kl")] and "kl/k3" in listed
