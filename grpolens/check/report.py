@@ -68,6 +68,23 @@ def no_data_text(steps: list[int]) -> str:
     return f"{len(steps)} step{'s' if len(steps) != 1 else ''} ({shown})"
 
 
+# The rule table of the terminal and Markdown reports: after each rule's status, these columns (True: a number,
+# right-aligned). The margin is how far past its bound a value lies, or its headroom.
+_COLUMNS = (("rule", False), ("metric", False), ("steps", False), ("value", True), ("baseline", True),
+           ("limit", False), ("margin", False), ("step", True))
+_MARGIN = [name for name, _ in _COLUMNS].index("margin")
+
+
+def _row(o: Outcome) -> list[str]:
+    """``o``'s cells in ``_COLUMNS`` order. Numbers only where the rule judged a value (PASS or FAIL: the
+    coverage rule has none); the step is the first failing one, or the one a per-step rule's value is from
+    (a reduced rule that passed has none to show)."""
+    judged = o.status in (PASS, FAIL) and o.value is not None
+    numbers = [_v(o.value), _v(o.baseline), o.limit_text(), o.margin_text()] if judged else ["", "", "", ""]
+    step = "" if o.step is None or o.status == PASS and o.rule.reduce != "all" else str(o.step)
+    return [o.rule.name, o.metric, how(o), *numbers, step]
+
+
 # ---------------------------------------------------------------------------------------------
 # Terminal
 # ---------------------------------------------------------------------------------------------
@@ -79,27 +96,20 @@ def print_report(report: CheckReport, console) -> None:
     title = Text(f"grpolens check {report.run}")
     if report.baseline:
         title.append(f" vs {report.baseline}")
-    t = Table(title=title, title_justify="left", show_lines=False)
-    for col, kw in (("", {}), ("rule", {"style": "bold"}), ("metric", {}), ("steps", {}),
-                    ("value", {"justify": "right"}), ("baseline", {"justify": "right"}), ("limit", {}),
-                    ("margin", {}), ("step", {"justify": "right"})):
-        t.add_column(col, **kw)
+    t = Table(title=title, title_justify="left")
+    t.add_column("")
+    for name, numeric in _COLUMNS:
+        t.add_column(name, justify="right" if numeric else "left", style="bold" if name == "rule" else "")
     for o in report.outcomes:
-        show_value = o.metric != "step" and o.status in (PASS, FAIL)
-        t.add_row(
-            Text(o.status, style=_STYLE[o.status]), Text(o.rule.name), Text(o.metric), Text(how(o)),
-            _v(o.value) if show_value else "", _v(o.baseline) if show_value else "",
-            o.limit_text() if show_value and o.value is not None else "",
-            Text(o.margin_text(), style=_STYLE[FAIL] if o.status == FAIL else "") if show_value else "",
-            "" if o.step is None or o.status == PASS and o.rule.reduce != "all" else str(o.step),
-        )
+        cells = [Text(c) for c in _row(o)]
+        if o.status == FAIL:
+            cells[_MARGIN].stylize(_STYLE[FAIL])
+        t.add_row(Text(o.status, style=_STYLE[o.status]), *cells)
     console.print(t)
     for o in report.outcomes:
         if o.status in (FAIL, NO_DATA, ERROR, SKIP):
-            line = Text(f"{o.status} ", style=_STYLE[o.status])
-            line.append(f"{o.rule.name}: ", style="bold")
-            line.append(o.message)
-            console.print(line)
+            # assembled, not appended: a Text's own style would colour the whole line, message included
+            console.print(Text.assemble((f"{o.status} ", _STYLE[o.status]), (f"{o.rule.name}: ", "bold"), o.message))
             cmd = report.drilldown(o)
             if cmd:
                 console.print(Text(f"  drill down: {cmd}", style="cyan"))
@@ -109,7 +119,7 @@ def print_report(report: CheckReport, console) -> None:
         console.print(Text(f"wrote golden values to {report.golden_written}"))
     word = verdict(report)
     style = {"PASSED": "bold green", "ERROR": "bold magenta"}.get(word, "bold red")
-    console.print(Text(f"{word}: ", style=style) + Text(summary_line(report)))
+    console.print(Text.assemble((f"{word}: ", style), summary_line(report)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,14 +220,10 @@ def markdown_summary(report: CheckReport) -> str:
     if report.baseline:
         head += f" vs {_md(report.baseline)}"
     out = [head, "", f"{_md(summary_line(report))}; rules: {_md(report.rules_source)}", "",
-           "| | rule | metric | steps | value | baseline | limit | margin | step |",
-           "|---|---|---|---|--:|--:|---|---|--:|"]
+           "| | " + " | ".join(name for name, _ in _COLUMNS) + " |",
+           "|" + "|".join(["---"] + ["--:" if numeric else "---" for _, numeric in _COLUMNS]) + "|"]
     for o in report.outcomes:
-        show = o.status in (PASS, FAIL) and o.value is not None  # the coverage rule ("step") has no value
-        cells = [f"{_ICON[o.status]} {o.status}", _md(o.rule.name), _md(o.metric), _md(how(o)),
-                 _md(_v(o.value)) if show else "", _md(_v(o.baseline)) if show else "",
-                 _md(o.limit_text()) if show else "", _md(o.margin_text()) if show else "",
-                 "" if o.step is None or o.status == PASS and o.rule.reduce != "all" else str(o.step)]
+        cells = [f"{_ICON[o.status]} {o.status}", *(_md(c) for c in _row(o))]
         out.append("| " + " | ".join(cells) + " |")
     problems = [o for o in report.outcomes if o.status in (FAIL, NO_DATA, ERROR)]
     if problems:
