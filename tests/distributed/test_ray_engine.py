@@ -117,3 +117,45 @@ def test_cli_engine_ray(ray_local, synth_small, tmp_path, capsys):
         main(["check", str(run), "--engine", "ray", "-q"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and str(bad) in err[0]
+
+
+LOCAL_START = r'''
+import json, os, sys
+import ray
+from grpolens.analysis.recompute import recompute
+from grpolens.metrics.engine_ray import RayEngine
+
+class WorkerEnv:
+    """Reports the PYTHONPATH a worker was started with, and prints a line there."""
+    name = "worker_env"
+    def shard(self, batch, shard):
+        print("a line a worker printed")
+        return os.environ.get("PYTHONPATH")
+    def combine(self, step, pieces):
+        return pieces
+
+paths = set()
+recompute(sys.argv[1], write=False, incremental=False, engine=RayEngine(), extra_visitors=[WorkerEnv()],
+          on_step=lambda s, pieces: paths.update(pieces["worker_env"]))
+print(json.dumps({"paths": sorted(paths), "initialized_after": ray.is_initialized()}))
+'''
+
+
+def test_a_local_instance_the_engine_starts_gives_workers_this_checkout_and_stops(synth_small):
+    """Without ``--ray-address`` the engine starts a local instance of its own (a fresh process
+    here: the other tests share one started by a fixture): its workers import grpolens from the
+    checkout the driver imports it from, ahead of the user's PYTHONPATH; neither Ray's start-up
+    messages nor the workers' output reach the user; and the instance stops with the command."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": "/no/such/dir", "RAY_USAGE_STATS_ENABLED": "0"}
+    r = subprocess.run([sys.executable, "-c", LOCAL_START, str(synth_small)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"paths": [f"{root}{os.pathsep}/no/such/dir"], "initialized_after": False}
+    assert "a line a worker printed" not in r.stdout + r.stderr
+    assert "Started a local Ray instance" not in r.stderr
