@@ -57,6 +57,8 @@ class Case:
     full: bool = True
     #: verl's default trainer (``trainer.use_v1``); the legacy one keeps the rollout's padded width
     v1: bool = True
+    #: how far each forward's log-probs drift from the old ones (× (1 + epoch + mini-batch))
+    drift: float = 0.04
 
 
 CASES = [
@@ -120,6 +122,17 @@ CASES = [
     Case("bypass_reinforce_token_tis_batch_normalize_dp2_epochs2", actor={"ppo_epochs": 2},
          corr={**YAML_CORR, "bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token",
                "rollout_is_batch_normalize": True}, dp=2, epochs=2, seed=20, wild=0.3),
+    # over two ranks: the entropy's and the dual clip's reductions (ratios far enough off for −A·clip_ratio_c
+    # to bind), seq-mean-token-mean for every term
+    Case("seq_mean_token_mean_entropy_dual_clip_dp2",
+         actor={"loss_agg_mode": "seq-mean-token-mean", "calculate_entropy": True, "entropy_coeff": 0.01,
+                "clip_ratio_c": 1.5}, dp=2, mini_batches=2, seed=22, drift=0.5),
+    # SAPO over two ranks, short responses (sequences of one token)
+    Case("sapo_dp2_short_responses", actor={"policy_loss": {"loss_mode": "sapo"}}, dp=2, seed=23, width=4, drift=0.2),
+    # bypass mode, ppo_clip: no IS weight in the loss, so the batch normalisation divides nothing
+    Case("bypass_ppo_clip_tis_batch_normalize", corr={**YAML_CORR, "bypass_mode": True, "rollout_is": "token",
+                                                      "rollout_is_batch_normalize": True},
+         mini_batches=2, seed=24, wild=0.3),
 ]
 
 
@@ -160,7 +173,7 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
                     meta.append((e, m, r, u // case.micro))
                     rows.append(rr)
                     offs.append(offs[-1] + len(rr))
-                    drift = 0.04 * (1 + e + m)
+                    drift = case.drift * (1 + e + m)
                     lp.append(np.minimum(old[rr] + rng.normal(0, drift, (len(rr), T)) * valid[rr], 0.0).astype(np.float32))
                     en.append((rng.uniform(0.2, 3.0, (len(rr), T)) * valid[rr]).astype(np.float32))
     arrays.update(fw_meta=np.array(meta), fw_rows=np.concatenate(rows), fw_offsets=np.array(offs),
