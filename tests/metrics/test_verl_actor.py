@@ -48,19 +48,21 @@ def verl_run(run, actor: dict, logp, old, adv, calls, *, algorithm: dict | None 
     return run
 
 
-@pytest.mark.parametrize("actor, key, value", [
-    ({"use_kl_loss": True, "kl_loss_type": "k4"}, "kl_loss_type", "'k4'"),
-    ({"policy_loss": {"loss_mode": "geo_mean"}}, "policy_loss.loss_mode", "'geo_mean'"),
-    ({"loss_agg_mode": "seq-sum"}, "loss_agg_mode", "'seq-sum'"),
+@pytest.mark.parametrize("actor, key, value, choices", [
+    ({"use_kl_loss": True, "kl_loss_type": "k4"}, "kl_loss_type", "'k4'",
+     "kl, k1, abs, mse, k2, low_var_kl and k3, each optionally with +"),
+    ({"policy_loss": {"loss_mode": "geo_mean"}}, "policy_loss.loss_mode", "'geo_mean'", "vanilla, gspo, cispo and sapo"),
+    ({"loss_agg_mode": "seq-sum"}, "loss_agg_mode", "'seq-sum'",
+     "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-sum-norm and seq-mean-token-mean"),
 ])
-def test_a_verl_setting_the_profile_does_not_know_is_refused_by_name(tmp_path, actor, key, value):
+def test_a_verl_setting_the_profile_does_not_know_is_refused_by_name(tmp_path, actor, key, value, choices):
     nan = np.nan
     run = verl_run(tmp_path / "run", actor, logp=[[-1.0, -0.5], [-0.2, nan]], old=[[-1.0, -0.6], [-0.3, nan]],
                    adv=[[1.0, 1.0], [-1.0, nan]], calls=[(0, [0, 1])], ref=[[-1.0, -0.5], [-0.2, nan]])
     with pytest.raises(UserError) as e:
         grpolens.recompute(run, profile="verl", write=False)
-    assert e.value.message.startswith(f"config key 'verl_actor.{key}': the verl profile supports ")
-    assert e.value.message.endswith(f", got {value}")
+    # the key, what the profile knows (verl 0.9.1's kl_penalty, policy losses and agg_loss modes), the value
+    assert e.value.message == f"config key 'verl_actor.{key}': the verl profile supports {choices}, got {value}"
 
 
 NAN = np.nan
