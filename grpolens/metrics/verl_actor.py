@@ -265,22 +265,22 @@ def _calls(sd):
 _AGG_MODES = "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-sum-norm and seq-mean-token-mean"
 
 
-def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int, count: str = "va.n") -> float:
-    """agg_loss of one call; ``count``: the per-sequence tokens of the term's mask (seq-mean modes)."""
+def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int) -> float:
+    """agg_loss of one call. verl's seq-mean modes sum over the sequences with a token of the term's
+    mask; a sequence without one has 0 in every partial here (sum and token mean), so all are summed."""
     a = actor_cfg(sd.cfg)
     mode = str(a.get("loss_agg_mode", "token-mean"))
-    n = sd.col(count)[idx]
     if mode == "token-mean":
         return float(sd.col(s)[idx].sum() / N * dp)
     if mode == "token-sum":
         return float(sd.col(s)[idx].sum() * dp)
     if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        v = float(sd.col(s)[idx][n > 0].sum() / G * dp)
+        v = float(sd.col(s)[idx].sum() / G * dp)
         if mode.endswith("norm"):
             v /= float(a.get("loss_scale_factor") or response_length(sd.cfg) or sd.col("va.width")[idx].max())
         return v
     if mode == "seq-mean-token-mean":
-        return float(sd.col(tm)[idx][n > 0].sum() / G * dp)
+        return float(sd.col(tm)[idx].sum() / G * dp)
     raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
 
 
@@ -307,9 +307,9 @@ def _values(sd) -> dict[str, float]:
             for r, u, _, idx in cs:
                 nt = sd.col("va.n_pg")[idx].sum()
                 if sapo:  # verl's SAPO always aggregates seq-mean-token-mean
-                    pg = float(sd.col("va.pg_tm")[idx][sd.col("va.n_pg")[idx] > 0].sum() / G * dp)
+                    pg = float(sd.col("va.pg_tm")[idx].sum() / G * dp)
                 else:
-                    pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G, count="va.n_pg")
+                    pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G)
                 pg /= norm.get((r, u), 1.0) if isinstance(norm, dict) else norm  # linear in the IS weights
                 ent = _agg(sd, idx, "va.ent", "va.ent_tm", N, dp, G)
                 kl = _agg(sd, idx, "va.kld", "va.kld_tm", N, dp, G)
