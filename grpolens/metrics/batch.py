@@ -83,7 +83,7 @@ class TokenBatch:
                 cols[k] = _to_float64(table.column(k))
                 present.add(k)
             elif k in ("logp", "advantage"):
-                cols[k] = _to_float64(table.column(k)) if k in names else np.full(len(table), np.nan)
+                cols[k] = np.full(len(table), np.nan)  # absent, or every value null
         mask = table.column("mask")
         cols["mask"] = _to_numpy(mask.fill_null(False) if mask.null_count else mask, bool)
         if "rollout_rejected" in names and table.column("rollout_rejected").null_count < len(table):

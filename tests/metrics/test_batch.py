@@ -29,7 +29,7 @@ def _seq(sample_id: int, logps: list[float], **per_token) -> list[dict]:
 
 def test_columns_split_in_several_chunks_are_read_whole():
     rows = _seq(0, [-1.0, -2.0]) + _seq(1, [-3.0]) + _seq(2, [-4.0, -5.0, -6.0])
-    whole = _table(rows)
+    whole = _table(rows, rank=pa.int32(), micro_batch=pa.int32(), pos=pa.int32())  # the format's types
     for cuts in ([2], [2, 3], [1, 2, 4]):  # 2, 3 and 4 record batches
         edges = [0, *cuts, len(rows)]
         batches = [whole.slice(a, b - a).to_batches()[0] for a, b in zip(edges, edges[1:])]
@@ -39,6 +39,9 @@ def test_columns_split_in_several_chunks_are_read_whole():
         np.testing.assert_array_equal(b.logp, [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0])
         np.testing.assert_array_equal(b.starts, [0, 2, 3])
         np.testing.assert_array_equal(b.lengths, [2, 1, 3])
+        # keys widened to int64 whatever the stored width, so every shard's keys have one type
+        assert {k: b.cols[k].dtype for k in ("step", "rank", "micro_batch", "sample_id", "pos")} == dict.fromkeys(
+            ("step", "rank", "micro_batch", "sample_id", "pos"), np.dtype(np.int64))
 
 
 def test_nulls_in_an_optional_column_are_nan_and_a_null_old_logp_means_ratio_one():
@@ -67,6 +70,10 @@ def test_an_entirely_null_optional_column_is_absent():
                                      rollout_rejected=pa.bool_(), token_id=pa.int64()))
     assert not b.has("ref_logp") and "rollout_rejected" not in b.present and "token_id" not in b.present
     assert b.has("logp", "advantage")
+    # a run without a behaviour policy: every old_logp null, the ratio is 1 everywhere
+    no_old = TokenBatch.from_arrow(_table(_seq(0, [-1.0, -2.0], old_logp=[None, None]), old_logp=pa.float64()))
+    assert not no_old.has("old_logp")
+    np.testing.assert_array_equal(no_old.old, [-1.0, -2.0])
 
 
 def test_missing_logp_or_advantage_columns_are_nan():
@@ -84,6 +91,7 @@ def test_null_flags_and_token_ids_take_their_documented_defaults():
     np.testing.assert_array_equal(b.mask, [True, False, False])  # a null mask is "not in the loss"
     np.testing.assert_array_equal(b.cols["rollout_rejected"], [True, False, False])
     np.testing.assert_array_equal(b.cols["token_id"], [7, -1, 9])
+    assert b.has("token_id", "rollout_rejected")
     assert b.cols["token_id"].dtype == np.int64
     # the trainer's rollout correction saw the loss mask plus the tokens it rejected
     np.testing.assert_array_equal(b.pre_rejection_mask, [True, False, False])
