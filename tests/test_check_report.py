@@ -136,7 +136,8 @@ def test_rich_table_lists_failures_with_drilldown():
 
 
 @pytest.mark.parametrize("metric,by", [("kl/k3", "kl"), ("mismatch/k3", "mismatch"), ("rollout_is/veto_fraction", "mismatch"),
-                                       ("clip/high", "ratio"), ("entropy", "entropy"), ("health/nonfinite/logp", "kl")])
+                                       ("clip/high", "ratio"), ("policy/ratio_max", "ratio"), ("entropy", "entropy"),
+                                       ("health/nonfinite/logp", "kl")])
 def test_drilldown_score(metric, by):
     from grpolens.check.runner import drilldown_score
 

@@ -52,7 +52,7 @@ def drilldown_score(metric: str) -> str:
     """The ``grpolens tokens --by`` score that best explains a metric."""
     if metric.startswith(("mismatch/", "rollout_is/")):
         return "mismatch"
-    if metric.startswith(("clip/", "ratio/", "policy/ratio")):
+    if metric.startswith(("clip/", "policy/ratio")):
         return "ratio"
     if metric.startswith("entropy"):
         return "entropy"
