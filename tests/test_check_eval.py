@@ -157,6 +157,11 @@ def test_allowed_failing_fraction(allow, status):
     o = evaluate(rule(max=0.5, allow_fail_fraction=allow), {"m": series(x)}, None)
     assert o.status == status and o.failing == 2 and o.checked == 20
     assert o.step == 3
+    pct = f"{allow:.0%}"
+    assert o.message == {
+        (0.0, FAIL): "2/20 step(s) outside the limit; first at step 3",
+        (0.09, FAIL): f"2/20 step(s) outside the limit, {pct} allowed; first at step 3",
+    }.get((allow, status), f"2/20 step(s) outside the limit, within the {pct} allowed")
 
 
 # -- absolute and early bounds ---------------------------------------------------------------

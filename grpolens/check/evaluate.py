@@ -288,12 +288,11 @@ def _evaluate_one(rule: Rule, metric: str, c: Series | None, b: Series | None, h
         out.lower, out.upper = float(lo[i]), float(hi[i])
         out.baseline = float(bvals[i]) if compare else None
         frac = bad.size / len(window)
-        if frac > rule.allow_fail_fraction or (bad.size and rule.allow_fail_fraction == 0):
+        if frac > rule.allow_fail_fraction:  # with none allowed, any failing step
             out.status = FAIL
             allowed = f", {rule.allow_fail_fraction:.0%} allowed" if rule.allow_fail_fraction else ""
             out.message = f"{bad.size}/{len(window)} step(s) outside the limit{allowed}; first at step {out.step}"
-        else:
-            out.step = int(window[bad[0]]) if bad.size else out.step
+        else:  # out.step is already the first failing step, if any
             out.message = (f"{bad.size}/{len(window)} step(s) outside the limit, within the "
                            f"{rule.allow_fail_fraction:.0%} allowed" if bad.size else f"{len(window)} step(s) within the limit")
         if isolated:
