@@ -347,6 +347,19 @@ def test_orphan_token_rows_are_summed_over_files_and_name_the_first(run):
                          f"in this file); per-sample metrics (rewards, lengths) will miss them")
 
 
+def test_an_orphan_id_cut_by_record_batches_is_counted_once(run, monkeypatch):
+    """Token files are read in record batches: a sequence that spans two of them is one id."""
+    from grpolens.run import validate
+
+    monkeypatch.setattr(validate, "_BATCH_ROWS", 7)  # smaller than a completion: every id is cut
+    other = TOK.replace("rank=00000", "rank=00001")
+    rows = sum(pq.ParquetFile(run / f).metadata.num_rows for f in (TOK, other))
+    shutil.rmtree((run / SMP).parent)
+    remark(run)
+    w = _only(validate_run(run), WARNING)
+    assert w.message.startswith(f"{rows:,} token rows reference 12 sample_id(s) with no samples row")
+
+
 def test_unreadable_samples_file_does_not_orphan_token_rows(run):
     (run / SMP).write_bytes(b"junk")
     p = _only(validate_run(run))  # the broken file, and no spurious join warning

@@ -251,7 +251,7 @@ class _Validator:
         self.sample_id_files: list[str] = []
         # (step, rank) -> [(rel path, set of micro_batches, part)]
         self.parts: dict[tuple[int, int], list[tuple[str, set[int], int]]] = {}
-        self.orphans = [0, 0, None, None]  # rows, ids, first file, first id
+        self.orphans = [0, [], None, None]  # rows, the orphan ids seen (per batch), first file, first id
         self.markers: bool | None = None  # the manifest says the writer leaves completion markers
         self.listed: dict[str, list[fmt.Shard]] = {}  # table -> its shards, as run() listed them
 
@@ -281,8 +281,11 @@ class _Validator:
         self.check_parts()
         self.check_completion()
         self.report.problems += self.nonfinite.problems()
-        rows, ids, first_file, first_id = self.orphans
+        rows, seen, first_file, first_id = self.orphans
         if rows:
+            # one id's rows can sit in several batches and files (a sequence cut by a record batch,
+            # a completion trained on in several loss calls): count it once
+            ids = len(np.unique(np.concatenate(seen)))
             self.add(WARNING, first_file, (
                 f"{rows:,} token rows reference {ids:,} sample_id(s) with no samples row (first: {first_id} "
                 f"in this file); per-sample metrics (rewards, lengths) will miss them"), column="sample_id")
@@ -508,7 +511,7 @@ class _Validator:
         if missing.any():
             o = self.orphans
             o[0] += int(runs[missing].sum())
-            o[1] += len(np.unique(ids[missing]))
+            o[1].append(np.unique(ids[missing]))
             if o[2] is None:
                 o[2], o[3] = rel, int(ids[missing][0])
 
