@@ -311,11 +311,13 @@ def main() -> int:
     queue = [work[i:i + n] for i in range(0, len(work), n)]
     running: dict[subprocess.Popen, Path] = {}
     env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
-    t0, done = time.time(), 0
+    t0, done, started = time.time(), 0, 0
     while queue or running:
         while queue and len(running) < args.jobs:
             chunk = queue.pop(0)
-            spec = MUTANTS / f"fast-pass-chunk-{os.getpid()}-{len(queue)}.json"
+            # numbered in the order started: a requeued chunk (see POLLUTED) makes the queue's length repeat
+            started += 1
+            spec = MUTANTS / f"fast-pass-chunk-{os.getpid()}-{started}.json"
             spec.write_text(json.dumps([[str(m), f, ms] for m, f, ms in chunk]))
             cmd = [sys.executable, __file__, "--child", str(spec), "--timeout", str(args.timeout)]
             if args.max_test_seconds is not None:
