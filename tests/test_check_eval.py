@@ -511,3 +511,23 @@ def test_a_passing_rule_shows_the_step_closest_to_either_bound(x, step):
     # one-sided: the distance to the bound that exists
     assert evaluate(rule(min=0.0), {"m": series([0.5, 0.05, 0.9])}, None).step == 1
     assert evaluate(rule(max=1.0), {"m": series([0.5, 0.97, 0.1])}, None).step == 1
+
+
+def test_a_reduced_rule_names_the_first_step_beyond_its_bound():
+    inf = math.inf
+    # mean 0.8333 < 1: fails once (one reduced value), pointing at the first step below 1, not at
+    # step 0, which sits exactly on the bound
+    o = evaluate(rule(reduce="mean", min=1.0), {"m": series([1.0, 0.5, 1.0])}, None)
+    assert (o.status, o.failing, o.checked, o.step) == (FAIL, 1, 3, 1)
+    assert o.message == "mean over all steps (3 step(s)) is outside the limit; first step beyond it: 1"
+    o = evaluate(rule(reduce="mean", max=1.0), {"m": series([1.0, 1.5])}, None)
+    assert (o.status, o.step) == (FAIL, 1)
+    # finite = true: the first non-finite step; without it +inf is inside an unbounded rule
+    o = evaluate(rule(reduce="max", finite=True), {"m": series([1.0, inf, 2.0])}, None)
+    assert (o.status, o.step) == (FAIL, 1)
+    o = evaluate(rule(reduce="max"), {"m": series([1.0, inf, 2.0])}, None)
+    assert (o.status, o.value, o.message) == (PASS, inf, "max over all steps (3 step(s))")
+    # the mean of +inf and -inf is NaN, which no bound passes, while every step is inside: the
+    # window's last step is shown
+    o = evaluate(rule(reduce="mean"), {"m": series([1.0, inf, -inf, 2.0])}, None)
+    assert (o.status, o.failing, o.step) == (FAIL, 1, 3)
