@@ -66,6 +66,11 @@ def recompute_cmd(
             res = recompute(run, out=out, profile=profile, steps=steps, overrides=overrides, config_file=config,
                             incremental=not full, progress=tick, result=True, extra_visitors=extra, engine=runner,
                             only=only or None, per_step=per_step, workers=workers)
+    if extra and extra[0].without_rollout:  # shown with --quiet too: the weights are incomplete
+        gaps = extra[0].without_rollout
+        console.print(f"warning: --is-weights: {len(gaps)} token shard(s) have no rollout_logp values, so their "
+                      f"tokens have no IS weights (first: {gaps[0]})", style="yellow", highlight=False, markup=False,
+                      soft_wrap=True)
     if quiet:
         return
     from grpolens.commands.ui import summary_table

@@ -236,6 +236,9 @@ def rs_summary(p: dict[str, np.ndarray], c: ISConfig) -> dict[str, float | None]
     return out
 
 
+NO_ROLLOUT = "no rollout_logp"  # the piece of a shard without rollout log-probs
+
+
 class ISWeightWriter:
     """``recompute --is-weights``: per-token weights and the modified loss mask, one Parquet file
     per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens
@@ -252,10 +255,13 @@ class ISWeightWriter:
         else:
             self.root = (location(out) if is_remote(str(out)) else Path(out)) / "is_weights"
         self.c = c
+        #: token shards without rollout log-probs (no weights written for them), for the command to report
+        self.without_rollout: list[str] = []
 
     def shard(self, b: TokenBatch, sh: fmt.Shard):
         if not b.has("rollout_logp"):
-            return None
+            # a piece, not an attribute set here: under --engine ray this runs on a copy in a worker
+            return NO_ROLLOUT, str(sh.path)
         import pyarrow as pa
 
         tw = batch_token_weights(b, self.c)
@@ -273,7 +279,8 @@ class ISWeightWriter:
         return path
 
     def combine(self, step: int, pieces: list) -> int:
-        written = {str(p) for p in pieces if p is not None}
+        self.without_rollout += [p[1] for p in pieces if isinstance(p, tuple) and p[0] == NO_ROLLOUT]
+        written = {str(p) for p in pieces if p is not None and not isinstance(p, tuple)}
         step_dir = self.root / f"step={step:08d}"
         # files of an earlier layout of this step (other ranks or parts) would be read as current
         if isinstance(step_dir, Path):

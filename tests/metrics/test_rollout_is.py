@@ -16,6 +16,7 @@ import pytest
 
 import grpolens
 from grpolens.errors import UserError
+from grpolens.run import format as fmt
 from grpolens.run.config import check_config, normalize_rollout_is
 from grpolens.run.format import CONFIG_DEFAULTS
 from tests.refdata import LossCall, approx, f32, random_calls, shift_logprobs, write_run
@@ -790,6 +791,27 @@ def test_is_weights_output(tmp_path, level, mode):
     n_valid = sum(ref_call(c, cfg)["V"].sum() for c in calls if c.step == 0)
     assert h.filter((pl.col("step") == 0) & (pl.col("kind") == "raw"))["count"].sum() == n_valid
     assert h.filter((pl.col("step") == 0) & (pl.col("kind") == "applied"))["count"].sum() == n_valid
+
+
+def test_is_weights_of_a_run_whose_later_rank_has_no_rollout_logprobs_say_so(tmp_path, capsys):
+    """Rank 1 recorded no rollout_logp: rank 0's weights are written, and one line says which shards
+    have none (the first shard has the column, so the command's early check passes)."""
+    calls = random_calls(np.random.default_rng(5), spread=0.3)
+    for c in calls:
+        if c.rank == 1:
+            c.rollout = None
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"level": "token", "mode": "truncate",
+                                                                    "threshold": [0.5, 2.0]}})
+    from grpolens.cli import main
+
+    main(["recompute", str(run), "--is-weights", "-q"])
+    root = run / "grpolens" / "is_weights"
+    written = sorted(str(f.relative_to(root)) for f in root.rglob("*.parquet"))
+    assert written == [f"step={s:08d}/rank=00000.parquet" for s in sorted({c.step for c in calls})]
+    rank1 = sorted(str(s.path) for s in fmt.list_shards(run, fmt.TOKENS) if s.rank == 1)
+    err = capsys.readouterr().err
+    assert err.strip() == (f"warning: --is-weights: {len(rank1)} token shard(s) have no rollout_logp values, so "
+                           f"their tokens have no IS weights (first: {rank1[0]})")
 
 
 def test_is_hist_counts_weights_beyond_the_safety_bound_in_its_end_bins(tmp_path):
