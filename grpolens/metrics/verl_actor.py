@@ -93,7 +93,13 @@ def bypass_loss(cfg: dict) -> str | None:
     """The loss of verl's bypass mode (``rollout_correction.loss_type``): ``ppo_clip`` (verl's
     vanilla PPO loss, no IS weight) or ``reinforce`` (−A·log π·w); None outside bypass mode."""
     corr = _bypass_corr(cfg)
-    return None if corr is None else str(corr.get("loss_type") or "ppo_clip")
+    if corr is None:
+        return None
+    kind = str(corr.get("loss_type") or "ppo_clip")
+    if kind not in ("ppo_clip", "reinforce"):  # not silently one of them: the loss and its metrics differ
+        raise UserError(f"config key 'verl_algorithm.rollout_correction.loss_type': the verl profile supports "
+                        f"ppo_clip and reinforce, got {kind!r}")
+    return kind
 
 
 def _current(b: TokenBatch) -> TokenBatch:
@@ -166,7 +172,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         el = a.get("clip_ratio", 0.2) if el is None else el
         eh = a.get("clip_ratio", 0.2) if eh is None else eh
         # bypass mode: ppo_clip is verl's vanilla loss whatever loss_mode says, reinforce its own
-        mode = {"ppo_clip": "vanilla", "reinforce": "reinforce"}.get(bypass_loss(cfg), "vanilla") if by else _mode(a)
+        mode = {"ppo_clip": "vanilla", "reinforce": "reinforce"}[bypass_loss(cfg)] if by else _mode(a)
         low = np.zeros(b.n)
         kl_tok = -dc
         if mode == "vanilla":

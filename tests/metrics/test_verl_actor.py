@@ -65,6 +65,18 @@ def test_a_verl_setting_the_profile_does_not_know_is_refused_by_name(tmp_path, a
     assert e.value.message == f"config key 'verl_actor.{key}': the verl profile supports {choices}, got {value}"
 
 
+def test_an_unknown_bypass_loss_type_is_refused_by_name(tmp_path):
+    nan = np.nan
+    corr = {"bypass_mode": True, "loss_type": "gspo"}
+    run = verl_run(tmp_path / "run", {}, logp=[[-1.0, -0.5], [-0.2, nan]], old=[[-1.0, -0.6], [-0.3, nan]],
+                   adv=[[1.0, 1.0], [-1.0, nan]], calls=[(0, [0, 1])], algorithm={"rollout_correction": corr})
+    with pytest.raises(UserError) as e:
+        grpolens.recompute(run, profile="verl", write=False)
+    # verl 0.9.1's bypass mode has two losses; anything else was computed as ppo_clip without a word
+    assert e.value.message == ("config key 'verl_algorithm.rollout_correction.loss_type': the verl profile "
+                               "supports ppo_clip and reinforce, got 'gspo'")
+
+
 NAN = np.nan
 #: two completions, 2 and 1 tokens, on-policy (r = 1): vanilla L = −A per token, A = 1, 1 | −1
 ON_POLICY = dict(logp=[[-1.0, -0.5], [-0.2, NAN]], old=[[-1.0, -0.5], [-0.2, NAN]], adv=[[1.0, 1.0], [-1.0, NAN]],
