@@ -271,11 +271,19 @@ def _calls(sd):
 _AGG_MODES = "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-sum-norm and seq-mean-token-mean"
 
 
+def _agg_mode(a: dict) -> str:
+    """verl's ``loss_agg_mode`` (``agg_loss``), refused by name when the profile does not know it."""
+    mode = str(a.get("loss_agg_mode", "token-mean"))
+    if mode not in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
+        raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
+    return mode
+
+
 def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int) -> float:
     """agg_loss of one call. verl's seq-mean modes sum over the sequences with a token of the term's
     mask; a sequence without one has 0 in every partial here (sum and token mean), so all are summed."""
     a = actor_cfg(sd.cfg)
-    mode = str(a.get("loss_agg_mode", "token-mean"))
+    mode = _agg_mode(a)
     if mode == "token-mean":
         return float(sd.col(s)[idx].sum() / N * dp)
     if mode == "token-sum":
@@ -285,9 +293,7 @@ def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int) -> flo
         if mode.endswith("norm"):
             v /= float(a.get("loss_scale_factor") or response_length(sd.cfg) or sd.col("va.width")[idx].max())
         return v
-    if mode == "seq-mean-token-mean":
-        return float(sd.col(tm)[idx].sum() / G * dp)
-    raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
+    return float(sd.col(tm)[idx].sum() / G * dp)  # seq-mean-token-mean
 
 
 def _values(sd) -> dict[str, float]:
@@ -377,7 +383,7 @@ def _old_entropy(sd) -> float | None:
     _, first = np.unique(np.asarray(sd.col("sample_id"), dtype=np.int64), return_index=True)
     n, s = sd.col("va.old_n")[first], sd.col("va.old_ent")[first]
     has = n > 0
-    mode = str(a.get("loss_agg_mode", "token-mean"))
+    mode = _agg_mode(a)
     with np.errstate(invalid="ignore", divide="ignore"):
         if mode == "token-mean":
             v = s.sum() / n.sum()
@@ -387,10 +393,8 @@ def _old_entropy(sd) -> float | None:
             v = s[has].sum() / has.sum()
             if mode.endswith("norm"):
                 v /= float(a.get("loss_scale_factor") or response_length(sd.cfg) or sd.col("va.width").max())
-        elif mode == "seq-mean-token-mean":
+        else:  # seq-mean-token-mean
             v = (s[has] / (n[has] + 1e-8)).sum() / has.sum()
-        else:
-            raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
     return None if np.isnan(v) else float(v)
 
 
