@@ -543,6 +543,19 @@ def test_every_problem_is_reported_at_once(run):
         report.raise_for_errors()
 
 
+def test_the_first_error_raised_names_how_many_more_there_are(run):
+    (run / "tokens/step=00000000/stray.bin").write_bytes(b"")
+    only = validate_run(run)
+    with pytest.raises(fmt.RunFormatError) as e:
+        only.raise_for_errors()
+    assert e.value.path == str(run / "tokens/step=00000000/stray.bin") and "more problems" not in e.value.message
+    (run / "tokens/step=00000001/stray.bin").write_bytes(b"")
+    two = validate_run(run)
+    with pytest.raises(fmt.RunFormatError) as e:
+        two.raise_for_errors()
+    assert e.value.message.endswith(f" (and 1 more problems: run `grpolens validate {run}`)")
+
+
 # -- the command --------------------------------------------------------------------------------
 
 def test_cli_exit_codes_and_output(run, tmp_path, capsys):
