@@ -221,7 +221,6 @@ class _Lines:
         self.kind = kind
         self.text = text
         self.lines = text.splitlines()
-        self._yaml_nodes = None
         if kind == "toml":
             self.headers = [i for i, ln in enumerate(self.lines) if re.match(r"^\s*\[\[\s*rule\s*\]\]", ln)]
 
