@@ -48,6 +48,7 @@ def recompute_cmd(
     res = _fresh(run, out, profile, steps, per_step, quiet) if not (
         full or only or is_weights or set_ or config is not None or engine != "default" or "://" in run
         or (out is not None and "://" in out)) else None
+    extra = None  # the --is-weights writer (a fresh re-run never has one)
     if res is None:
         from grpolens.analysis.recompute import recompute
         from grpolens.run.reader import parse_overrides
@@ -57,7 +58,6 @@ def recompute_cmd(
 
         overrides = parse_overrides(set_)
         runner = make_engine(engine, ray_address)
-        extra = None
         if is_weights:
             from grpolens.metrics.rollout_is_visitors import is_weight_writer
 
