@@ -268,14 +268,14 @@ def _calls(sd):
     return sd.extra[key]
 
 
-_AGG_MODES = "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-sum-norm and seq-mean-token-mean"
+_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
 
 def _agg_mode(a: dict) -> str:
     """verl's ``loss_agg_mode`` (``agg_loss``), refused by name when the profile does not know it."""
     mode = str(a.get("loss_agg_mode", "token-mean"))
-    if mode not in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
-        raise _unsupported("loss_agg_mode", mode, _AGG_MODES)
+    if mode not in _AGG_MODES:
+        raise _unsupported("loss_agg_mode", mode, f"{', '.join(_AGG_MODES[:-1])} and {_AGG_MODES[-1]}")
     return mode
 
 
