@@ -3,6 +3,8 @@ closing table of how many of each trainer's logged values grpolens reproduced pe
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.reference import refvenv
@@ -19,6 +21,17 @@ def verl_python():
 @pytest.fixture(scope="session")
 def twinkle_python():
     return refvenv.ensure("twinkle")
+
+
+def close(got: float | None, logged: float, atol: float, rtol: float) -> bool:
+    """``got`` within ``atol + rtol·max(|got|, |logged|)`` of the trainer's ``logged`` value. An
+    infinite value only matches itself: the relative term of an infinite ``got`` is infinite too, so
+    ``inf`` would otherwise pass for any finite logged value (a mutant dividing by 0 did)."""
+    if got is None:
+        return False
+    if not (math.isfinite(got) and math.isfinite(logged)):
+        return got == logged
+    return abs(got - logged) <= atol + rtol * max(abs(got), abs(logged))
 
 
 def check_quoted_tally(trainer: str, expected: set[str], quote: str) -> None:

@@ -23,7 +23,7 @@ import torch
 import grpolens
 from grpolens.capture.hook import GRPOLensHook
 from tests.reference import refvenv
-from tests.reference.conftest import TALLY, check_quoted_tally
+from tests.reference.conftest import TALLY, check_quoted_tally, close
 
 # slow, and the first test builds the reference venv (minutes; see refvenv.py): beyond the suite's 600 s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -196,7 +196,7 @@ def test_twinkle_profile_reproduces_twinkle(case, twinkle_logged, tmp_path):
         if isinstance(v, str):  # LossMetric's f'{loss:.4f}'
             ok = got is not None and f"{got:.4f}" == v
         else:
-            ok = got is not None and abs(got - v) <= ATOL + RTOL * max(abs(got), abs(v))
+            ok = close(got, v, ATOL, RTOL)
         rows.append((k, v, got, ok))
     TALLY[("twinkle-kit 0.5.1", case.name)] = (sum(ok for *_, ok in rows), len(rows) + len(extra))
     bad = [f"{k}: twinkle {v!r}, grpolens {g!r}" for k, v, g, ok in rows if not ok] + [f"{k}: only grpolens" for k in extra]

@@ -25,7 +25,7 @@ import grpolens
 from grpolens.integrations.verl import VerlCapture, verl_config
 from grpolens.metrics.profile import get_profile
 from tests.reference import refvenv
-from tests.reference.conftest import TALLY, check_quoted_tally
+from tests.reference.conftest import TALLY, check_quoted_tally, close
 
 # slow, and the first test builds the reference venv (minutes; see refvenv.py): beyond the suite's 600 s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -270,7 +270,7 @@ def compare(logged: dict, ours: dict) -> list[tuple[str, float, float | None, bo
         if k in NOT_COMPARED:
             continue
         got = ours.get(k)
-        ok = got is not None and abs(got - v) <= max(ATOL, floors.get(k, 0.0)) + RTOL * max(abs(got), abs(v))
+        ok = close(got, v, max(ATOL, floors.get(k, 0.0)), RTOL)
         rows.append((k, v, got, ok))
     return rows
 
