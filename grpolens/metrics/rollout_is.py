@@ -348,31 +348,35 @@ def trl_summary(sd) -> dict[str, float | None]:
     sv = ris.seq_view(p, c)
     ranks = np.asarray(p["rank"])
     nf, absd, absdmax = ris._col(p, "mm.n"), ris._col(p, "mm.absd"), ris._col(p, "mm.absdmax")
+    # a rank without a token logs 0.0 for each (TRL's ``numel() > 0`` guards), and the gather over
+    # ranks takes that 0.0 (into the mean, and into ``nanmin``)
     means, maxes, rmin, rmean, rmax = [], [], [], [], []
     for r in np.unique(ranks):
         s = ranks == r
-        means.append(absd[s].sum() / nf[s].sum() if nf[s].sum() > 0 else 0.0)
-        if (nf[s] > 0).any():
-            maxes.append(absdmax[s][nf[s] > 0].max())
+        has = nf[s] > 0
+        means.append(absd[s].sum() / nf[s].sum() if has.any() else 0.0)
+        maxes.append(absdmax[s][has].max() if has.any() else 0.0)
         n = sv.n[s]
         if c.level == "token":
-            if n.sum() > 0:
-                ok = n > 0
+            ok = n > 0
+            if ok.any():
                 rmin.append(ris._col(p, "ris.tamin")[s][ok].min())
                 rmax.append(ris._col(p, "ris.tamax")[s][ok].max())
                 rmean.append(ris._col(p, "ris.ta")[s].sum() / n.sum())
+            else:
+                rmin.append(0.0)
+                rmax.append(0.0)
+                rmean.append(0.0)
         else:  # one ratio per completion, empty ones included (their log-ratio sum is 0)
             a = sv.a[s]
             rmin.append(a.min())
             rmax.append(a.max())
             rmean.append(a.mean())
     f = ris._f
-    return {
-        "mismatch/abs_logp_diff": f(np.mean(means)) if means else None,
-        "mismatch/abs_logp_diff_max": f(max(maxes)) if maxes else None,
-        "rollout_is/applied/min": f(min(rmin)) if rmin else None,
-        "rollout_is/applied/mean": f(np.mean(rmean)) if rmean else None,
-        "rollout_is/applied/max": f(max(rmax)) if rmax else None,
+    return {  # one entry per rank in each list: the partials of a step have at least one row
+        "mismatch/abs_logp_diff": f(np.mean(means)), "mismatch/abs_logp_diff_max": f(max(maxes)),
+        "rollout_is/applied/min": f(min(rmin)), "rollout_is/applied/mean": f(np.mean(rmean)),
+        "rollout_is/applied/max": f(max(rmax)),
     }
 
 

@@ -1071,6 +1071,53 @@ def test_trl_truncate_without_clip_min_caps_only(tmp_path):
     assert weights_of(run).sort("pos")["is_weight"].to_list() == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_trl_sampling_metrics_count_each_completion_once_and_log_an_empty_rank_as_zero(tmp_path, level):
+    """TRL computes ``sampling/*`` once per generated completion, on each rank: a completion trained
+    on in two loss calls counts once. A rank without a completion token logs 0.0 (the
+    ``numel() > 0`` guards of ``GRPOTrainer._generate_and_score_completions``), and the gather
+    takes it: into the mean over ranks, and into ``nanmin`` at token level (at sequence level the
+    empty completion's ratio is e^0 = 1).
+
+    rank 0: completion 0 (δ = 0.1, −0.2, 0.3) in two loss calls, completion 1 of one token (δ = 0.5:
+    the step's largest |δ| and ratio); rank 1: every token masked; rank 2: one token (δ = −0.4)."""
+    roll = -1.0
+    deltas = {0: [0.1, -0.2, 0.3], 1: [0.5], 2: [0.0, 0.0], 3: [-0.4]}
+
+    def call(rank, mb, ids, masked=True):
+        T = max(len(deltas[i]) for i in ids)
+        lengths = np.array([len(deltas[i]) for i in ids])
+        old = np.full((len(ids), T), roll)
+        for r, i in enumerate(ids):
+            old[r, :lengths[r]] += deltas[i]
+        mask = (np.arange(T)[None, :] < lengths[:, None]) & masked
+        return LossCall(0, rank, mb, np.array(ids), lengths, f32(old), mask, f32(np.ones(len(ids))), old=f32(old),
+                        rollout=f32(np.full(old.shape, roll)))
+
+    calls = [call(0, 0, [0, 1]), call(0, 1, [0]), call(1, 0, [2], masked=False), call(2, 0, [3])]
+    cfg = {"vllm_importance_sampling_mode": f"{level}_truncate", "vllm_importance_sampling_clip_min": 0.5,
+           "vllm_importance_sampling_clip_max": 2.0}
+    row = grpolens.recompute(write_run(tmp_path / "run", calls, config={"rollout_is": cfg}), profile="trl",
+                             write=False).row(0, named=True)
+    # δ as written (float32 log-probs), each completion once
+    d = {i: (np.float32(roll + np.float32(x)) - np.float32(roll)).astype(np.float64)
+         for i, x in ((i, np.array(v)) for i, v in deltas.items())}
+    per_rank = {0: np.concatenate([d[0], d[1]]), 1: np.array([]), 2: d[3]}
+    means = [np.abs(x).mean() if len(x) else 0.0 for x in per_rank.values()]
+    assert close(row["sampling/sampling_logp_difference/mean"], np.mean(means))
+    assert close(row["sampling/sampling_logp_difference/max"], abs(d[1][0]))
+    if level == "token":
+        ratios = {r: np.exp(x) for r, x in per_rank.items()}  # all inside [0.5, 2]
+    else:
+        ratios = {0: np.exp([d[0].sum(), d[1].sum()]), 1: np.array([1.0]), 2: np.exp(d[3])}
+    stat = lambda fn: [fn(x) if len(x) else 0.0 for x in ratios.values()]  # noqa: E731
+    assert close(row["sampling/importance_sampling_ratio/min"], min(stat(np.min)))
+    assert close(row["sampling/importance_sampling_ratio/mean"], np.mean(stat(np.mean)))
+    assert close(row["sampling/importance_sampling_ratio/max"], np.exp(d[1][0]))
+    if level == "token":
+        assert row["sampling/importance_sampling_ratio/min"] == 0.0
+
+
 def test_xtuner_pack_of_one_token_reports_its_mismatch(tmp_path):
     # xtuner's compute_mismatch_metrics treats the pack as one row, whatever its number of tokens:
     # one valid token, log π_train = -1, log π_rollout = -1.5 (δ = 0.5): training log-PPL 1,
