@@ -339,6 +339,32 @@ def test_step_mixing_shards_with_and_without_rollout_logprobs(tmp_path):
     assert got["rollout_is/rejected/token_fraction"].max() > 0
 
 
+@pytest.mark.parametrize("profile", [None, "verl", "xtuner", "trl"])
+def test_step_without_rollout_logprobs_has_null_is_metrics(tmp_path, profile):
+    # no rank recorded rollout_logp at step 1: the step has no IS or mismatch partials at all, its
+    # rollout_is/* and mismatch/* are null (no IS histogram for it), and step 0 is as without it
+    rng = np.random.default_rng(14)
+    calls = random_calls(rng, spread=0.3)
+    for c in calls:
+        if c.step == 1:
+            c.rollout = None
+    ris = {"level": "token", "mode": "truncate", "threshold": [0.8, 1.25]}
+    if profile == "trl":
+        ris = {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_min": 0.8,
+               "vllm_importance_sampling_clip_max": 1.25}
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": ris})
+    got = grpolens.recompute(run, profile=profile, write=False) if profile else grpolens.recompute(run)
+    names = [n for n in got.columns if n.startswith(("rollout_is/", "mismatch/", "rollout_corr/", "sampling/"))]
+    assert names
+    step0, step1 = (got.filter(pl.col("step") == s).row(0, named=True) for s in (0, 1))
+    assert all(step1[n] is None for n in names), {n: step1[n] for n in names if step1[n] is not None}
+    assert any(step0[n] is not None for n in names)
+    if profile is None:
+        check(got, 0, ref_canonical([c for c in calls if c.step == 0], 0, norm(ris)), "rollout_is/")
+        hist = pl.read_parquet(run / "grpolens" / "is_hist.parquet")
+        assert hist["step"].unique().to_list() == [0]
+
+
 def test_single_token(tmp_path):
     c = random_calls(np.random.default_rng(0), steps=(0,), ranks=1, micro_batches=1, batch=1, max_len=3,
                      all_masked_row=False, zero_adv=False)[0]
