@@ -329,6 +329,11 @@ def test_batch_normalize_reaches_the_config_and_a_bad_value_is_one_line():
     assert ISConfig.from_cfg(check_config(verl_config({}, {"rollout_correction": corr}))).batch_normalize
     # verl normalises only weights it computes: nothing without rollout_is
     assert not ISConfig.from_cfg(check_config(verl_config({}, {"rollout_correction": {**corr, "rollout_is": None}}))).batch_normalize
+    # off (verl's default) where IS is on: the normalised config leaves the key out, which reads as false
+    for off in ({"rollout_is_batch_normalize": False}, {}):
+        plain = {k: v for k, v in corr.items() if k != "rollout_is_batch_normalize"} | off
+        isc = ISConfig.from_cfg(check_config(verl_config({}, {"rollout_correction": plain})))
+        assert isc.configured and not isc.batch_normalize
     with pytest.raises(UserError, match="rollout_is.batch_normalize.*true or false"):
         check_config({"rollout_is": {"rollout_is": "token", "rollout_is_threshold": 2.0, "batch_normalize": "yes"}})
 
