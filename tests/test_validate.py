@@ -14,7 +14,7 @@ import pytest
 from grpolens.run import format as fmt
 from grpolens.cli import main
 from grpolens.adapters.synth import synth_run
-from grpolens.run.validate import ERROR, WARNING, check_before_reading, validate_run
+from grpolens.run.validate import ERROR, WARNING, Problem, check_before_reading, validate_run
 
 TOK = "tokens/step=00000001/rank=00000.parquet"
 SMP = "samples/step=00000001/rank=00000.parquet"
@@ -554,6 +554,23 @@ def test_the_first_error_raised_names_how_many_more_there_are(run):
     with pytest.raises(fmt.RunFormatError) as e:
         two.raise_for_errors()
     assert e.value.message.endswith(f" (and 1 more problems: run `grpolens validate {run}`)")
+
+
+@pytest.mark.parametrize("check", [validate_run, check_before_reading])
+def test_a_path_that_is_not_a_run_directory_is_refused_naming_it(check, tmp_path):
+    missing, file = tmp_path / "nope", tmp_path / "file"
+    file.write_text("")
+    for path, message in ((missing, "run directory does not exist"),
+                          (file, "not a directory (a run is a directory with grpolens.json)")):
+        with pytest.raises(fmt.RunFormatError) as e:
+            check(path)
+        assert (e.value.path, e.value.message, e.value.column) == (str(path), message, None)
+
+
+def test_a_problem_reads_as_one_line_naming_its_file_and_column():
+    """``str(problem)``, for a Python caller that prints a report's problems."""
+    assert str(Problem(ERROR, TOK, "logp", "3 null values")) == f"error: {TOK} (column 'logp'): 3 null values"
+    assert str(Problem(WARNING, ".", None, "stray")) == "warning: .: stray"
 
 
 # -- the command --------------------------------------------------------------------------------

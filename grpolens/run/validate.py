@@ -303,7 +303,8 @@ class _Validator:
         try:
             manifest = fmt.read_manifest(self.root)
         except fmt.RunFormatError as e:
-            self.add(ERROR, e.path if fmt.is_remote_run(self.root) else Path(e.path), e.message, e.column)
+            # named relative to the run, as every other problem (on object storage too)
+            self.add(ERROR, fmt.as_run(e.path), e.message, e.column)
             return
         self.world_size = manifest.world_size
         for key in (*fmt.CONFIG_FILE_KEYS, *fmt.CONFIG_PATH_OR_NAME_KEYS):

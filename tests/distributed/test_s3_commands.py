@@ -49,6 +49,19 @@ def test_validate(capsys, synth_small, remote):
     assert f"OK {remote}:" in err_r.replace("\n", " ")
 
 
+def test_validate_reads_an_empty_prefix_as_an_empty_run_directory(capsys, s3_env, tmp_path):
+    """A prefix with no object under it "exists" (object storage has no directories): validate
+    names the missing manifest, by its path in the run, as for an empty local directory (not a
+    missing run)."""
+    (tmp_path / "empty").mkdir()
+    local = run_cli(capsys, "validate", str(tmp_path / "empty"), "--json")[:2]
+    remote = run_cli(capsys, "validate", f"s3://runs/empty-{tmp_path.name}", "--json")[:2]
+    assert remote[0] == local[0] == 1
+    where = [[p[k] for k in ("severity", "path", "column")] for p in map(json.loads, remote[1].splitlines())]
+    assert where == [[p[k] for k in ("severity", "path", "column")] for p in map(json.loads, local[1].splitlines())]
+    assert where[0] == ["error", "grpolens.json", None]  # relative to the run, as every problem's path
+
+
 def test_storage_option_is_every_commands(capsys, s3_env, remote, monkeypatch):
     """--storage-option is the one shared option: it reaches the readers below any command."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
