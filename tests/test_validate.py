@@ -370,7 +370,8 @@ def test_run_without_samples_is_a_warning(run):
     shutil.rmtree(run / "samples")
     remark(run)
     report = validate_run(run)
-    assert report.ok and "no samples shards" in _only(report, WARNING).message
+    assert report.ok and _only(report, WARNING) == Problem(
+        WARNING, "samples", None, "no samples shards: rewards, lengths and groups are unknown to analysis")
 
 
 def test_non_finite_values_counted_per_column(run):
@@ -479,10 +480,12 @@ def test_no_token_shards(run):
     remark(run)
     report = validate_run(run)
     assert not report.errors  # a samples-only (imported) run is valid
-    assert any("no token shards" in p.message for p in report.warnings)
+    assert Problem(WARNING, "tokens", None, "no token shards: a samples-only run; per-token (policy, KL, clip, "
+                   "mismatch) metrics are unavailable") in report.warnings
     shutil.rmtree(run / "samples")
     shutil.rmtree(run / fmt.COMPLETE_DIR)
-    assert "no token or samples shards" in _only(validate_run(run)).message
+    assert _only(validate_run(run)) == Problem(
+        ERROR, "tokens", None, "no token or samples shards: expected tokens/step=<8 digits>/rank=<5 digits>.parquet")
 
 
 @pytest.mark.parametrize("column", ["step", "rank"])
