@@ -546,3 +546,52 @@ def test_trl_token_count_of_one_completion_steps_with_and_without_rounds(tmp_pat
         for step in (0, 1):
             want = ref_trl_rounds(calls, step, cfg, rounds, 1, 1)
             assert approx(trl.filter(trl["step"] == step)["loss"][0], want), (name, step)
+
+
+def test_trl_token_count_per_generation_round_with_unordered_ids_beyond_float_precision(tmp_path):
+    """The rounds' N found by sample id: ids from 2⁵³ up (where float64 merges neighbours: an id is
+    an int64) and a samples table not in id order (each rank's shard, rank 0's ids the highest)."""
+    rng = np.random.default_rng(33)
+    calls = random_calls(rng, micro_batches=4, batch=3, max_len=10, spread=0.5)
+    top = max(int(s) for c in calls for s in c.sample_ids)
+    for c in calls:
+        c.sample_ids = (2**53 + top - c.sample_ids.astype(np.int64)).astype(np.int64)
+    rounds = {int(s): 2 * c.step + c.micro_batch // 2 for c in calls for s in c.sample_ids}
+    full = {"loss_type": "dapo", "gradient_accumulation_steps": 4, "steps_per_generation": 2}
+    samples = round_samples(calls, rounds)
+    for t in samples.values():  # rank 0's shard is read first: the ids as read are out of order
+        assert (np.diff(np.concatenate([t.filter(pa_equal(t, r)).column("sample_id").to_numpy() for r in (0, 1)])) < 0).any()
+    run = write_run(tmp_path / "run", calls, config=full, samples=samples)
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    for step in (0, 1):
+        want = ref_trl_rounds(calls, step, full, rounds, 2, 4)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], want), step
+
+
+def pa_equal(t, rank: int):
+    import pyarrow.compute as pc
+
+    return pc.equal(t.column("rank"), rank)
+
+
+def test_trl_token_count_of_rounds_straddling_steps_with_ids_beyond_float_precision(tmp_path):
+    """S = 4 > G = 2, two rounds (generated at steps 0 and 2, each trained on over two steps), sample
+    ids from 2⁵³ up: float64 would merge neighbouring ids of the two rounds and give a call the other
+    round's N. Each step: (S/G) Σ over its calls Σ L / N_round, N_round its round's completion_len total."""
+    rng = np.random.default_rng(34)
+    calls = random_calls(rng, steps=(0, 1, 2, 3), micro_batches=2, batch=3)
+    for c in calls:
+        c.sample_ids = (2**53 + 1 + c.sample_ids.astype(np.int64)).astype(np.int64)
+    cfg = {"loss_type": "dapo", "gradient_accumulation_steps": 2, "steps_per_generation": 4}
+    rounds = {int(s): c.step // 2 for c in calls for s in c.sample_ids}
+    first = {k: min(s for s, r in rounds.items() if r == k) for k in (0, 1)}
+    assert float(first[1]) == float(first[1] - 1)  # the first id of round 1 and the last of round 0, as floats
+    samples = {**round_samples([c for c in calls if c.step == 0 or c.step == 1], rounds, at_step=0),
+               **round_samples([c for c in calls if c.step >= 2], rounds, at_step=2)}
+    run = write_run(tmp_path / "run", calls, config=cfg, samples=samples)
+    trl = grpolens.recompute(run, profile="trl", write=False)
+    n_round = {k: float(sum(c.lengths.sum() for c in calls if c.step // 2 == k)) for k in (0, 1)}
+    assert n_round[0] != n_round[1]
+    for step in range(4):
+        total = sum(ref_token_loss(c, cfg)[0].sum() for c in calls if c.step == step)
+        assert approx(trl.filter(trl["step"] == step)["loss"][0], 4 / 2 * total / n_round[step // 2]), step
