@@ -421,6 +421,18 @@ def test_metric_refusals_in_full():
      "'health/nonfinite/*'"),
     # a top-level key
     ("baseline = 1\n", "r.toml:1: baseline: must be a path (string)"),
+    # a top-level table: its header line ([[rules]] for [[rule]] is the likely slip)
+    ("[[rules]]\nmetric = 'entropy'\nmax = 1\n", "r.toml:1: rules: unknown top-level key 'rules' (did you mean "
+     "'rule'?); expected [[rule]] tables, 'baseline' or 'builtin_rules'"),
+    ("[[rule]]\nmetric = 'entropy'\nmax = 1\n\n[other.sub]\nx = 1\n", "r.toml:5: other: unknown top-level key "
+     "'other'; expected [[rule]] tables, 'baseline' or 'builtin_rules'"),
+    ("# one rule\n[ rule ]\nmetric = 'entropy'\nmax = 1\n", "r.toml:2: rule: 'rule' must be an array of tables "
+     "([[rule]] in TOML, a list of mappings in YAML)"),
+    # a rule without a [[rule]] line of its own (an inline array): no line to point at
+    ("rule = [{metric = 'entropy', max = 'x'}]\n", "r.toml: rule 1: max: must be a number, got 'x'"),
+    # an empty rule: its own line, not the next rule's key
+    ("[[rule]]\n[[rule]]\nmetric = 'entropy'\nmax = 1\n", "r.toml:1: rule 1: metric: required: a metric name "
+     "(canonical or any profile's alias) or a glob like 'health/nonfinite/*'"),
     ("\n\n  [[ rule ]]\nmetric = 'entropy'\nreduce = 'x'\nmax = 1\n", "r.toml:5: rule 1: reduce: unknown reducer 'x'; "
      "use all, last, mean, median, min, max or pNN (p50, p95, p99.9)"),
 ])
@@ -434,6 +446,9 @@ def test_yaml_errors_point_at_the_line():
     assert error_of(text, "yaml") == "r.toml:6: rule 2 ('b'): max: must be a number, got 'x'"
     assert error_of("rule:\n  - name: b\n    max: 1\n", "yaml").startswith("r.toml:2: rule 1 ('b'): metric: required")
     assert error_of("baseline: 3\nrule: []\n", "yaml") == "r.toml:1: baseline: must be a path (string)"
+    # a key no line starts with (a flow mapping): no line number
+    assert error_of("{rule: [], other: 1}\n", "yaml") == (
+        "r.toml: other: unknown top-level key 'other'; expected [[rule]] tables, 'baseline' or 'builtin_rules'")
 
 
 def test_yaml_rules_without_pyyaml(monkeypatch):

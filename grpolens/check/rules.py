@@ -245,7 +245,10 @@ class _Lines:
     def _top_key(self, key: str | None) -> int | None:
         if key is None:
             return None
-        pat = re.compile(rf"^(?:{re.escape(key)}|\"{re.escape(key)}\")\s*[=:]")
+        k = rf"(?:{re.escape(key)}|\"{re.escape(key)}\")"
+        # ``key = ...`` (TOML), ``key: ...`` (YAML), or in TOML a table of that name: ``[key]``, ``[[key]]``, ``[key.sub]``
+        table = rf"|^\s*\[\[?\s*{k}\s*[\].]" if self.kind == "toml" else ""
+        pat = re.compile(rf"^{k}\s*[=:]{table}")
         return next((i + 1 for i, ln in enumerate(self.lines) if pat.match(ln)), None)
 
     def _yaml_line(self, index: int, key: str | None) -> int | None:
