@@ -299,6 +299,28 @@ def test_a_step_without_data_fails_every_report(runs, tmp_path, capsys):
     assert "🚫 no data" in md and "1 step (3) had no data" in md and "🚫 NO DATA | KL to reference" in md
 
 
+def test_one_step_without_data_leaves_a_metric_the_run_cannot_have_to_its_missing_policy(tmp_path):
+    """A metric with no value at all is NO DATA only when no step of the run has data (it may be one the run
+    would have had). A run without ref_logp has no kl/k3 at any step: one masked step must not turn its rules
+    into NO DATA; the metrics the run has are NO DATA at that step."""
+    import numpy as np
+
+    from tests.refdata import random_calls, write_run
+
+    calls = random_calls(np.random.default_rng(5), steps=range(4), ref=False)
+    run = masked_copy(write_run(tmp_path / "bare", calls), tmp_path / "masked", 2)
+    rules = tmp_path / "r.toml"
+    rules.write_text("[[rule]]\nname = 'kl'\nmetric = 'kl/k3'\nmax = 1\nmissing = 'skip'\n"
+                     "[[rule]]\nname = 'kl strict'\nmetric = 'kl/k3'\nmax = 1\n"
+                     "[[rule]]\nname = 'entropy'\nmetric = 'entropy'\nmin = 0\n")
+    report = check(run, rules=rules)
+    assert report.no_data_steps == [2]
+    got = {o.rule.name: (o.status, o.step, o.message) for o in report.outcomes}
+    assert got["kl"] == ("SKIP", None, "kl/k3 has no values in this run")
+    assert got["kl strict"] == ("FAIL", None, "kl/k3 has no values in this run")
+    assert got["entropy"][:2] == ("NO DATA", 2)
+
+
 @pytest.mark.parametrize("reduce", ["all", "max", "mean"])
 def test_rules_may_allow_steps_without_data(runs, tmp_path, reduce):
     run = masked_copy(runs["clean"], tmp_path / "masked", 3)

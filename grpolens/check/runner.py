@@ -116,7 +116,7 @@ def _coverage(cand_steps: list[int], base: Baseline) -> Outcome:
     have = set(int(s) for s in cand_steps)
     missing = [s for s in base.steps if s not in have]
     o = Outcome(COVERAGE_RULE, PASS, "step", checked=len(base.steps))
-    last = max(have) if have else None
+    last = max(have)  # never empty: reading a run without a step shard is refused before
     if missing:
         o.status, o.step, o.failing = FAIL, missing[0], len(missing)
         o.message = (f"this run lacks {len(missing)} of the baseline's {len(base.steps)} step(s) (first missing: "
