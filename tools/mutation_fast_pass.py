@@ -193,7 +193,10 @@ def run_chunk(chunk: list[tuple[Path, str, list[str]]], tests_of: dict[str, list
     sys.path.insert(0, str(MUTANTS))
     signal.signal(signal.SIGALRM, _alarm)
     current = _fast_switch()
-    base = ["--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header"]
+    # --tb=no: a kill is a failed test, and formatting its traceback parses every source file in it
+    # (mutmut's generated modules hold every mutant: tens of thousands of lines), which cost more
+    # than the tests themselves
+    base = ["--rootdir=.", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "--tb=no"]
 
     for meta, function, mutants in chunk:
         tests = tests_of.get(function, [])
