@@ -360,6 +360,39 @@ def test_an_orphan_id_cut_by_record_batches_is_counted_once(run, monkeypatch):
     assert w.message.startswith(f"{rows:,} token rows reference 12 sample_id(s) with no samples row")
 
 
+def test_orphan_ids_above_every_known_id_are_counted(run):
+    """The join looks each id up among the sorted known ids: an id above them all is past the end."""
+    tok, smp = (f"{t}/step=00000002/rank=00001.parquet" for t in ("tokens", "samples"))
+    orphans = np.unique(pq.read_table(run / tok)["sample_id"].to_numpy())
+    (run / smp).unlink()
+    remark(run)
+    known = np.concatenate([pq.read_table(f)["sample_id"].to_numpy() for f in (run / "samples").rglob("*.parquet")])
+    assert orphans.min() > known.max()
+    rows = pq.ParquetFile(run / tok).metadata.num_rows
+    report = validate_run(run)
+    assert report.ok and _only(report, WARNING).message.startswith(
+        f"{rows:,} token rows reference {len(orphans)} sample_id(s) with no samples row (first: {orphans[0]} in this file)")
+
+
+def test_orphan_rows_are_the_orphan_ids_own_wherever_it_sits(run):
+    """The orphan id is the shard's last (after a known id); then a completion trained on again in a
+    later loss call follows it (its id recurs in the shard after others): the rows counted are the
+    orphan's own either way."""
+    t = pq.read_table(run / TOK)
+    ids = t["sample_id"].to_numpy()
+    first, last = int(ids[0]), int(ids[-1])
+    _rewrite(run / SMP, lambda s: s.filter(pc.not_equal(s["sample_id"], last)))
+    message = f"{int((ids == last).sum()):,} token rows reference 1 sample_id(s) with no samples row (first: {last} in"
+    for recurs in (False, True):
+        if recurs:
+            again = t.filter(pc.equal(t["sample_id"], first))
+            i = t.schema.get_field_index("micro_batch")
+            later = pa.array(np.full(again.num_rows, pc.max(t["micro_batch"]).as_py() + 1), t.schema.field(i).type)
+            pq.write_table(pa.concat_tables([t, again.set_column(i, t.schema.field(i), later)]), run / TOK)
+        report = validate_run(run)
+        assert report.ok and _only(report, WARNING).message.startswith(message), recurs
+
+
 def test_unreadable_samples_file_does_not_orphan_token_rows(run):
     (run / SMP).write_bytes(b"junk")
     p = _only(validate_run(run))  # the broken file, and no spurious join warning
