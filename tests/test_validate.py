@@ -508,6 +508,62 @@ def test_stray_files(run):
     assert "interrupted write" in report.warnings[-1].message or "interrupted write" in report.warnings[0].message
 
 
+def test_layout_problems_say_what_was_expected(run):
+    """Each entry outside the layout, with the message a user reads (severity, path, text)."""
+    (run / "tokens/step=00000001/notes.txt").write_text("x")
+    (run / "tokens/step=00000001/.rank=00000.parquet.abc123.tmp").write_bytes(b"")
+    (run / "tokens/misc").mkdir()
+    (run / "samples/step=00000003").mkdir()
+    (run / ".grpolens.json.x1.tmp").write_text("")
+    (run / "README.txt").write_text("hi")
+    got = sorted((p.severity, p.path, p.column, p.message) for p in validate_run(run).problems)
+    assert got == sorted([
+        (WARNING, ".grpolens.json.x1.tmp", None, "leftover temporary file from an interrupted write"),
+        (WARNING, "README.txt", None, "not part of the run layout (ignored by grpolens)"),
+        (WARNING, "samples/step=00000003", None, "empty step directory"),
+        (ERROR, "tokens/misc", None, "stray entry: expected a directory step=<8 digits>; readers ignore it"),
+        (WARNING, "tokens/step=00000001/.rank=00000.parquet.abc123.tmp", None,
+         "leftover temporary file from an interrupted write (safe to delete)"),
+        (ERROR, "tokens/step=00000001/notes.txt", None,
+         "stray file: expected rank=<5 digits>[-<4 digits>].parquet; readers ignore it"),
+    ])
+    shutil.rmtree(run / "samples")
+    (run / "samples").write_text("")
+    assert (ERROR, "samples", None, "'samples' must be a directory") in [
+        (p.severity, p.path, p.column, p.message) for p in validate_run(run).problems]
+
+
+def test_completion_directory_problems_are_named(run):
+    """What ``complete/`` may hold: markers of ranks below world_size and finished records."""
+    complete = run / fmt.COMPLETE_DIR
+    (complete / ".step=00000001.rank=00000.json.x1.tmp").write_text("")
+    (complete / "notes.txt").write_text("")
+    shutil.copy(complete / "step=00000001.rank=00000.json", complete / "step=00000001.rank=00002.json")
+    for f in complete.glob("finished.*"):
+        f.unlink()
+    got = [(p.severity, p.path, p.column, p.message) for p in validate_run(run).problems]
+    assert sorted(got) == sorted([
+        (WARNING, "complete/.step=00000001.rank=00000.json.x1.tmp", None,
+         "leftover temporary file from an interrupted write"),
+        (ERROR, "complete/notes.txt", None,
+         "stray entry: expected step=<8 digits>.rank=<5 digits>.json or finished.rank=<5 digits>.json"),
+        (ERROR, "complete/step=00000001.rank=00002.json", None, "completion marker of rank 2, outside world_size 2"),
+        (WARNING, "complete", None,
+         "no finished record for rank(s) 0, 1: still training, or stopped before the writer was closed"),
+    ])
+
+
+def test_a_run_written_without_completion_markers_is_a_warning(run):
+    shutil.rmtree(run / fmt.COMPLETE_DIR)
+    m = json.loads((run / fmt.MANIFEST_NAME).read_text())
+    m["completion_markers"] = False
+    (run / fmt.MANIFEST_NAME).write_text(json.dumps(m))
+    assert [(p.severity, p.path, p.column, p.message) for p in validate_run(run).problems] == [
+        (WARNING, fmt.MANIFEST_NAME, None, "written without completion markers (before grpolens wrote them, or by "
+         "another tool): a step cut short by a killed writer, or missing a rank, cannot be told from a whole one; "
+         "readers take every step as it is")]
+
+
 def test_no_token_shards(run):
     shutil.rmtree(run / "tokens")
     remark(run)
