@@ -339,16 +339,20 @@ def test_step_mixing_shards_with_and_without_rollout_logprobs(tmp_path):
     assert got["rollout_is/rejected/token_fraction"].max() > 0
 
 
-@pytest.mark.parametrize("profile", [None, "verl", "xtuner", "trl"])
+@pytest.mark.parametrize("profile", [None, "verl", "verl-batch-normalize", "xtuner", "trl"])
 def test_step_without_rollout_logprobs_has_null_is_metrics(tmp_path, profile):
     # no rank recorded rollout_logp at step 1: the step has no IS or mismatch partials at all, its
-    # rollout_is/* and mismatch/* are null (no IS histogram for it), and step 0 is as without it
+    # rollout_is/* and mismatch/* are null (no IS histogram for it), and step 0 is as without it.
+    # verl's batch normalisation reads the step's IS summary from the policy loss, which a step
+    # without rollout log-probs still has
     rng = np.random.default_rng(14)
     calls = random_calls(rng, spread=0.3)
     for c in calls:
         if c.step == 1:
             c.rollout = None
     ris = {"level": "token", "mode": "truncate", "threshold": [0.8, 1.25]}
+    if profile == "verl-batch-normalize":
+        profile, ris = "verl", {"rollout_is": "token", "rollout_is_threshold": 1.25, "rollout_is_batch_normalize": True}
     if profile == "trl":
         ris = {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_min": 0.8,
                "vllm_importance_sampling_clip_max": 1.25}
@@ -1142,6 +1146,68 @@ def test_trl_sampling_metrics_count_each_completion_once_and_log_an_empty_rank_a
     assert close(row["sampling/importance_sampling_ratio/max"], np.exp(d[1][0]))
     if level == "token":
         assert row["sampling/importance_sampling_ratio/min"] == 0.0
+
+
+def test_verl_weight_statistics_of_one_and_of_two_tokens(tmp_path):
+    # verl TIS (threshold 2.0: w' = clamp(w, 0, 2)), the whole step one batch. One token of δ = −20:
+    # std 0 (verl's Σm > 1 guard), ESS 1/mm((w/(mm(w) + 1e-8))²) = ((w + 1e-8)/w)² with w = e^−20
+    # (the guard dominates a vanishing weight). Two tokens of weights 1 and 1/2: mean 3/4, population
+    # std 1/4, ESS (3/4)²/((1 + 1/4)/2) = 0.9.
+    verl = {"rollout_is": "token", "rollout_is_threshold": 2.0}
+    one, _ = one_call(tmp_path, [[-21.0]], [[-1.0]], config=verl, name="one")
+    two, c = one_call(tmp_path, [[-1.0, -1.0 - np.log(2.0)]], [[-1.0, -1.0]], config=verl, name="two")
+    r1 = grpolens.recompute(one, profile="verl", write=False).row(0, named=True)
+    w = np.exp(-20.0)
+    assert close(r1["rollout_corr/rollout_is_mean"], w)
+    assert r1["rollout_corr/rollout_is_std"] == 0.0
+    assert close(r1["rollout_corr/rollout_is_eff_sample_size"], ((w + 1e-8) / w) ** 2, rel=1e-6)
+    r2 = grpolens.recompute(two, profile="verl", write=False).row(0, named=True)
+    ws = np.exp(c.old[0] - c.rollout[0])  # the float32 log-probs as written: 1 and ~1/2
+    m = ws.mean()
+    assert close(r2["rollout_corr/rollout_is_mean"], m)
+    assert close(r2["rollout_corr/rollout_is_std"], np.sqrt((ws * ws).mean() - m * m), rel=1e-6)
+    assert close(r2["rollout_corr/rollout_is_eff_sample_size"], 1 / ((ws / (m + 1e-8)) ** 2).mean(), rel=1e-6)
+    assert r2["rollout_corr/rollout_is_std"] == pytest.approx(0.25, rel=1e-6)
+
+
+@pytest.mark.parametrize("band,high,low", [("0.5_1.0", 1 / 3, 0.0), ("1.0_2.0", 0.0, 1 / 3)])
+def test_verl_sequence_weight_exactly_on_a_band_bound_is_inside(tmp_path, band, high, low):
+    # sequence level, rows δ = [0, 0] (L = 0, raw weights 1, their mean s = 1), [0.5, 0] (L = 0.5,
+    # s = (e^0.5 + 1)/2) and [−0.25, −0.25] (L = −0.5, s = e^−0.25): the first row sits exactly on a
+    # bound of 1.0 (log 1 = 0) and is inside it, for the log-space ratio fractions and for the seq
+    # fractions of the rows' mean raw weight; the others are beyond 1.0 and inside [0.5, 2]
+    run, _ = one_call(tmp_path, [[-1.0, -1.0], [-0.5, -1.0], [-1.25, -1.25]], [[-1.0, -1.0]] * 3,
+                      config={"rollout_is": "sequence", "rollout_is_threshold": band})
+    row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert row["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(high)
+    assert row["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(low)
+    assert row["rollout_corr/rollout_is_seq_fraction_high"] == pytest.approx(high)
+    assert row["rollout_corr/rollout_is_seq_fraction_low"] == pytest.approx(low)
+
+
+def test_verl_profile_of_a_band_without_lower_bound_and_of_every_weight_zeroed(tmp_path):
+    # a run configured with grpolens' own keys and no lower bound (verl's float threshold always
+    # sets 1/U): under the verl profile the low fractions are 0.0, nothing below a bound not set
+    old, roll = [[-1.0, -1.0], [-1.6, -1.2]], [[-1.0, -1.0]] * 2
+    for level in ("token", "sequence"):
+        run, _ = one_call(tmp_path, old, roll, name=level,
+                          config={"level": level, "mode": "truncate_upper", "upper": 2.0})
+        row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+        assert row["rollout_corr/rollout_is_ratio_fraction_low"] == 0.0
+        assert row["rollout_corr/rollout_is_seq_fraction_low"] == 0.0
+        assert row["rollout_corr/rollout_is_mean"] is not None
+    # IcePop zeroing every token: applied weights all 0, so Σw² = 0 and verl's ESS 1/mm(ŵ²) divides
+    # by zero (a ZeroDivisionError in verl): null here, never inf
+    run, _ = one_call(tmp_path, [[-0.5, -0.5]], [[-1.0, -1.0]], name="zeroed",
+                      config={"rollout_is": "token", "rollout_is_threshold": "0.5_1.2"})
+    row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert row["rollout_corr/rollout_is_mean"] == 0.0
+    assert row["rollout_corr/rollout_is_eff_sample_size"] is None
+    # configured without an IS band (rejection filters only): the mismatch and rollout_rs metrics, no IS statistic
+    run, _ = one_call(tmp_path, old, roll, name="rs",
+                      config={"rollout_is": None, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"})
+    row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert row["rollout_corr/rollout_is_mean"] is None and row["rollout_corr/rollout_rs_masked_fraction"] is not None
 
 
 def test_xtuner_pack_of_one_token_reports_its_mismatch(tmp_path):
