@@ -157,6 +157,10 @@ class _MutantLoop:
             # the next item is the first one again after the last, so module fixtures stay up
             reports = runtestprotocol(item, nextitem=items[(i + 1) % len(items)], log=False)
             if any(r.failed for r in reports):
+                # the next run starts again at the first item: tear everything down (the item
+                # was torn down towards the next one, whose module and parametrized fixtures the
+                # first item's setup would otherwise find still up)
+                session._setupstate.teardown_exact(None)
                 return KILLED
         return SURVIVED
 
