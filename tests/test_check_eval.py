@@ -449,6 +449,16 @@ def test_messages_of_rules_that_could_not_judge_say_why():
     assert o.message == "m has no values in this run, the baseline has 2 step(s)"
 
 
+def test_an_outcome_with_two_notes_gives_both_in_order():
+    """A baseline without the metric (missing = "skip": compared without it) and a step without data
+    (no_data = "allow": left out): both notes, in that order, in one pair of parentheses."""
+    c = {"m": series([0.1, 0.2, 0.3], steps=[0, 1, 3])}
+    o = evaluate(rule(abs=0.1, max=1.0, missing="skip", no_data="allow"), c, {"other": series([1.0])}, [2], [0, 1, 2, 3])
+    assert (o.status, o.checked, o.baseline) == (PASS, 3, None)
+    assert o.message == ("3 step(s) within the limit (the baseline has no values for this metric: compared without it; "
+                         "1 step(s) without data left out (first: step 2))")
+
+
 def test_short_candidate_message_names_the_first_missing_and_the_last_present_step():
     o = evaluate(rule(abs=0.1), {"m": series([1.0] * 6)}, {"m": series([1.0] * 10)})
     assert o.message == ("this run lacks 4 of the 10 step(s) the baseline has in window all steps "
