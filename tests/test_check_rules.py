@@ -397,12 +397,19 @@ def test_builtin_rules_alone_and_the_baseline_next_to_the_file(tmp_path):
 
 # -- reading the file, and the line an error points at --------------------------------------------
 
+def test_toml_error_without_a_line_names_the_file_only():
+    assert error_of("[[rule]]\nmetric =") == "r.toml: invalid TOML: Invalid value (at end of document)"
+
+
 def test_metric_refusals_in_full():
     assert error_of("[[rule]]\nmetric = 'nope/*'\nmax = 1\n") == (
         "r.toml:2: rule 1: metric: the pattern 'nope/*' matches no registered metric (patterns match canonical "
         "names; see `grpolens metrics`)")
     msg = error_of("[[rule]]\nmetric = 'entropie'\nmax = 1\n")
     assert msg.startswith("r.toml:2: rule 1: metric: unknown metric 'entropie'") and msg.endswith(" (see `grpolens metrics`)")
+    # a name is a pattern only by * ? [ (not by any other character)
+    msg = error_of("[[rule]]\nmetric = 'entropy_X'\nmax = 1\n")
+    assert msg.startswith("r.toml:2: rule 1: metric: unknown metric 'entropy_X'") and msg.endswith(" (see `grpolens metrics`)")
 
 
 @pytest.mark.parametrize("text,msg", [
@@ -446,6 +453,10 @@ def test_yaml_errors_point_at_the_line():
     assert error_of(text, "yaml") == "r.toml:6: rule 2 ('b'): max: must be a number, got 'x'"
     assert error_of("rule:\n  - name: b\n    max: 1\n", "yaml").startswith("r.toml:2: rule 1 ('b'): metric: required")
     assert error_of("baseline: 3\nrule: []\n", "yaml") == "r.toml:1: baseline: must be a path (string)"
+    # PyYAML's own problem and line, on one line: a syntax error, and a character YAML does not allow
+    assert error_of("rule:\n  - metric: a: b\n", "yaml") == "r.toml:2: invalid YAML: mapping values are not allowed here"
+    assert error_of("rule: []\nx: \x07\n", "yaml") == (
+        "r.toml:2: invalid YAML: unacceptable character #x0007: special characters are not allowed")
     # a key no line starts with (a flow mapping): no line number
     assert error_of("{rule: [], other: 1}\n", "yaml") == (
         "r.toml: other: unknown top-level key 'other'; expected [[rule]] tables, 'baseline' or 'builtin_rules'")

@@ -334,8 +334,14 @@ def _parse_text(text: str, source: str, kind: str) -> Any:
             return yaml.safe_load(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            msg = getattr(e, "problem", None) or str(e)
+            position = getattr(e, "position", None)  # a character YAML refuses (ReaderError) has no mark
+            if mark is not None:
+                line = f":{mark.line + 1}"
+            elif isinstance(position, int):
+                line = f":{text.count(chr(10), 0, position) + 1}"
+            else:
+                line = ""
+            msg = getattr(e, "problem", None) or str(e).splitlines()[0]  # one line: the rest names "<unicode string>"
             raise UserError(f"{source}{line}: invalid YAML: {msg}") from None
     import tomllib
 
