@@ -553,6 +553,29 @@ def test_completion_directory_problems_are_named(run):
     ])
 
 
+def test_markers_that_disagree_with_the_files_are_named(run):
+    """A marker lists the shard files of its (step, rank): one it does not name, one it names that
+    is missing, and a marker whose list is not of names: each an error naming the file."""
+    def edit(step, fn):
+        marker = run / fmt.marker_relpath(step, 0)
+        data = json.loads(marker.read_text())
+        data["files"] = fn(data["files"])
+        marker.write_text(json.dumps(data))
+
+    late = "tokens/step=00000000/rank=00000-0001.parquet"
+    shutil.copy(run / "tokens/step=00000000/rank=00000.parquet", run / late)
+    edit(1, lambda files: [*files, "samples/step=00000001/rank=00000-0001.parquet"])
+    edit(2, lambda files: [1, 2])
+    got = [(p.severity, p.path, p.column, p.message) for p in validate_run(run).problems]
+    for problem in [
+        (ERROR, late, None, "not named by the completion marker of step 0 rank 0: written after it (a second run "
+         "into the same folder?); readers would count its rows twice"),
+        (ERROR, fmt.marker_relpath(1, 0), None, "names samples/step=00000001/rank=00000-0001.parquet, which is missing"),
+        (ERROR, fmt.marker_relpath(2, 0), None, "unreadable completion marker: files must be strings"),
+    ]:
+        assert problem in got, got
+
+
 def test_a_run_written_without_completion_markers_is_a_warning(run):
     shutil.rmtree(run / fmt.COMPLETE_DIR)
     m = json.loads((run / fmt.MANIFEST_NAME).read_text())
