@@ -625,6 +625,20 @@ def test_micro_batch_split_across_parts(run):
     assert (e.value.column, e.value.message) == ("micro_batch", p.message)
 
 
+def test_a_micro_batch_of_one_row_split_across_parts(run):
+    """Part 0 ends with the first row of micro_batch 1, part 1 holds the rest of it."""
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+    cut = int(np.sum(t.column("micro_batch").to_numpy() == 0)) + 1
+    parts = [f"tokens/step=00000001/rank=00000-000{i}.parquet" for i in (0, 1)]
+    pq.write_table(t.slice(0, cut), run / parts[0])
+    pq.write_table(t.slice(cut), run / parts[1])
+    remark(run)
+    assert validate_run(run).problems == [Problem(ERROR, parts[1], "micro_batch", (
+        f"micro_batch 1 of step 1 rank 0 is split across part files {parts[0]}, {parts[1]}; the writer keeps a "
+        "loss call in one part"))]
+
+
 def test_parts_repeating_a_loss_call_are_split_and_duplicated(run):
     t = pq.read_table(run / TOK)
     (run / TOK).unlink()

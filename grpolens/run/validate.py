@@ -414,7 +414,7 @@ class _Validator:
                 self.add(ERROR, rel, f"column has type {f.type}, expected {expected}", column=f.name)
         return usable
 
-    def _null_checks(self, rel: str, batch: pa.RecordBatch, table: str, nulls: dict[str, int]) -> None:
+    def _null_checks(self, batch: pa.RecordBatch, table: str, nulls: dict[str, int]) -> None:
         nullable = {c.name: c.nullable for c in fmt.COLUMNS[table]}
         for name in batch.schema.names:
             if nullable.get(name) is False:
@@ -425,7 +425,7 @@ class _Validator:
             if n:
                 self.add(ERROR, rel, f"{n:,} null values in a non-nullable column", column=name)
 
-    def _check_path_agrees(self, rel: str, shard: fmt.Shard, values: dict[str, np.ndarray], bad: dict[str, list]) -> None:
+    def _check_path_agrees(self, shard: fmt.Shard, values: dict[str, np.ndarray], bad: dict[str, list]) -> None:
         for name, expected in (("step", shard.step), ("rank", shard.rank)):
             if name in values:
                 wrong = values[name] != expected
@@ -456,9 +456,9 @@ class _Validator:
         positive: dict[str, int] = {}
         rejected_in_loss = 0
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
-            self._null_checks(rel, batch, fmt.TOKENS, nulls)
+            self._null_checks(batch, fmt.TOKENS, nulls)
             vals = {c: _ints(batch.column(c)) for c in wanted}
-            self._check_path_agrees(rel, shard, vals, bad_path)
+            self._check_path_agrees(shard, vals, bad_path)
             for c in _ORDER:
                 if c in vals and len(vals[c]) and vals[c].min() < 0 and batch.column(c).null_count == 0:
                     negatives.add(c)
@@ -527,7 +527,7 @@ class _Validator:
         ids = []
         row0 = 0
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
-            self._null_checks(rel, batch, fmt.SAMPLES, nulls)
+            self._null_checks(batch, fmt.SAMPLES, nulls)
             for c in _TEXT_COLUMNS:
                 if c in batch.schema.names:
                     bad = invalid_rows(batch.column(c))
@@ -536,7 +536,7 @@ class _Validator:
                         b[0] += len(bad)
             row0 += batch.num_rows
             vals = {c: _ints(batch.column(c)) for c in ("step", "rank") if c in usable}
-            self._check_path_agrees(rel, shard, vals, bad_path)
+            self._check_path_agrees(shard, vals, bad_path)
             if "sample_id" in usable:
                 col = batch.column("sample_id")
                 ids.append(col.drop_null().to_numpy().astype(np.int64) if col.null_count else _ints(col))
