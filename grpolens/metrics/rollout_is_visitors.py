@@ -157,7 +157,7 @@ class RSPartials:
             rej = ~f.keep(s)
             tokrej |= rej
             o = f.option
-            out.update({f"{o}.s2": sg.sum(s * s), f"{o}.min": sg.min(s), f"{o}.hi": sg.sum(s > hi),
+            out.update({f"{o}.min": sg.min(s), f"{o}.hi": sg.sum(s > hi),
                         f"{o}.lo": sg.sum(s < lo) if f.k == 1 else np.zeros(b.n_seq),
                         f"{o}.c": sg.sum(cl), f"{o}.c2": sg.sum(cl * cl), f"{o}.rej": sg.sum(rej)})
         out["tokrej"] = sg.sum(tokrej)
