@@ -120,6 +120,25 @@ def test_rows_out_of_order_are_sorted_with_every_column():
         "step": [0, 0, 0, 1], "rank": [0, 0, 1, 0], "micro_batch": [0, 1, 0, 0], "sample_id": [9, 2, 5, 3]}
 
 
+@pytest.mark.parametrize("key", ["step", "rank", "micro_batch", "sample_id", "pos"])
+def test_two_rows_out_of_order_in_any_key_are_sorted(key):
+    # the smallest table that can be out of order: the row with the larger key first; the keys before
+    # it equal (a pair decided by an earlier key says nothing about the later ones)
+    first = {"step": 0, "rank": 0, "micro_batch": 0, "sample_id": 0, "pos": 0, key: 1, "logp": -0.2, "advantage": 2.0}
+    second = {"step": 0, "rank": 0, "micro_batch": 0, "sample_id": 0, "pos": 0, "logp": -0.1, "advantage": 1.0}
+    b = TokenBatch.from_arrow(pa.table({k: [first[k], second[k]] for k in first} | {"mask": [True, True]}))
+    np.testing.assert_array_equal(b.logp, [-0.1, -0.2])
+    np.testing.assert_array_equal(b.cols[key], [0, 1])
+
+
+def test_rows_out_of_order_after_the_first_row_are_sorted():
+    # every row's key is above the first row's: only comparing each row with the one before finds
+    # that pos 2 comes before pos 1
+    b = TokenBatch.from_arrow(_table([{"pos": 0, "logp": -0.1}, {"pos": 2, "logp": -0.3}, {"pos": 1, "logp": -0.2}]))
+    np.testing.assert_array_equal(b.logp, [-0.1, -0.2, -0.3])
+    np.testing.assert_array_equal(b.cols["pos"], [0, 1, 2])
+
+
 @pytest.mark.parametrize("key", ["step", "rank", "micro_batch", "sample_id"])
 def test_a_change_in_any_key_starts_a_new_sequence(key):
     rows = [{"pos": 0, "logp": -1.0, "advantage": 1.0}, {"pos": 1, "logp": -1.0, "advantage": 1.0},
@@ -127,6 +146,23 @@ def test_a_change_in_any_key_starts_a_new_sequence(key):
     b = TokenBatch.from_arrow(_table(rows))
     np.testing.assert_array_equal(b.starts, [0, 2])
     assert b.n_seq == 2 and b.n == 3
+
+
+@pytest.mark.parametrize("key", ["rank", "micro_batch"])
+def test_a_sequence_after_a_key_change_keeps_its_tokens_together(key):
+    # a sequence of two tokens after the change: each row is compared with the row before it, not with
+    # the first row (the same sample id in two micro-batches: a completion reused by num_iterations)
+    rows = [{"pos": 0, "logp": -1.0, "advantage": 1.0}, {key: 1, "pos": 0, "logp": -1.0, "advantage": 1.0},
+            {key: 1, "pos": 1, "logp": -1.0, "advantage": 1.0}]
+    b = TokenBatch.from_arrow(_table(rows))
+    np.testing.assert_array_equal(b.starts, [0, 1])
+    np.testing.assert_array_equal(b.lengths, [1, 2])
+
+
+def test_seq_any_of_a_single_sequence():
+    b = TokenBatch.from_arrow(_table(_seq(0, [-1.0, -2.0])))
+    np.testing.assert_array_equal(b.seq_any(np.array([False, True])), [True])
+    np.testing.assert_array_equal(b.seq_any(np.array([False, False])), [False])
 
 
 def test_segment_reductions_on_ragged_sequences():
@@ -153,6 +189,9 @@ def test_an_empty_batch_has_no_sequences():
     for got in (b.seq_sum(x), b.seq_max(x, x.astype(bool)), b.seq_min(x, x.astype(bool)), b.seq_any(x)):
         assert got.shape == (0,)
     assert b.seq_any(x).dtype == bool
+    # indexing and repeating by the (empty) sequence starts and lengths: integers, even with no sequence
+    assert b.seq_first(x).shape == (0,) and b.broadcast(x).shape == (0,)
+    assert all(v.shape == (0,) for v in b.seq_keys.values())
 
 
 def test_the_policy_quantities():

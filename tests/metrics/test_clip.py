@@ -157,18 +157,21 @@ def test_sequence_level(tmp_path, cfg, nonfinite):
     assert not approx(_row(trl, 0)["clip_ratio/region_mean"], _row(got, 0)["clip/region"])
 
 
+# epsilon_high 0.28: a token without a ratio (masked, non-finite log-prob) must count in neither rate,
+# whatever stands in for its ratio (1.0, inside every band; 2.0 would be "above" 1.28)
+@pytest.mark.parametrize("eps_high", [1.5, 0.28])
 @pytest.mark.parametrize("nonfinite", [0.0, 0.1])
-def test_cispo_and_unconditional(tmp_path, nonfinite):
+def test_cispo_and_unconditional(tmp_path, nonfinite, eps_high):
     rng = np.random.default_rng(14)
     calls = random_calls(rng, nonfinite=nonfinite, spread=0.8, batch=6, max_len=16)
     calls[1].advantages[0] = np.nan  # out of cispo_clip_ratio, still in the unconditional rates
-    cfg = {"loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 1.5}
+    cfg = {"loss_type": "cispo", "epsilon": 0.2, "epsilon_high": eps_high}
     run = write_run(tmp_path / "run", calls, config=cfg)
     got, trl, tw, xt = (grpolens.recompute(run, profile=p, write=False) for p in ("grpolens", "trl", "twinkle", "xtuner"))
 
     def cispo(c):
         with np.errstate(invalid="ignore", over="ignore"):
-            return ((np.exp(c.logp - c.old) > 1.5) & (c.adv_tok > 0)).astype(float)
+            return ((np.exp(c.logp - c.old) > eps_high) & (c.adv_tok > 0)).astype(float)
 
     def below(c):
         with np.errstate(invalid="ignore", over="ignore"):
@@ -176,7 +179,7 @@ def test_cispo_and_unconditional(tmp_path, nonfinite):
 
     def above(c):
         with np.errstate(invalid="ignore", over="ignore"):
-            return (np.exp(c.logp - c.old) > 2.5).astype(float)
+            return (np.exp(c.logp - c.old) > 1.0 + eps_high).astype(float)
 
     for step in (0, 1):
         row = _row(got, step)
