@@ -600,14 +600,15 @@ def test_no_token_shards(run):
         ERROR, "tokens", None, "no token or samples shards: expected tokens/step=<8 digits>/rank=<5 digits>.parquet")
 
 
+@pytest.mark.parametrize("table", [TOK, SMP])
 @pytest.mark.parametrize("column", ["step", "rank"])
-def test_content_disagrees_with_path(run, column):
+def test_content_disagrees_with_path(run, column, table):
     def shift(t):
         i = t.schema.get_field_index(column)
         return t.set_column(i, t.schema.field(i), pc.add(t.column(column), pa.scalar(1, t.schema.field(i).type)))
-    _rewrite(run / TOK, shift)
+    _rewrite(run / table, shift)
     p = _only(validate_run(run))
-    assert (p.path, p.column) == (TOK, column) and f"{column}={2 if column == 'step' else 1}" in p.message
+    assert (p.path, p.column) == (table, column) and f"{column}={2 if column == 'step' else 1}" in p.message
     assert f"path says {column}={1 if column == 'step' else 0}" in p.message
 
 
