@@ -1203,6 +1203,10 @@ def test_verl_profile_of_a_band_without_lower_bound_and_of_every_weight_zeroed(t
     row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
     assert row["rollout_corr/rollout_is_mean"] == 0.0
     assert row["rollout_corr/rollout_is_eff_sample_size"] is None
+    # with batch normalisation: a mean of 0 is not above 1e-8, so verl leaves the weights as they are (factor 1.0)
+    run, _ = one_call(tmp_path, [[-0.5, -0.5]], [[-1.0, -1.0]], name="zeroed_bn",
+                      config={"rollout_is": "token", "rollout_is_threshold": "0.5_1.2", "rollout_is_batch_normalize": True})
+    assert grpolens.recompute(run, profile="verl", write=False)["rollout_corr/rollout_is_batch_norm_factor"][0] == 1.0
     # configured without an IS band (rejection filters only): the mismatch and rollout_rs metrics, no IS statistic
     run, _ = one_call(tmp_path, old, roll, name="rs",
                       config={"rollout_is": None, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"})
