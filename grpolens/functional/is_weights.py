@@ -105,9 +105,10 @@ class ISConfig:
     @classmethod
     def from_cfg(cls, cfg: dict | None) -> "ISConfig":
         """From a checked config (the whole config, or its ``rollout_is`` mapping)."""
-        ris = cfg
-        if isinstance(cfg, dict) and "level" not in cfg and "mode" not in cfg:
-            ris = cfg.get("rollout_is")
+        # A checked whole config always holds the ``rollout_is`` key and its mapping never does.
+        # (Telling them apart by ``level``/``mode`` read a user's own top-level ``mode`` key as the
+        # IS settings.)
+        ris = cfg.get("rollout_is") if isinstance(cfg, dict) and "rollout_is" in cfg else cfg
         if not ris:
             return cls()
         rs = tuple(RSFilter(f["option"], f.get("lower"), float(f["upper"])) for f in ris.get("rs") or ())

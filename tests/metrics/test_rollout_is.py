@@ -1340,3 +1340,19 @@ def test_sequence_log_weight_exactly_on_a_band_bound_is_inside(tmp_path):
     got = grpolens.recompute(run, write=False).row(0, named=True)
     assert got["rollout_is/raw/fraction_low"] is None
     assert got["rollout_is/clamped/std"] == pytest.approx((1 - np.exp(-0.5)) / 2, rel=1e-6)
+
+
+def test_a_configs_own_top_level_mode_or_level_key_is_not_read_as_the_is_settings():
+    """A run config may hold keys of the user's own (``mode: "train"``); only ``rollout_is`` holds
+    the IS settings, configured or not."""
+    from grpolens.functional.is_weights import ISConfig
+
+    band = {"level": "token", "mode": "truncate", "threshold": [0.5, 2.0]}
+    configured = check_config({**CONFIG_DEFAULTS, "rollout_is": band})
+    for extra in ({"mode": "train"}, {"level": "sequence"}, {"mode": "train", "level": "sequence"}):
+        got = ISConfig.from_cfg(check_config({**CONFIG_DEFAULTS, "rollout_is": band, **extra}))
+        assert (got.level, got.mode, got.lower, got.upper, got.configured) == ("token", "truncate", 0.5, 2.0, True)
+        assert got == ISConfig.from_cfg(configured)
+        assert ISConfig.from_cfg(check_config({**CONFIG_DEFAULTS, **extra})) == ISConfig()
+    # the mapping alone still reads as itself
+    assert ISConfig.from_cfg(configured["rollout_is"]) == ISConfig.from_cfg(configured)
