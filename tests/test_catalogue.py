@@ -111,3 +111,60 @@ def test_the_markdown_catalogue_of_one_family_lists_that_family_only():
     listed = [line.split("`")[1] for line in out.stdout.splitlines() if line.startswith("| `")]
     assert headings == ["## kl"]
     assert listed == [r["name"] for r in catalogue_rows(family="kl")] and "kl/k3" in listed
+
+
+def test_resolve_an_ambiguous_trainer_name_prefers_the_first_profile_that_uses_it(monkeypatch):
+    import pytest
+
+    from grpolens import plugins
+    from grpolens.metrics import registry
+    from grpolens.metrics.profile import PROFILES, Profile
+
+    plugins.load_plugins()
+    saved = dict(registry.REGISTRY)
+    # twinkle logs two metrics as train/clip_ratio_low: the first of them in the registry
+    assert registry.resolve("train/clip_ratio_low").name == "clip/low"
+    # two profiles, one name for different metrics: the profile registered first wins, though the
+    # other's metric (entropy) comes first in the registry
+    assert list(registry.REGISTRY).index("entropy") < list(registry.REGISTRY).index("kl/k3")
+    monkeypatch.setitem(PROFILES, "tests-first", Profile("tests-first", "t", names={"kl/k3": "x/shared"}))
+    monkeypatch.setitem(PROFILES, "tests-second", Profile("tests-second", "t", names={"entropy": "x/shared"}))
+    try:
+        registry.apply_profiles()
+        assert registry.resolve("x/shared").name == "kl/k3"
+    finally:
+        registry.REGISTRY.clear()
+        registry.REGISTRY.update(saved)
+    with pytest.raises(KeyError, match="^\"unknown metric 'x/shared'"):
+        registry.resolve("x/shared")
+
+
+def test_resolve_a_template_name_needs_a_column_part():
+    import pytest
+
+    from grpolens import plugins
+    from grpolens.metrics.registry import resolve
+
+    plugins.load_plugins()
+    m = resolve("train/accuracy_reward")  # twinkle's name of twinkle/reward/<name>
+    assert (m.name, m.column, m.template) == ("twinkle/reward/accuracy", "reward/accuracy", "twinkle/reward/<name>")
+    m = resolve("train/rewards/format/std")  # maxent's name of rewards/<name>/std_pop
+    assert (m.name, m.column) == ("rewards/format/std_pop", "reward/format")
+    # the template's head and tail with nothing (or less than nothing: they share a "/") between them
+    for name in ("rewards//mean", "rewards/mean"):
+        with pytest.raises(KeyError) as e:
+            resolve(name)
+        assert e.value.args[0].startswith(f"unknown metric {name!r}; did you mean "), e.value.args[0]
+
+
+def test_resolve_suggests_the_three_closest_names():
+    import pytest
+
+    from grpolens import plugins
+    from grpolens.metrics.registry import resolve
+
+    plugins.load_plugins()
+    with pytest.raises(KeyError) as e:
+        resolve("clip_ratio")  # more than three names are close to it
+    assert e.value.args[0] == ("unknown metric 'clip_ratio'; did you mean "
+                               "train/clip_ratio, cispo_clip_ratio, clip_ratio/low_min?")

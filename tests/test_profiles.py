@@ -101,3 +101,73 @@ def test_profile_registry_rules():
         del PROFILES["tests-x"]
     with pytest.raises(KeyError, match=r"unknown profile 'tests-x'; choose one of grpolens, "):
         get_profile("tests-x")
+
+
+@pytest.fixture
+def registry():
+    """The loaded metric registry, restored after the test (a test profile or metric must not leak)."""
+    from grpolens.metrics import registry as reg
+
+    plugins.load_plugins()
+    saved, origin = dict(reg.REGISTRY), dict(reg._ORIGIN)
+    yield reg
+    reg.REGISTRY.clear()
+    reg.REGISTRY.update(saved)
+    reg._ORIGIN.clear()
+    reg._ORIGIN.update(origin)
+
+
+def test_a_profile_naming_unknown_metrics_is_refused_with_the_first_five(registry, monkeypatch):
+    names = {f"no/such/{i}": f"x/{i}" for i in range(7)}  # seven: the message lists the first five, sorted
+    monkeypatch.setitem(PROFILES, "tests-bad", Profile("tests-bad", "t", names={"entropy": "x/entropy", **names}))
+    with pytest.raises(ValueError) as e:
+        registry.apply_profiles()
+    assert str(e.value) == ("profile tests-bad: names unknown metrics "
+                            "['no/such/0', 'no/such/1', 'no/such/2', 'no/such/3', 'no/such/4']")
+
+
+@pytest.mark.parametrize("rule", [
+    {"reductions": {"kl/k3": lambda sd: 0.0}},
+    {"zero_when_empty": frozenset({"kl/k3"})},
+    {"generation_only": frozenset({"kl/k3"})},
+], ids=["reductions", "zero_when_empty", "generation_only"])
+def test_a_profile_rule_for_a_metric_it_does_not_name_is_refused(registry, monkeypatch, rule):
+    # each rule set on its own: a rule in any one of them needs the metric in the profile's names
+    monkeypatch.setitem(PROFILES, "tests-bad", Profile("tests-bad", "t", names={"entropy": "x/entropy"}, **rule))
+    with pytest.raises(ValueError) as e:
+        registry.apply_profiles()
+    assert str(e.value) == "profile tests-bad: kl/k3 has a rule but no name in the profile"
+
+
+def test_a_profile_name_for_a_template_must_keep_the_placeholder(registry, monkeypatch):
+    monkeypatch.setitem(PROFILES, "tests-bad",
+                        Profile("tests-bad", "t", names={"rewards/<name>/mean": "x/accuracy_mean"}))
+    with pytest.raises(ValueError) as e:
+        registry.apply_profiles()
+    assert str(e.value) == "profile tests-bad: template rewards/<name>/mean needs <name> in 'x/accuracy_mean'"
+
+
+def _metric_named_by_itself(registry):
+    """A plugin metric that declares its own name for profile tests-p."""
+    return registry.register(registry.Metric("tests/own", family="health", doc="t", kind="custom",
+                                             fn=lambda sd: 0.0, names={"tests-p": "x/own"}))
+
+
+def test_a_profile_must_agree_with_the_name_a_metric_declares_for_it(registry, monkeypatch):
+    _metric_named_by_itself(registry)
+    monkeypatch.setitem(PROFILES, "tests-p", Profile("tests-p", "t", names={"tests/own": "x/other"}))
+    with pytest.raises(ValueError) as e:
+        registry.apply_profiles()
+    assert str(e.value) == "profile tests-p: tests/own is named 'x/other' and 'x/own'"
+
+
+def test_applying_the_profiles_again_keeps_every_metric_as_it_is(registry, monkeypatch):
+    # load_plugins applies the profiles on every call: a metric that already carries a profile's name
+    # (declared by itself, or given by an earlier call) is kept, not rebuilt
+    own = _metric_named_by_itself(registry)
+    monkeypatch.setitem(PROFILES, "tests-p", Profile("tests-p", "t", names={"tests/own": "x/own"}))
+    registry.apply_profiles()
+    assert registry.REGISTRY["tests/own"] is own
+    before = dict(registry.REGISTRY)
+    registry.apply_profiles()
+    assert [k for k, m in registry.REGISTRY.items() if m is not before[k]] == []
