@@ -462,6 +462,31 @@ def test_yaml_errors_point_at_the_line():
         "r.toml: other: unknown top-level key 'other'; expected [[rule]] tables, 'baseline' or 'builtin_rules'")
 
 
+
+def test_yaml_error_lines_count_the_newlines_before_the_refused_character():
+    pytest.importorskip("yaml")
+    # the line of a character YAML refuses is counted from the first character, a leading empty line
+    # included, and only the newlines before it count (lines after it change nothing)
+    bad = "unacceptable character #x0007: special characters are not allowed"
+    assert error_of("\nrule: []\nx: \x07\n", "yaml") == f"r.toml:3: invalid YAML: {bad}"
+    assert error_of("rule: []\nx: \x07\ny: 1\nz: 2\n", "yaml") == f"r.toml:2: invalid YAML: {bad}"
+
+
+def test_yaml_error_names_pyyamls_problem_not_its_context():
+    pytest.importorskip("yaml")
+    # PyYAML's message starts with its context ("while parsing a flow sequence"); the problem is what
+    # the user has to fix
+    assert error_of("rule: [a, b\n", "yaml") == "r.toml:2: invalid YAML: expected ',' or ']', but got '<stream end>'"
+    assert error_of("rule: \"abc\n", "yaml") == "r.toml:2: invalid YAML: found unexpected end of stream"
+
+
+def test_yaml_top_level_key_line_is_the_keys_own_line_not_a_bracketed_text_line():
+    pytest.importorskip("yaml")
+    # ``[rules]`` is a TOML table header; in YAML it is text (here in a block scalar), not the key
+    text = "rule:\n  - metric: entropy\n    max: 1\n    why: |\n      [rules] is the TOML spelling\nrules: 1\n"
+    assert error_of(text, "yaml") == ("r.toml:6: rules: unknown top-level key 'rules' (did you mean 'rule'?); "
+                                      "expected [[rule]] tables, 'baseline' or 'builtin_rules'")
+
 def test_yaml_rules_without_pyyaml(monkeypatch):
     import sys
 
