@@ -177,3 +177,136 @@ def test_a_completion_trained_on_in_two_loss_calls_is_filtered_once(tmp_path):
     row = grpolens.recompute(run, write=False).row(0, named=True)
     bad = {k: (row.get("rollout_rs/" + k), v) for k, v in ref.items() if not close(row.get("rollout_rs/" + k), v)}
     assert not bad, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# recompute --is-weights: the files (docs/rollout-is.md, "Outputs")
+# ---------------------------------------------------------------------------------------------
+
+#: docs/rollout-is.md: keyed like tokens, then mask, valid, is_weight_raw, is_weight, is_mask
+WEIGHT_COLUMNS = ["step", "rank", "micro_batch", "sample_id", "pos", "mask", "valid", "is_weight_raw", "is_weight",
+                  "is_mask"]
+
+
+def _files(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.parquet"))
+
+
+def test_is_weights_files_mirror_the_token_shards_part_by_part(tmp_path):
+    """One weights file per token shard, named like it (part files too), holding the shard's keys
+    with the tokens' own types, its mask, and weights that are null exactly where not valid."""
+    import pyarrow.parquet as pq
+
+    from grpolens.cli import main
+    from grpolens.run import format as fmt
+
+    calls = random_calls(np.random.default_rng(53), spread=0.3, micro_batches=3, nonfinite=0.1)
+    run = write_run(tmp_path / "run", calls, parts=2, config={"rollout_is": {"level": "token", "mode": "truncate",
+                                                                            "threshold": [0.5, 2.0]}})
+    main(["recompute", str(run), "--is-weights", "-q"])
+    root, tokens = run / "grpolens" / "is_weights", run / "tokens"
+    names = _files(tokens)
+    assert any("-0001.parquet" in n for n in names) and any("-0000.parquet" in n for n in names)
+    assert _files(root) == names
+    key_types = {c.name: c.type for c in fmt.TOKEN_COLUMNS}
+    for n in names:
+        w, t = pq.read_table(root / n), pq.read_table(tokens / n)
+        assert w.column_names == WEIGHT_COLUMNS
+        assert [w.schema.field(k).type for k in WEIGHT_COLUMNS[:5]] == [key_types[k] for k in WEIGHT_COLUMNS[:5]]
+        assert [str(w.schema.field(k).type) for k in WEIGHT_COLUMNS[5:]] == ["bool", "bool", "double", "double", "bool"]
+        w, t = pl.from_arrow(w), pl.from_arrow(t).sort(WEIGHT_COLUMNS[1:5])
+        w = w.sort(WEIGHT_COLUMNS[1:5])
+        assert w.select(WEIGHT_COLUMNS[:6]).equals(t.select(WEIGHT_COLUMNS[:6]))
+        valid = w["valid"].to_numpy()
+        assert not valid.all() and valid.any()
+        for col in ("is_weight_raw", "is_weight"):
+            assert (w[col].is_null().to_numpy() == ~valid).all(), (n, col)
+    # a later run of the same tokens written one file per (step, rank): the part files of the
+    # earlier layout are removed (a reader would take them for current ones), other files are not
+    (root / "step=00000000" / "notes.txt").write_text("mine")
+    import shutil
+
+    shutil.rmtree(tokens)
+    write_run(run, calls)
+    main(["recompute", str(run), "--is-weights", "-q"])
+    assert _files(root) == _files(tokens) == [f"step={s:08d}/rank={r:05d}.parquet" for s in (0, 1) for r in (0, 1)]
+    assert (root / "step=00000000" / "notes.txt").read_text() == "mine"
+
+
+def test_is_weights_config_json_records_the_config_used(tmp_path):
+    """``is_weights/config.json``: every setting of the IS config the weights were computed with,
+    the rejection filters, whether the run configured IS at all, and what each column holds."""
+    import json
+
+    from grpolens.metrics.rollout_is_visitors import is_weight_writer
+
+    columns = {"valid": "mask and the log-ratio is defined (weights are null elsewhere)",
+               "is_weight_raw": "safety-bounded weight at the level, before truncation/zeroing",
+               "is_weight": "applied weight (after truncation/zeroing)",
+               "is_mask": "the loss mask after the mask band, veto and rejection filters"}
+    ris = {"level": "sequence", "mode": "both", "threshold": [0.5, 2.0], "mask_threshold": [0.25, 4.0],
+           "veto_threshold": [1e-3, 1e3], "rs": "token_k1,seq_max_k2", "rs_threshold": "0.8_1.25,0.5"}
+    want = {"level": "sequence", "mode": "both", "lower": 0.5, "upper": 2.0, "mask_lower": 0.25, "mask_upper": 4.0,
+            "veto_lower": 1e-3, "veto_upper": 1e3,
+            "rs": [{"option": "token_k1", "lower": 0.8, "upper": 1.25}, {"option": "seq_max_k2", "lower": None, "upper": 0.5}],
+            "configured": True, "columns": columns}
+    unset = {"level": "token", "mode": "none", "lower": None, "upper": None, "mask_lower": None, "mask_upper": None,
+             "veto_lower": None, "veto_upper": None, "rs": [], "configured": False, "columns": columns}
+    calls = random_calls(np.random.default_rng(59), steps=(0,), ranks=1)
+    for name, config, expected in (("set", {"rollout_is": ris}, want), ("unset", None, unset)):
+        run = write_run(tmp_path / name, calls, config=config)
+        is_weight_writer(run)
+        text = (run / "grpolens" / "is_weights" / "config.json").read_text()
+        assert json.loads(text) == expected, name
+        assert text == json.dumps(expected, indent=2) + "\n"  # indented, one key a line, a final newline
+
+
+def test_is_weights_of_a_run_without_rollout_logprobs_name_its_first_token_shard(tmp_path):
+    from grpolens.errors import UserError
+    from grpolens.metrics.rollout_is_visitors import is_weight_writer
+
+    run = write_run(tmp_path / "run", random_calls(np.random.default_rng(0), rollout=False))
+    with pytest.raises(UserError) as e:
+        is_weight_writer(run)
+    assert str(e.value) == (f"--is-weights: {run / 'tokens' / 'step=00000000' / 'rank=00000.parquet'} has no "
+                            "rollout_logp column, so there are no IS weights")
+    assert not (run / "grpolens" / "is_weights").exists()
+
+
+def test_rejection_metrics_of_a_step_are_the_same_to_the_last_bit_on_every_merge():
+    """The pieces merge in row order, never in a hash order (polars' varies from call to call),
+    so the float sums behind each metric add in one order: every merge of the same pieces gives
+    the same bits."""
+    import pyarrow as pa
+
+    from tests.refdata import call_table
+
+    calls = random_calls(np.random.default_rng(61), spread=0.4, steps=(0,), batch=8)
+    again = [LossCall(c.step, c.rank, c.micro_batch + 2, c.sample_ids, c.lengths, c.logp, c.mask, c.advantages,
+                      old=c.old, rollout=c.rollout) for c in calls[:2]]  # a second loss call of the same completions
+    rs, thresholds = OPTIONS[1]
+    v, pieces = _rs_pieces([pa.concat_tables([call_table(c)]) for c in calls + again], rs_config(rs, thresholds))
+    first = v.combine(0, pieces)
+    for _ in range(8):
+        assert v.combine(0, pieces) == first
+
+
+def test_is_hist_has_its_documented_columns_and_counts_zeroed_weights_apart(tmp_path):
+    """``is_hist.parquet``: step, kind, lo, hi (floats), count (an integer); the applied weights
+    IcePop set to 0 are the applied row with lo = hi = 0 (docs/rollout-is.md). Band [0.5, 1.2]:
+    of the raw weights [0.4, 1, 2] and [1.1], two are zeroed."""
+    old, roll = [[-1.0, -1.0, -1.0], [-1.0, -9.0, -9.0]], [[-1.0 - np.log(0.4), -1.0, -1.0 - np.log(2.0)],
+                                                         [-1.0 - np.log(1.1), -9.0, -9.0]]
+    mask = np.array([[True, True, True], [True, False, False]])
+    from tests.metrics.test_rollout_is import one_call
+
+    run, _ = one_call(tmp_path, old, roll, mask=mask, config={"rollout_is": "token", "rollout_is_threshold": "0.5_1.2"})
+    grpolens.recompute(run)
+    h = pl.read_parquet(run / "grpolens" / "is_hist.parquet")
+    assert h.schema == pl.Schema({"step": pl.Int64, "kind": pl.String, "lo": pl.Float64, "hi": pl.Float64,
+                                  "count": pl.Int64})
+    zero = h.filter((pl.col("lo") == 0.0) & (pl.col("hi") == 0.0))
+    assert zero.select("kind", "count").rows() == [("applied", 2)]
+    applied = h.filter((pl.col("kind") == "applied") & (pl.col("hi") > 0))
+    assert applied["count"].sum() == 2 and h.filter(pl.col("kind") == "raw")["count"].sum() == 4
+    assert (applied["lo"] > 0).all() and (h.filter(pl.col("kind") == "raw")["lo"] > 0).all()
