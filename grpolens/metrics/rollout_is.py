@@ -246,15 +246,13 @@ def xtuner_summary(sd) -> dict[str, float | None]:
     for packs, keys in ((mms, mm_keys), (iss, is_keys if c.configured and c.has_band else {})):
         valid = [d for d in packs if d]
         for key, name in keys.items():
-            if key.startswith("mask/") and not c.masks:
-                continue
             vals = [d[key] for d in valid if d.get(key) is not None]
             if not valid:
                 out[key] = 0.0
-            elif "max" in name:
-                out[key] = max(vals) if vals else None
+            elif "max" in name:  # each valid pack holds a finite value for every max/min key
+                out[key] = max(vals)
             elif "min" in name:
-                out[key] = min(vals) if vals else None
+                out[key] = min(vals)
             else:
                 out[key] = sum(vals) / len(valid)
     return out
