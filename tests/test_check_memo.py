@@ -21,7 +21,8 @@ from grpolens.adapters.synth import synth_run
 from grpolens.analysis.recompute import recompute
 from grpolens.errors import RunFormatError
 from grpolens.run import format as fmt
-from grpolens.run.validate import check_before_reading
+from grpolens.run.tree import tree_digest
+from grpolens.run.validate import check_before_reading, validate_run
 
 TOK1 = "tokens/step=00000001/rank=00000.parquet"
 SMP2 = "samples/step=00000002/rank=00000.parquet"
@@ -82,8 +83,12 @@ def test_memoised_samples_still_take_part_in_the_unique_sample_id_rule(run):
     ids[0] = smp1.column("sample_id")[0].as_py()
     pq.write_table(t.set_column(t.schema.get_field_index("sample_id"), "sample_id",
                                 pa.array(ids, t.schema.field("sample_id").type)), run / SMP2)
-    with pytest.raises(RunFormatError, match="duplicate sample_id"):
+    with pytest.raises(RunFormatError) as e:
         recompute(run)
+    # named by the remembered file's path, as validate names it
+    assert (e.value.path, e.value.column) == (str(run / SMP2), "sample_id")
+    assert e.value.message == (f"1 duplicate sample_id values across the samples table (first: {ids[0]}, also in "
+                               "samples/step=00000000/rank=00000.parquet); sample_id must be unique in a run")
 
 
 def test_a_new_step_is_checked_and_remembered(run, tmp_path):
@@ -121,3 +126,78 @@ def test_a_damaged_or_foreign_memo_trusts_nothing_and_is_rewritten(run, junk):
     _damage_in_place(run / TOK1)
     with pytest.raises(RunFormatError, match="unreadable or truncated"):
         recompute(run)  # nothing trusted: the damaged file is found
+
+
+# -- the memo through the API (recompute keeps one; so may any caller) ---------------------------
+
+def _first_check(run, memo):
+    report = check_before_reading(run, memo)
+    report.memo.save(memo)
+    return report
+
+
+def test_a_memo_records_the_run_tree_every_file_and_every_marker(run, tmp_path):
+    memo = tmp_path / "not" / "yet" / "checked.json"  # save makes its folders
+    first = _first_check(run, memo)  # no tree given: the check takes the run's digest itself
+    assert first.memo.changed and first.memo.tree == tree_digest(run)
+    on_disk = {sh.relpath(): t for t in fmt.TABLES for sh in fmt.list_shards(run, t)}
+    assert {rel: entry[3] for rel, entry in first.memo.files.items()} == on_disk
+    assert all(len(entry) == 6 for entry in first.memo.files.values())
+    assert set(first.memo.markers) == {fmt.marker_relpath(step, 0) for step in range(3)}
+    again = check_before_reading(run, memo)  # not one entry changed: nothing is opened
+    assert again.ok and again.run == run and not again.memo.changed
+    assert (again.memo.tree, again.memo.files, again.memo.markers) == (first.memo.tree, first.memo.files,
+                                                                       first.memo.markers)
+
+
+def test_unchanged_files_and_markers_are_recalled_when_another_entry_changed(run, tmp_path):
+    """A new entry changes the run's digest: the remembered files and markers are still not
+    opened (damaged in place, unnoticed), and their row counts come from the memo."""
+    memo = tmp_path / "checked.json"
+    rows = _first_check(run, memo).rows
+    assert rows == validate_run(run).rows
+    _damage_in_place(run / TOK1)
+    _damage_in_place(run / fmt.marker_relpath(1, 0))
+    (run / "notes.txt").write_text("not part of the run")  # a warning of its own
+    report = check_before_reading(run, memo)
+    assert report.ok and report.rows == rows and report.files == {"tokens": 3, "samples": 3}
+    assert report.memo.changed and report.memo.tree == tree_digest(run)
+
+
+def test_a_new_part_that_splits_a_remembered_loss_call_is_refused(run, tmp_path):
+    """The remembered part's micro_batch range takes part in the split check like a new file's."""
+    memo = tmp_path / "checked.json"
+    _first_check(run, memo)
+    t = pq.read_table(run / TOK1)
+    late = TOK1.replace(".parquet", "-0001.parquet")
+    pq.write_table(t.slice(0, 1), run / late)
+    with pytest.raises(RunFormatError) as e:
+        check_before_reading(run, memo)
+    assert (e.value.column, e.value.message.split(";")[0]) == (
+        "micro_batch", f"micro_batch 0 of step 1 rank 0 is split across part files {TOK1}, {late}")
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m.update(checker="another grpolens"),
+    lambda m: m.update(files=list(m["files"])),
+    lambda m: m.update(markers=list(m["markers"])),
+])
+def test_a_memo_of_another_checker_or_shape_trusts_nothing(run, tmp_path, edit):
+    memo = tmp_path / "checked.json"
+    _first_check(run, memo)
+    data = json.loads(memo.read_text())
+    edit(data)
+    memo.write_text(json.dumps(data))
+    _damage_in_place(run / TOK1)
+    with pytest.raises(RunFormatError, match="unreadable or truncated Parquet file"):
+        check_before_reading(run, memo)
+
+
+@pytest.mark.parametrize("with_memo", [False, True])
+def test_a_marker_problem_is_refused_with_validates_message(run, tmp_path, with_memo):
+    late = "samples/step=00000001/rank=00000-0001.parquet"  # no rows: its only problem is the marker's
+    pq.write_table(pq.read_table(run / "samples/step=00000001/rank=00000.parquet").slice(0, 0), run / late)
+    with pytest.raises(RunFormatError) as e:
+        check_before_reading(run, tmp_path / "checked.json" if with_memo else None)
+    assert e.value.path == str(run / late)
+    assert e.value.message.startswith("not named by the completion marker of step 1 rank 0: written after it")

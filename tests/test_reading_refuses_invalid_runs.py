@@ -343,3 +343,69 @@ def test_footer_check_reads_the_statistics_of_every_row_group(good, tmp_path, ca
     with pytest.raises(RunFormatError) as e:
         check_before_reading(run)
     assert (Path(e.value.path), e.value.column, e.value.message) == (run / rel, column, problem.message)
+
+
+def test_the_footer_check_reads_rows_only_where_the_statistics_are_suspicious(good, tmp_path, monkeypatch):
+    """The footer check costs the footers: a file is read only when its statistics show a
+    problem (then validate's row checks give the message). Nulls where the format allows them, an
+    all-null column, a mistyped column (its type error comes from the schema): no row read."""
+    from grpolens.run import validate
+
+    read = []
+    for name in ("check_token_rows", "check_sample_rows"):
+        def spy(self, rel, *args, _orig=getattr(validate._Validator, name)):
+            read.append(rel)
+            return _orig(self, rel, *args)
+        monkeypatch.setattr(validate._Validator, name, spy)
+    run = shutil.copytree(good, tmp_path / "run", symlinks=True)
+    assert check_before_reading(run).ok and read == []
+    _rewrite(run / TOK, lambda t: _set(_first_row("old_logp", None, t), "ref_logp",
+                                       pa.array([None] * t.num_rows, pa.float32())))
+    assert check_before_reading(run).ok and read == []
+    for table, column, to in ((TOK, "pos", pa.float64()), (TOK, "micro_batch", pa.int64()),
+                              (SMP, "rank", pa.int64()), (TOK, "step", pa.int32())):
+        broken = shutil.copytree(good, tmp_path / f"{column}-{to}" / "run", symlinks=True)
+        _rewrite(broken / table, lambda t: _set(t, column, pc.cast(t[column], to)))
+        (problem,) = validate_run(broken).errors  # only the type; the footer check agrees
+        read.clear()  # validate reads every file
+        with pytest.raises(RunFormatError) as e:
+            check_before_reading(broken)
+        assert (e.value.column, e.value.message) == (column, problem.message) and read == [], column
+    _rewrite(run / SMP, lambda t: _first_row("truncated", None, t))
+    _rewrite(run / TOK, lambda t: _set(t, "logp", pa.array([3.0] + t["logp"].to_pylist()[1:], pa.float32())))
+    with pytest.raises(RunFormatError):
+        check_before_reading(run)
+    assert sorted(read) == [SMP, TOK]
+
+
+def test_a_part_file_without_rows_passes_both_checks(good, tmp_path):
+    """A part with no rows (a loss call the writer opened and closed empty) has statistics
+    without a minimum or maximum: nothing to check, and no micro_batch range."""
+    run = shutil.copytree(good, tmp_path / "run", symlinks=True)
+    empty = TOK.replace(".parquet", "-0001.parquet")
+    pq.write_table(pq.read_table(run / TOK).slice(0, 0), run / empty)
+    marker = run / fmt.marker_relpath(1, 0)
+    m = json.loads(marker.read_text())
+    m["files"] = sorted([*m["files"], empty])
+    marker.write_text(json.dumps(m))
+    assert validate_run(run).problems == []
+    assert check_before_reading(run).ok
+
+
+def test_parts_with_interleaved_micro_batch_ranges_are_read_exactly(good, tmp_path):
+    """Parts holding micro-batches {0, 2} and {1, 3}: the ranges 0..2 and 1..3 overlap, the sets
+    do not, so no loss call is split."""
+    run = shutil.copytree(good, tmp_path / "run", symlinks=True)
+    t = pq.read_table(run / TOK)
+    ids = t["sample_id"].to_numpy()
+    later = (ids != ids[0]).astype("int32")  # the first completion's rows, then the others
+    (run / TOK).unlink()
+    parts = [TOK.replace(".parquet", f"-000{i}.parquet") for i in (0, 1)]
+    for i, part in enumerate(parts):  # the same rows in both parts, in other loss calls
+        pq.write_table(_set(t, "micro_batch", pa.array(2 * later + i, pa.int32())), run / part)
+    marker = run / fmt.marker_relpath(1, 0)
+    m = json.loads(marker.read_text())
+    m["files"] = sorted([f for f in m["files"] if f != TOK] + parts)
+    marker.write_text(json.dumps(m))
+    assert validate_run(run).problems == []
+    assert check_before_reading(run).ok

@@ -471,14 +471,46 @@ def test_unreadable_or_truncated_parquet(run, damage):
     assert err.path == TOK and "unreadable or truncated Parquet file" in err.message
 
 
-def test_corrupt_data_page_is_reported_not_raised(run):
-    p = run / TOK
+@pytest.mark.parametrize("rel", [TOK, SMP])
+def test_corrupt_data_page_is_reported_not_raised(run, rel):
+    """The footer reads, the pages do not: one error naming the file (a samples file that gave no
+    ids leaves the token rows of its completions alone: no orphan warning)."""
+    p = run / rel
+    md = pq.ParquetFile(p).metadata
+    names = [md.row_group(0).column(i).path_in_schema for i in range(md.num_columns)]
+    at = md.row_group(0).column(names.index("sample_id")).data_page_offset
     data = bytearray(p.read_bytes())
-    for i in range(8, len(data) // 2):  # scribble over the column chunks, keep the footer
-        data[i] = (data[i] * 7 + 13) % 256
+    data[at:at + 12] = b"\xff" * 12  # the header of sample_id's first data page
     p.write_bytes(bytes(data))
-    report = validate_run(run)  # whatever pyarrow makes of it, it is a problem and not an exception
-    assert any(p.path == TOK and p.severity == ERROR for p in report.problems)
+    pq.ParquetFile(p)  # the footer is intact
+    report = validate_run(run)  # a problem and not an exception
+    (problem,) = report.problems
+    assert (problem.severity, problem.path, problem.column) == (ERROR, rel, None)
+    assert problem.message.startswith("unreadable or truncated Parquet file: ")
+
+
+def test_unreadable_files_leave_the_join_off_for_the_rest_of_the_run(run):
+    """An unreadable samples file (step 2) makes the join skip every token row; an unreadable
+    tokens file read after it (step 0) does not turn the join back on."""
+    smp2 = "samples/step=00000002/rank=00000.parquet"
+    (run / smp2).write_bytes(b"junk")
+    (run / TOK.replace("step=00000001", "step=00000000")).write_bytes(b"junk")
+    report = validate_run(run)
+    assert report.warnings == [] and len(report.errors) == 2
+
+
+@pytest.mark.parametrize("damage", ["mistyped", "missing"])
+def test_a_samples_file_without_usable_ids_orphans_no_token_rows(run, damage):
+    """Its sample_id column is mistyped or missing: that is its one error; the token rows of its
+    completions are not reported as orphans (their samples row exists, its id is unreadable)."""
+    def fn(t):
+        if damage == "missing":
+            return t.drop_columns(["sample_id"])
+        return t.set_column(t.schema.get_field_index("sample_id"), "sample_id", t["sample_id"].cast(pa.int32()))
+    _rewrite(run / SMP, fn)
+    report = validate_run(run)
+    (problem,) = report.problems
+    assert (problem.severity, problem.path, problem.column) == (ERROR, SMP, "sample_id")
 
 
 @pytest.mark.parametrize("column", ["micro_batch", "sample_id", "pos"])
@@ -576,6 +608,52 @@ def test_markers_that_disagree_with_the_files_are_named(run):
         assert problem in got, got
 
 
+def test_a_missing_marker_or_rank_is_named_and_the_other_ranks_are_still_checked(run):
+    """Step 1 rank 0 lost its marker, step 2 rank 0 everything; rank 1's markers of those steps
+    name a file that is missing: each problem is reported, by validate and, but for the
+    incomplete steps that readers skip, by the footer check. Step 0 rank 1 wrote no rows: its
+    marker names no file, which is fine."""
+    complete = run / fmt.COMPLETE_DIR
+    (complete / "step=00000001.rank=00000.json").unlink()
+    (complete / "step=00000002.rank=00000.json").unlink()
+    for step, rank in ((2, 0), (0, 1)):
+        for table in fmt.TABLES:
+            (run / fmt.shard_relpath(table, step, rank)).unlink()
+
+    def edit(step, rank, files):
+        marker = run / fmt.marker_relpath(step, rank)
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "files": files}))
+    edit(0, 1, [])
+    missing = {step: f"samples/step=0000000{step}/rank=00001-0001.parquet" for step in (1, 2)}
+    for step in (1, 2):
+        edit(step, 1, [f for t in fmt.TABLES for f in [fmt.shard_relpath(t, step, 1)]] + [missing[step]])
+    got = sorted((p.severity, p.path, p.column, p.message) for p in validate_run(run).problems)
+    assert got == sorted([
+        (ERROR, fmt.marker_relpath(1, 0), None, "step 1 rank 0: shards without a completion marker (its writer "
+         "stopped before the step ended); readers skip step 1"),
+        (ERROR, fmt.marker_relpath(2, 0), None, "step 2 rank 0: missing (no shards and no completion marker, "
+         "world_size 2); readers skip step 2"),
+        (ERROR, fmt.marker_relpath(1, 1), None, f"names {missing[1]}, which is missing"),
+        (ERROR, fmt.marker_relpath(2, 1), None, f"names {missing[2]}, which is missing"),
+    ])
+    with pytest.raises(fmt.RunFormatError) as e:
+        check_before_reading(run)
+    assert (e.value.path, e.value.message) == (
+        str(run / fmt.marker_relpath(1, 1)), f"names {missing[1]}, which is missing (and 1 more problems: run "
+        f"`grpolens validate {run}`)")
+
+
+def test_a_run_whose_complete_folder_is_gone_names_every_step_and_rank(run):
+    shutil.rmtree(run / fmt.COMPLETE_DIR)
+    got = sorted((p.severity, p.path, p.column, p.message) for p in validate_run(run).problems)
+    assert got == sorted([
+        (ERROR, fmt.marker_relpath(step, rank), None, f"step {step} rank {rank}: shards without a completion "
+         f"marker (its writer stopped before the step ended); readers skip step {step}")
+        for step in range(3) for rank in range(2)] + [
+        (WARNING, fmt.COMPLETE_DIR, None, "no finished record for rank(s) 0, 1: still training, or stopped "
+         "before the writer was closed")])
+
+
 def test_a_run_written_without_completion_markers_is_a_warning(run):
     shutil.rmtree(run / fmt.COMPLETE_DIR)
     m = json.loads((run / fmt.MANIFEST_NAME).read_text())
@@ -638,6 +716,37 @@ def test_a_micro_batch_of_one_row_split_across_parts(run):
     assert validate_run(run).problems == [Problem(ERROR, parts[1], "micro_batch", (
         f"micro_batch 1 of step 1 rank 0 is split across part files {parts[0]}, {parts[1]}; the writer keeps a "
         "loss call in one part"))]
+
+
+def test_a_micro_batch_split_across_three_parts_is_named_at_the_last_in_part_order(run):
+    """The unsuffixed file is the first part (it sorts after "-0001" by name): the message lists
+    the parts in the writer's order and names the last."""
+    t = pq.read_table(run / TOK)
+    n = int(np.sum(t.column("micro_batch").to_numpy() == 0))
+    parts = [TOK, TOK.replace(".parquet", "-0001.parquet"), TOK.replace(".parquet", "-0002.parquet")]
+    cuts = [0, n // 3, 2 * n // 3, t.num_rows]
+    for part, lo, hi in zip(parts, cuts, cuts[1:]):
+        pq.write_table(t.slice(lo, hi - lo), run / part)
+    remark(run)
+    assert validate_run(run).problems == [Problem(ERROR, parts[2], "micro_batch", (
+        f"micro_batch 0 of step 1 rank 0 is split across part files {', '.join(parts)}; the writer keeps a loss "
+        "call in one part"))]
+
+
+def test_duplicates_across_parts_are_counted_past_an_unreadable_part(run):
+    """Three parts hold micro_batch 0: the first lacks pos (its keys cannot be read), the other
+    two are the same rows: every one of those rows is a duplicate, named at the first part."""
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+    parts = [TOK.replace(".parquet", f"-000{i}.parquet") for i in range(3)]
+    pq.write_table(t.drop_columns(["pos"]), run / parts[0])
+    for part in parts[1:]:
+        pq.write_table(t, run / part)
+    remark(run)
+    errors = validate_run(run).errors
+    assert Problem(ERROR, parts[0], "pos", "required column missing (expected int32)") in errors
+    assert Problem(ERROR, parts[0], None, f"{t.num_rows:,} duplicate (step, rank, micro_batch, sample_id, pos) "
+                   "keys across the part files of step 1 rank 0") in errors
 
 
 def test_parts_repeating_a_loss_call_are_split_and_duplicated(run):

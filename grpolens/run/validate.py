@@ -553,8 +553,7 @@ class _Validator:
     def check_sample_ids(self) -> None:
         """sample_id is unique within the run; prepare the sorted id set for the tokens join."""
         if not self.sample_ids:
-            self._known_ids = np.zeros(0, np.int64)
-            return
+            return  # no samples file gave ids: the tokens join is off (_join_samples)
         ids = np.concatenate(self.sample_ids)
         file_of = np.repeat(np.arange(len(self.sample_ids)), [len(a) for a in self.sample_ids])
         order = np.argsort(ids, kind="stable")
@@ -800,7 +799,6 @@ class _FooterValidator(_Validator):
             return
         if stat is not None and len(self.report.problems) == before:
             self.memo.files[rel] = [*stat, table, rows, *facts]
-            self.memo.changed = True
 
     def _recall(self, rel: str, shard: fmt.Shard, table: str, stat: list[int]) -> bool:
         """Restore what ``check_file`` learnt of an unchanged file that passed before."""
@@ -826,7 +824,6 @@ class _FooterValidator(_Validator):
         super()._check_marker(path, step, rank, files)
         if len(self.report.problems) == before:
             self.memo.markers[rel] = seen
-            self.memo.changed = True
 
     def check_parts(self) -> None:
         """Part files whose micro_batch ranges overlap get their exact micro_batch sets read (the
