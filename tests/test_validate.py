@@ -139,6 +139,22 @@ def test_nulls_in_non_nullable_column(run, table, column):
     assert len(nulls) == 1 and (nulls[0].path, nulls[0].column) == (table, column) and "2 null" in nulls[0].message
 
 
+@pytest.mark.parametrize("table, column", [(TOK, c) for c in ("step", "rank", "micro_batch", "sample_id", "pos")] +
+                         [(SMP, c) for c in ("step", "rank")])
+def test_a_null_key_is_one_error_not_a_made_up_value(run, table, column):
+    """A null step, rank or key is its null error only: not a row holding another step or rank
+    than the path's, not rows out of order, not a token row of an unknown sample (the value a null
+    is read as, -1, is no value of the run)."""
+    def null_row_3(t):
+        i = t.schema.get_field_index(column)
+        values = t[column].to_pylist()
+        values[3] = None
+        return t.set_column(i, pa.field(column, t.schema.field(i).type, nullable=True),
+                            pa.array(values, t.schema.field(i).type))
+    _rewrite(run / table, null_row_3)
+    assert validate_run(run).problems == [Problem(ERROR, table, column, "1 null values in a non-nullable column")]
+
+
 @pytest.mark.parametrize("column, to", [("old_entropy", pa.float64()), ("rollout_rejected", pa.int8())])
 def test_mistyped_optional_verl_column(run, column, to):
     _rewrite(run / TOK, lambda t: t.append_column(column, pa.array(np.zeros(t.num_rows)).cast(to)))

@@ -425,10 +425,13 @@ class _Validator:
             if n:
                 self.add(ERROR, rel, f"{n:,} null values in a non-nullable column", column=name)
 
-    def _check_path_agrees(self, shard: fmt.Shard, values: dict[str, np.ndarray], bad: dict[str, list]) -> None:
+    def _check_path_agrees(self, shard: fmt.Shard, batch: pa.RecordBatch, values: dict[str, np.ndarray],
+                           bad: dict[str, list]) -> None:
         for name, expected in (("step", shard.step), ("rank", shard.rank)):
             if name in values:
                 wrong = values[name] != expected
+                if batch.column(name).null_count:  # a null is an error of its own, not a value (_ints' -1)
+                    wrong &= batch.column(name).is_valid().to_numpy(zero_copy_only=False)
                 if wrong.any():
                     b = bad.setdefault(name, [0, None])
                     b[0] += int(wrong.sum())
@@ -458,7 +461,7 @@ class _Validator:
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
             self._null_checks(batch, fmt.TOKENS, nulls)
             vals = {c: _ints(batch.column(c)) for c in wanted}
-            self._check_path_agrees(shard, vals, bad_path)
+            self._check_path_agrees(shard, batch, vals, bad_path)
             for c in _ORDER:
                 if c in vals and len(vals[c]) and vals[c].min() < 0 and batch.column(c).null_count == 0:
                     negatives.add(c)
@@ -482,10 +485,14 @@ class _Validator:
                 dups += int(eq.sum())
                 last = [k[-1:] for k in keys]
             if "sample_id" in vals:
-                self._join_samples(rel, vals["sample_id"])
+                col = batch.column("sample_id")  # a null id is an error of its own, not an orphan id -1
+                self._join_samples(rel, vals["sample_id"][col.is_valid().to_numpy(zero_copy_only=False)]
+                                   if col.null_count else vals["sample_id"])
             row0 += batch.num_rows
         self._report_nulls(rel, nulls)
         self._report_path_disagreement(rel, shard, bad_path)
+        if any(nulls.get(c) for c in _ORDER):  # keys with nulls are their error: order and uniqueness
+            unsorted_at, dups = None, 0  # are not judged on the stand-in value (_ints' -1)
         for c in sorted(negatives):
             self.add(ERROR, rel, "negative values (must be >= 0)", column=c)
         for c, n in positive.items():
@@ -536,7 +543,7 @@ class _Validator:
                         b[0] += len(bad)
             row0 += batch.num_rows
             vals = {c: _ints(batch.column(c)) for c in ("step", "rank") if c in usable}
-            self._check_path_agrees(shard, vals, bad_path)
+            self._check_path_agrees(shard, batch, vals, bad_path)
             if "sample_id" in usable:
                 col = batch.column("sample_id")
                 ids.append(col.drop_null().to_numpy().astype(np.int64) if col.null_count else _ints(col))
