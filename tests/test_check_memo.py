@@ -75,7 +75,14 @@ def test_a_rewritten_file_is_checked_again(run):
 
 
 def test_memoised_samples_still_take_part_in_the_unique_sample_id_rule(run):
+    # a samples part without rows (remembered with no ids) keeps the ids integers
+    empty = "samples/step=00000001/rank=00000-0001.parquet"
+    pq.write_table(pq.read_table(run / "samples/step=00000001/rank=00000.parquet").slice(0, 0), run / empty)
+    marker = run / fmt.marker_relpath(1, 0)
+    marker.write_text(json.dumps({**json.loads(marker.read_text()),
+                                  "files": sorted([*json.loads(marker.read_text())["files"], empty])}))
     recompute(run)
+    assert _memo(run)["files"][empty][-1] == []
     # a rewritten step whose samples reuse an id of step 0 (a memoised, unopened file)
     smp1 = pq.read_table(run / "samples/step=00000000/rank=00000.parquet")
     t = pq.read_table(run / SMP2)

@@ -729,9 +729,13 @@ def test_a_micro_batch_of_one_row_split_across_parts(run):
     pq.write_table(t.slice(0, cut), run / parts[0])
     pq.write_table(t.slice(cut), run / parts[1])
     remark(run)
-    assert validate_run(run).problems == [Problem(ERROR, parts[1], "micro_batch", (
+    (problem,) = validate_run(run).problems
+    assert problem == Problem(ERROR, parts[1], "micro_batch", (
         f"micro_batch 1 of step 1 rank 0 is split across part files {parts[0]}, {parts[1]}; the writer keeps a "
-        "loss call in one part"))]
+        "loss call in one part"))
+    with pytest.raises(fmt.RunFormatError) as e:  # the footers' ranges 0..1 and 1..1 show it too
+        check_before_reading(run)
+    assert (e.value.path, e.value.column, e.value.message) == (str(run / parts[1]), "micro_batch", problem.message)
 
 
 def test_a_micro_batch_split_across_three_parts_is_named_at_the_last_in_part_order(run):
