@@ -487,30 +487,39 @@ def test_unreadable_or_truncated_parquet(run, damage):
     assert err.path == TOK and "unreadable or truncated Parquet file" in err.message
 
 
-@pytest.mark.parametrize("rel", [TOK, SMP])
-def test_corrupt_data_page_is_reported_not_raised(run, rel):
-    """The footer reads, the pages do not: one error naming the file (a samples file that gave no
-    ids leaves the token rows of its completions alone: no orphan warning)."""
-    p = run / rel
+def _break_a_data_page(p):
+    """Overwrite the header of sample_id's first data page: the footer still reads."""
     md = pq.ParquetFile(p).metadata
     names = [md.row_group(0).column(i).path_in_schema for i in range(md.num_columns)]
     at = md.row_group(0).column(names.index("sample_id")).data_page_offset
     data = bytearray(p.read_bytes())
-    data[at:at + 12] = b"\xff" * 12  # the header of sample_id's first data page
+    data[at:at + 12] = b"\xff" * 12
     p.write_bytes(bytes(data))
-    pq.ParquetFile(p)  # the footer is intact
+    pq.ParquetFile(p)
+
+
+@pytest.mark.parametrize("rel", [TOK, SMP])
+def test_corrupt_data_page_is_reported_not_raised(run, rel):
+    """The footer reads, the pages do not: one error naming the file (a samples file that gave no
+    ids leaves the token rows of its completions alone: no orphan warning)."""
+    _break_a_data_page(run / rel)
     report = validate_run(run)  # a problem and not an exception
     (problem,) = report.problems
     assert (problem.severity, problem.path, problem.column) == (ERROR, rel, None)
     assert problem.message.startswith("unreadable or truncated Parquet file: ")
 
 
-def test_unreadable_files_leave_the_join_off_for_the_rest_of_the_run(run):
+@pytest.mark.parametrize("damage", ["junk", "page"])
+def test_unreadable_files_leave_the_join_off_for_the_rest_of_the_run(run, damage):
     """An unreadable samples file (step 2) makes the join skip every token row; an unreadable
-    tokens file read after it (step 0) does not turn the join back on."""
+    tokens file read after it (step 0: junk, or a broken data page) does not turn the join back on."""
     smp2 = "samples/step=00000002/rank=00000.parquet"
     (run / smp2).write_bytes(b"junk")
-    (run / TOK.replace("step=00000001", "step=00000000")).write_bytes(b"junk")
+    tok0 = run / TOK.replace("step=00000001", "step=00000000")
+    if damage == "junk":
+        tok0.write_bytes(b"junk")
+    else:
+        _break_a_data_page(tok0)
     report = validate_run(run)
     assert report.warnings == [] and len(report.errors) == 2
 
