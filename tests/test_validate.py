@@ -336,6 +336,26 @@ def test_duplicate_sample_ids(run):
                          "samples/step=00000000/rank=00000.parquet); sample_id must be unique in a run")
 
 
+def test_a_duplicate_sample_id_among_many_is_named_at_its_later_file(run):
+    """The last samples file gets a completion reusing the first file's last id, then 1,000 more:
+    among that many ids too (where an unstable sort would swap the two), the error names the later
+    file and the one that held the id first."""
+    first, last = "samples/step=00000000/rank=00000.parquet", "samples/step=00000002/rank=00001.parquet"
+    reuse = pq.read_table(run / first)["sample_id"][-1].as_py()
+    top = max(max(pq.read_table(f)["sample_id"].to_pylist()) for f in (run / "samples").rglob("*.parquet"))
+
+    def grow(t):
+        i = t.schema.get_field_index("sample_id")
+        extra = t.take([0] * 1001)
+        ids = pa.array([reuse, *range(top + 1, top + 1001)], pa.int64())
+        return pa.concat_tables([t, extra.set_column(i, t.schema.field(i), ids)])
+    _rewrite(run / last, grow)
+    p = _only(validate_run(run))
+    assert (p.path, p.column, p.message) == (last, "sample_id", (
+        f"1 duplicate sample_id values across the samples table (first: {reuse}, also in {first}); sample_id must "
+        "be unique in a run"))
+
+
 # -- joins, non-finite values -----------------------------------------------------------------
 
 def test_token_rows_without_samples_row_is_a_warning(run):
