@@ -72,6 +72,12 @@ def _import_ray():
     return ray
 
 
+def _in_flight_limit(resources: dict[str, float]) -> int:
+    """Tasks in flight on a cluster with these resources (``ray.cluster_resources()``):
+    ``TASKS_PER_CPU`` per CPU, and never fewer than 2 (the step waited for and the next)."""
+    return max(2, TASKS_PER_CPU * int(resources.get("CPU", 1)))
+
+
 def _check_reachable(address: str, timeout: float = 10.0) -> None:
     """One line at once when nothing listens at ``HOST:PORT`` or ``ray://HOST:PORT`` (Ray itself
     retries such an address for minutes before it gives up). ``auto`` is left to Ray."""
@@ -113,8 +119,13 @@ class RayEngine:
                     ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, logging_level="ERROR",
                              log_to_driver=False, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as e:
-                where = self.address or "a local Ray instance"
-                raise UserError(f"--ray-address {where}: cannot connect: {str(e).splitlines()[0]}") from None
+                if self.address:
+                    where = f"--ray-address {self.address}: cannot connect"
+                elif os.environ.get("RAY_ADDRESS"):  # ray.init() joins the cluster this variable names
+                    where = f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} (set in the environment): cannot connect"
+                else:
+                    where = "--engine ray: cannot start a local Ray instance"
+                raise UserError(f"{where}: {str(e).splitlines()[0]}") from None
             self._started = True
         if self._remote is None:
             self._remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_run_group)
@@ -140,12 +151,11 @@ class RayEngine:
         order = sorted(by_step)
         tasks = [(step, by_step[step][i:i + self.shards_per_task])
                  for step in order for i in range(0, len(by_step[step]), self.shards_per_task)]
-        window = max(2, TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
+        window = _in_flight_limit(ray.cluster_resources())
         pending: dict[int, list] = {s: [] for s in order}  # step -> its tasks' refs, in shard order
         remaining = {s: sum(1 for t, _ in tasks if t == s) for s in order}
         done: dict[Any, Any] = {}
         inflight: list = []
-        ref_step: dict[Any, int] = {}
         nxt = 0
         for step in order:
             while True:
@@ -154,10 +164,10 @@ class RayEngine:
                     s, group = tasks[nxt]
                     ref = self._remote.remote(work_ref, group)
                     pending[s].append(ref)
-                    ref_step[ref] = s
                     inflight.append(ref)
                     nxt += 1
-                if remaining[step] == 0 or len(pending[step]) == remaining[step] and all(r in done for r in pending[step]):
+                # every task of the step submitted and done (at once for a step without a shard)
+                if len(pending[step]) == remaining[step] and all(r in done for r in pending[step]):
                     break
                 ready, inflight = ray.wait(inflight, num_returns=1)
                 for ref in ready:

@@ -100,6 +100,30 @@ def test_ray_address_joins_a_running_cluster(ray_cluster, synth_small, tmp_path)
     # of a Ray instance of its own
     drivers = [f.name for f in temp_dir.glob("session_*/logs/python-core-driver-*.log")]
     assert any(name.endswith(f"_{p.pid}.log") for name in drivers), drivers
+    assert err == ""  # -q: nothing of Ray's ("Connecting to existing Ray cluster ...") either
+    # what the cluster's workers print does not reach the user's terminal
+    r = subprocess.run([sys.executable, "-c", JOIN_WITH_A_LOUD_VISITOR, str(run), address], env=env,
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "steps 6" and "a line a worker printed" not in r.stdout + r.stderr
+
+
+JOIN_WITH_A_LOUD_VISITOR = r'''
+import sys
+from grpolens.analysis.recompute import recompute
+from grpolens.metrics.engine_ray import RayEngine
+
+class Loud:
+    name = "loud"
+    def shard(self, batch, shard):
+        print("a line a worker printed", flush=True)
+        return 1
+    def combine(self, step, pieces):
+        return pieces
+
+got = recompute(sys.argv[1], write=False, incremental=False, engine=RayEngine(sys.argv[2]), extra_visitors=[Loud()])
+print("steps", got.height)
+'''
 
 
 def test_an_address_with_no_cluster_is_one_line(tmp_path):
@@ -113,3 +137,22 @@ def test_an_address_with_no_cluster_is_one_line(tmp_path):
         assert r.returncode == 2 and r.stderr.strip() == (
             f"error: --ray-address {address}: cannot connect: nothing answers at 127.0.0.1:{port} (Connection refused)")
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("option", "env", "where"), [
+    (["--ray-address", "localhost"], {}, "--ray-address localhost: cannot connect"),
+    ([], {"RAY_ADDRESS": "localhost"}, "RAY_ADDRESS=localhost (set in the environment): cannot connect"),
+], ids=["option", "environment"])
+def test_an_address_ray_refuses_is_one_line_naming_where_it_came_from(tmp_path, option, env, where):
+    """An address Ray cannot parse, given with --ray-address or in RAY_ADDRESS (which ray.init
+    reads when no address is given): Ray's own first line, after what named the address."""
+    pytest.importorskip("ray")
+    base = {k: v for k, v in _env().items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-m", "grpolens.cli", "recompute", str(ROOT / "sample_runs" / "tiny"),
+                        "--engine", "ray", *option, "--out", str(tmp_path / "out"), "-q"],
+                       env={**base, **env}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    line = r.stderr.strip()
+    assert "\n" not in line and line.startswith(f"error: {where}: "), line
+    assert "localhost" in line.removeprefix(f"error: {where}: ")  # Ray's reason names what it refused
+    assert not (tmp_path / "out").exists()

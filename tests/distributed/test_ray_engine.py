@@ -3,9 +3,11 @@ engine, a worker killed mid-task, an unreadable shard."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -134,10 +136,23 @@ class WorkerEnv:
     def combine(self, step, pieces):
         return pieces
 
-paths = set()
-recompute(sys.argv[1], write=False, incremental=False, engine=RayEngine(), extra_visitors=[WorkerEnv()],
-          on_step=lambda s, pieces: paths.update(pieces["worker_env"]))
-print(json.dumps({"paths": sorted(paths), "initialized_after": ray.is_initialized()}))
+def run(engine):
+    paths = set()
+    recompute(sys.argv[1], write=False, incremental=False, engine=engine, extra_visitors=[WorkerEnv()],
+              on_step=lambda s, pieces: paths.update(pieces["worker_env"]))
+    return sorted(paths)
+
+engine = RayEngine()
+got = {"paths": run(engine), "initialized_after": ray.is_initialized()}
+# the same engine again, with no PYTHONPATH of the user's: a second instance of its own, stopped too
+del os.environ["PYTHONPATH"]
+got.update(paths_no_pythonpath=run(engine), initialized_after_second=ray.is_initialized())
+# an instance the user started: the engine runs on it and leaves it running
+ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+         runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+got.update(paths_users_instance=run(engine), users_instance_running_after=ray.is_initialized())
+ray.shutdown()
+print(json.dumps(got))
 '''
 
 
@@ -145,7 +160,9 @@ def test_a_local_instance_the_engine_starts_gives_workers_this_checkout_and_stop
     """Without ``--ray-address`` the engine starts a local instance of its own (a fresh process
     here: the other tests share one started by a fixture): its workers import grpolens from the
     checkout the driver imports it from, ahead of the user's PYTHONPATH; neither Ray's start-up
-    messages nor the workers' output reach the user; and the instance stops with the command."""
+    messages nor the workers' output reach the user; and the instance stops with the command. The
+    same engine used again starts and stops a new one, and on an instance the user started it runs
+    without stopping it."""
     import json
     import subprocess
     import sys
@@ -156,6 +173,116 @@ def test_a_local_instance_the_engine_starts_gives_workers_this_checkout_and_stop
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got == {"paths": [f"{root}{os.pathsep}/no/such/dir"], "initialized_after": False}
+    assert got == {"paths": [f"{root}{os.pathsep}/no/such/dir"], "initialized_after": False,
+                   "paths_no_pythonpath": [str(root)], "initialized_after_second": False,
+                   "paths_users_instance": [str(root)], "users_instance_running_after": True}
     assert "a line a worker printed" not in r.stdout + r.stderr
     assert "Started a local Ray instance" not in r.stderr
+
+
+# ``map_steps`` on its own, with a work function of the test's (each shard's result names it), on the
+# shared local instance: the order of steps and of shards, groups, the in-flight bound, errors.
+
+@dataclass(frozen=True)
+class NamedShard:
+    step: int
+    name: str
+
+    @property
+    def path(self) -> Path:
+        return Path("/runs/r/tokens") / f"step={self.step}" / self.name
+
+
+def _shard_name(sh: NamedShard) -> dict:
+    return {"step": sh.step, "shard": sh.name}
+
+
+def _by_step(sizes: dict[int, int]) -> dict[int, list[NamedShard]]:
+    return {step: [NamedShard(step, f"s{step}-{i}") for i in range(n)] for step, n in sizes.items()}
+
+
+#: steps given out of order, one without a shard, steps of one shard and of more than a group
+SIZES = {7: 5, 2: 1, 4: 0, 0: 3, 9: 2, 5: 1, 3: 4, 8: 1, 1: 1, 6: 3}
+
+
+@pytest.mark.parametrize("shards_per_task", [1, 2, 8])
+def test_every_step_in_order_with_each_shards_result_in_shard_order(ray_local, shards_per_task):
+    by_step = _by_step(SIZES)
+    got = list(_engine(shards_per_task=shards_per_task).map_steps(by_step, _shard_name))
+    want = [(step, [{"step": step, "shard": f"s{step}-{i}"} for i in range(SIZES[step])]) for step in range(10)]
+    assert got == want
+
+
+class RecordingRay:
+    """The ``ray`` module itself (every call goes to it), recording how many tasks were in flight
+    at each wait."""
+
+    def __init__(self, ray):
+        self._ray = ray
+        self.in_flight: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._ray, name)
+
+    def wait(self, refs, **kw):
+        self.in_flight.append(len(refs))
+        return self._ray.wait(refs, **kw)
+
+
+def test_tasks_in_flight_never_exceed_the_clusters_limit(ray_local):
+    from grpolens.metrics.engine_ray import _in_flight_limit
+
+    limit = _in_flight_limit(ray_local.cluster_resources())
+    assert limit == 4  # the fixture's 2 CPUs
+    engine = _engine(shards_per_task=1)
+    engine._ensure()
+    spy = RecordingRay(ray_local)
+    by_step = _by_step({s: 2 for s in range(8)})  # 16 tasks
+    got = list(engine._map(spy, by_step, _shard_name))
+    assert [s for s, _ in got] == list(range(8))
+    assert max(spy.in_flight) == limit  # the window is filled, and never past the limit
+
+
+def _raise_on(sh: NamedShard, failing: str, kind: str) -> dict:
+    """Shard ``failing``'s error, made in the worker (grpolens' errors are not picklable)."""
+    from grpolens.run.storage import StorageError
+
+    if sh.name == failing:
+        if kind == "format":
+            raise RunFormatError(str(sh.path), "column has nulls", column="logp")
+        raise StorageError(f"s3://runs/r/tokens/{sh.name}: access denied")
+    return _shard_name(sh)
+
+
+def test_a_shards_format_error_stops_the_run_with_its_file_message_and_column(ray_local):
+    steps = []
+    work = functools.partial(_raise_on, failing="s0-1", kind="format")
+    with pytest.raises(RunFormatError) as e:
+        for step, _ in _engine(shards_per_task=1).map_steps(_by_step(SIZES), work):
+            steps.append(step)
+    assert (e.value.path, e.value.message, e.value.column) == ("/runs/r/tokens/step=0/s0-1", "column has nulls", "logp")
+    assert steps == []  # the failing shard is step 0's: no step was given out
+
+
+def test_a_shards_storage_error_stops_the_run_with_its_message(ray_local):
+    from grpolens.run.storage import StorageError
+
+    work = functools.partial(_raise_on, failing="s3-2", kind="storage")
+    with pytest.raises(StorageError) as e:
+        list(_engine(shards_per_task=2).map_steps(_by_step(SIZES), work))
+    assert e.value.message == "s3://runs/r/tokens/s3-2: access denied"
+
+
+def _count_and_raise(sh: NamedShard, log: str) -> dict:
+    with open(log, "a") as f:
+        f.write(f"{sh.name}\n")
+    raise KeyError(sh.name)  # a bug in grpolens, not a shard's fault: Ray re-raises it in the driver
+
+
+def test_an_exception_in_grpolens_is_not_retried(ray_local, tmp_path):
+    """Ray retries a task whose worker died (``test_worker_killed_mid_task_is_retried``), never one
+    that raised: running it again would only raise again."""
+    log = tmp_path / "calls"
+    with pytest.raises(KeyError):
+        list(_engine().map_steps(_by_step({0: 1}), functools.partial(_count_and_raise, log=str(log))))
+    assert log.read_text() == "s0-0\n"

@@ -14,7 +14,7 @@ import pytest
 
 from grpolens.errors import RunFormatError, UserError
 from grpolens.metrics import engine_ray
-from grpolens.metrics.engine_ray import RayEngine, ShardFailure, _check_reachable, _run_group
+from grpolens.metrics.engine_ray import RayEngine, ShardFailure, _check_reachable, _in_flight_limit, _run_group
 from grpolens.run.storage import StorageError
 
 
@@ -109,6 +109,17 @@ def test_addresses_that_are_not_host_and_port_are_left_to_ray(address, monkeypat
         raise AssertionError(f"{address!r} was dialled")
     monkeypatch.setattr(socket, "create_connection", connect)
     _check_reachable(address)
+
+
+@pytest.mark.parametrize(("resources", "limit"), [
+    ({"CPU": 1.0}, 2),  # TASKS_PER_CPU (2) per CPU
+    ({"CPU": 4.0, "GPU": 1.0, "memory": 8e9}, 8),
+    ({"CPU": 3.0}, 6),
+    ({"CPU": 0.5}, 2),  # never fewer than 2: the step waited for and the next
+    ({}, 2),  # a cluster that reports no CPU is counted as one
+])
+def test_tasks_in_flight_are_two_per_cluster_cpu_and_at_least_two(resources, limit):
+    assert _in_flight_limit(resources) == limit
 
 
 def test_engine_settings():
