@@ -487,6 +487,7 @@ def test_yaml_top_level_key_line_is_the_keys_own_line_not_a_bracketed_text_line(
     assert error_of(text, "yaml") == ("r.toml:6: rules: unknown top-level key 'rules' (did you mean 'rule'?); "
                                       "expected [[rule]] tables, 'baseline' or 'builtin_rules'")
 
+
 def test_yaml_rules_without_pyyaml(monkeypatch):
     import sys
 

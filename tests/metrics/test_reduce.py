@@ -64,6 +64,20 @@ def test_a_step_without_sequences_has_no_value():
         assert _value(kind, empty) is None, kind
 
 
+def test_a_step_without_sequences_has_no_grouped_token_mean_and_no_group():
+    """A plugin's token-mean metric at a step without sequences (a samples-only step) is no value
+    under every grouping rule (TRL's per slot, xtuner's per pack), and the step has no group: no
+    group id (they index arrays, so integers even when there are none) and a count of 0."""
+    from grpolens.metrics.reduce import grouped_ratio
+
+    sd = StepData(0, {k: v[:0] for k, v in SEQS.items()}, {})
+    for rule in ("pooled", "trl_slot", "pack_mean"):
+        assert grouped_ratio(sd, "x.sum", "x.n", rule) is None, rule
+    for by in (("micro_batch",), ("rank", "micro_batch")):
+        g, n = sd.groups(by)
+        assert n == 0 and g.shape == (0,) and np.issubdtype(g.dtype, np.integer), by
+
+
 def test_zero_when_empty_needs_sequences_under_xtuner():
     """xtuner logs 0.0 for its train-policy values when the step's sequences have no valid token,
     but a step without any sequence has nothing logged (``zero_needs_sequences``)."""
