@@ -1,0 +1,53 @@
+"""The per-profile step summaries of the rollout-IS family (``grpolens.metrics.rollout_is``): which
+rows each trainer's summary counts, and when it reports nothing. The references are those of
+``tests/metrics/test_rollout_is.py`` (numpy on padded arrays) and of
+``tests/metrics/test_rollout_is_visitors.py`` (verl's rejection filters)."""
+
+import copy
+
+import numpy as np
+import polars as pl
+
+import grpolens
+from tests.metrics.test_rollout_is import close, norm, verl_ref
+from tests.metrics.test_rollout_is_visitors import padded, verl_rs_ref
+from tests.refdata import random_calls, write_run
+
+VERL = {"rollout_is": "token", "rollout_is_threshold": "0.9_1.1", "rollout_rs": "token_k1,seq_max_k2",
+        "rollout_rs_threshold": "0.95_1.05,0.015"}
+
+
+def test_verl_profile_counts_a_completion_in_two_loss_calls_once(tmp_path):
+    """verl computes its rollout correction once per completion, on the driver, before the
+    mini-batches and PPO epochs: a completion trained on in two loss calls (rank 0's first loss
+    call again as micro-batch 2) counts once, in the IS and mismatch statistics and in the
+    rejection filters' ``rollout_rs_*``."""
+    calls = random_calls(np.random.default_rng(67), spread=0.4, steps=(0,))
+    again = copy.deepcopy(calls[0])
+    again.micro_batch = 2
+    run = write_run(tmp_path / "run", calls + [again], config={"rollout_is": VERL})
+    row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    cfg = norm(VERL)
+    want = {"rollout_corr/" + k: v for k, v in verl_ref(calls, 0, cfg).items()}
+    want.update({"rollout_corr/rollout_rs_" + k.replace("/", "_"): v
+                 for k, v in verl_rs_ref(*padded(calls, 0), cfg["rs"]).items()})
+    bad = {k: (row.get(k), v) for k, v in want.items() if not close(row.get(k), v, rel=1e-6)}
+    assert not bad, bad
+    # counted twice, the repeated rows would weigh: the data tell the two apart
+    twice = verl_ref(calls + [again], 0, cfg)
+    assert twice["rollout_is_mean"] != want["rollout_corr/rollout_is_mean"]
+
+
+def test_verl_profile_reports_nothing_when_the_trainer_had_no_rollout_correction(tmp_path):
+    """``rollout_metrics: false`` (a verl run without ``rollout_correction``, as the verl
+    integration records it): verl logs no ``rollout_corr/*``, whatever the rollout log-probs."""
+    calls = random_calls(np.random.default_rng(71), spread=0.3)
+    for flag in (False, True):
+        run = write_run(tmp_path / f"run-{flag}", calls, config={"rollout_is": VERL, "rollout_metrics": flag})
+        got = grpolens.recompute(run, profile="verl", write=False)
+        corr = [c for c in got.columns if c.startswith("rollout_corr/")]
+        values = [v for c in corr for v in got[c].to_list() if v is not None]
+        if flag:
+            assert "rollout_corr/rollout_rs_masked_fraction" in corr and len(values) > 20
+        else:
+            assert values == [], corr
