@@ -51,3 +51,16 @@ def test_verl_profile_reports_nothing_when_the_trainer_had_no_rollout_correction
             assert "rollout_corr/rollout_rs_masked_fraction" in corr and len(values) > 20
         else:
             assert values == [], corr
+
+
+def test_verl_batch_norm_factor_of_a_mean_exactly_on_its_guard_is_one(tmp_path):
+    """verl divides by the batch mean of the applied weights only when it is above 1e-8, and logs
+    a factor of 1.0 otherwise. One token of raw weight e^-19 truncated up to a lower bound of 1e-8
+    (grpolens' own keys under the verl profile): the mean is exactly 1e-8, not above it."""
+    from tests.metrics.test_rollout_is import one_call
+
+    cfg = {"level": "token", "mode": "truncate", "lower": 1e-8, "upper": 2.0, "batch_normalize": True}
+    run, _ = one_call(tmp_path, [[-20.0]], [[-1.0]], config=cfg)
+    row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
+    assert row["rollout_corr/rollout_is_mean"] == 1e-8
+    assert row["rollout_corr/rollout_is_batch_norm_factor"] == 1.0
