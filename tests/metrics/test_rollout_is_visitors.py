@@ -310,3 +310,36 @@ def test_is_hist_has_its_documented_columns_and_counts_zeroed_weights_apart(tmp_
     applied = h.filter((pl.col("kind") == "applied") & (pl.col("hi") > 0))
     assert applied["count"].sum() == 2 and h.filter(pl.col("kind") == "raw")["count"].sum() == 4
     assert (applied["lo"] > 0).all() and (h.filter(pl.col("kind") == "raw")["lo"] > 0).all()
+
+
+@pytest.mark.parametrize("band", ["0.5_1.0", "1.0_2.0"])
+def test_rejection_statistic_exactly_on_a_bound_is_counted_on_neither_side(tmp_path, band):
+    """verl counts stat > upper and (k1) stat < lower as beyond the band, strictly, in every
+    fraction. Rows δ = [0, 0], [0.5, 0.25], [-0.25] (exact in float32): k1 = −δ is exactly 0 = log 1
+    on row 0, a bound of both bands; k2 = δ²/2 is exactly 0.125, the k2 bound, on row 1's first
+    token, and row 1's max."""
+    from tests.metrics.test_rollout_is import one_call
+
+    delta = [[0.0, 0.0], [0.5, 0.25], [-0.25, 0.0]]
+    mask = np.array([[True, True], [True, True], [True, False]])
+    rs = "token_k1,seq_mean_k1,token_k2,seq_max_k2"
+    thresholds = f"{band},{band},0.125,0.125"
+    run, c = one_call(tmp_path, np.full((3, 2), -1.0), -1.0 - np.array(delta), mask=mask,
+                      config={"rs": rs, "rs_threshold": thresholds})
+    row = grpolens.recompute(run, write=False).row(0, named=True)
+    d = np.where(mask, c.old - c.rollout, 0.0)
+    assert (d == np.array(delta)).all()
+    ref = verl_rs_ref(d, mask, rs_config(rs, thresholds)["rollout_is"]["rs"])
+    bad = {k: (row.get("rollout_rs/" + k), v) for k, v in ref.items() if not close(row.get("rollout_rs/" + k), v)}
+    assert not bad, bad
+    # by hand: k1 per token [0, 0, -0.5, -0.25, 0.25], row means [0, -0.375, 0.25]; the k2 bound is
+    # reached, not passed
+    want = {"0.5_1.0": {"token_k1/fraction_high": 1 / 5, "token_k1/fraction_low": 0.0, "token_k1/masked_fraction": 1 / 5,
+                        "seq_mean_k1/fraction_high": 1 / 3, "seq_mean_k1/fraction_low": 0.0,
+                        "seq_mean_k1/masked_fraction": 1 / 5},
+            "1.0_2.0": {"token_k1/fraction_high": 0.0, "token_k1/fraction_low": 2 / 5, "token_k1/masked_fraction": 2 / 5,
+                        "seq_mean_k1/fraction_high": 0.0, "seq_mean_k1/fraction_low": 1 / 3,
+                        "seq_mean_k1/masked_fraction": 2 / 5}}[band]
+    want.update({"token_k2/fraction_high": 0.0, "seq_max_k2/fraction_high": 0.0, "token_k2/masked_fraction": 0.0,
+                 "seq_max_k2/masked_fraction": 0.0})
+    assert {k: row["rollout_rs/" + k] for k in want} == pytest.approx(want, abs=1e-15)
