@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 import polars as pl
+import pytest
 
 import grpolens
 from tests.metrics.test_rollout_is import close, norm, verl_ref
@@ -64,3 +65,30 @@ def test_verl_batch_norm_factor_of_a_mean_exactly_on_its_guard_is_one(tmp_path):
     row = grpolens.recompute(run, profile="verl", write=False).row(0, named=True)
     assert row["rollout_corr/rollout_is_mean"] == 1e-8
     assert row["rollout_corr/rollout_is_batch_norm_factor"] == 1.0
+
+
+def test_trl_empty_rank_logs_zero_also_when_every_ratio_is_below_one(tmp_path):
+    """TRL logs 0.0 for a rank without a completion token (its ``numel() > 0`` guards) in each of
+    min, mean and max, and its gather over ranks takes them: with every ratio of rank 0 below 1
+    (δ = −0.1, −0.2) the max is rank 0's largest ratio e^−0.1, never 1, the min 0.0 and the mean
+    half of rank 0's mean. Only with vLLM IS configured does TRL log ``sampling/*`` at all."""
+    from tests.refdata import LossCall, f32
+
+    old = np.array([[-1.1, -1.2]])
+    rank0 = LossCall(0, 0, 0, np.array([0]), np.array([2]), f32(old), np.ones((1, 2), bool), f32(np.ones(1)),
+                     old=f32(old), rollout=f32(np.full((1, 2), -1.0)))
+    rank1 = LossCall(0, 1, 0, np.array([1]), np.array([2]), f32(old), np.zeros((1, 2), bool), f32(np.ones(1)),
+                     old=f32(old), rollout=f32(np.full((1, 2), -1.0)))
+    trl = {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0}
+    names = ("min", "mean", "max")
+    for config, want in ((trl, None), (None, {k: None for k in names})):
+        run = write_run(tmp_path / f"run-{config is None}", [rank0, rank1], config={"rollout_is": config} if config else None)
+        row = grpolens.recompute(run, profile="trl", write=False).row(0, named=True)
+        got = {k: row.get(f"sampling/importance_sampling_ratio/{k}") for k in names}
+        if want is None:
+            r = np.exp(rank0.old[0] - rank0.rollout[0])  # the float32 log-probs as written
+            want = {"min": 0.0, "mean": r.mean() / 2, "max": r.max()}
+            assert want["max"] == pytest.approx(np.exp(-0.1), rel=1e-6)
+            assert got == pytest.approx(want, rel=1e-12)
+        else:
+            assert got == want
