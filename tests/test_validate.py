@@ -798,6 +798,21 @@ def test_duplicates_across_parts_are_counted_past_an_unreadable_part(run):
                    "keys across the part files of step 1 rank 0") in errors
 
 
+def test_a_duplicate_within_one_part_is_not_counted_across_parts(run):
+    """micro_batch 0 split across two parts, the second repeating one of its own rows: the split,
+    and the duplicate of that part; no key is in both parts, so no duplicate across them."""
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+    half = int(np.sum(t.column("micro_batch").to_numpy() == 0)) // 2
+    parts = [TOK.replace(".parquet", f"-000{i}.parquet") for i in (0, 1)]
+    pq.write_table(t.slice(0, half), run / parts[0])
+    pq.write_table(t.take(np.r_[half, np.arange(half, t.num_rows)]), run / parts[1])
+    remark(run)
+    assert sorted((p.path, p.column or "", p.message.split(";")[0]) for p in validate_run(run).problems) == [
+        (parts[1], "", "1 duplicate (step, rank, micro_batch, sample_id, pos) keys"),
+        (parts[1], "micro_batch", f"micro_batch 0 of step 1 rank 0 is split across part files {parts[0]}, {parts[1]}")]
+
+
 def test_parts_repeating_a_loss_call_are_split_and_duplicated(run):
     t = pq.read_table(run / TOK)
     (run / TOK).unlink()
