@@ -999,6 +999,22 @@ def test_sequence_filters_reduce_their_statistic_as_named(tmp_path):
         assert mask.all(1).tolist() == kept and (mask.any(1) == mask.all(1)).all(), option
 
 
+def test_sequence_filters_use_their_own_statistic(tmp_path):
+    # rows δ = A [-1, -1], B [1, 0], C [0.1, 0.1]; per token k1 = -δ, k2 = δ²/2, k3 = e^δ - 1 - δ:
+    # δ = -1: k1 1, k2 0.5, k3 e^-1 = 0.368; δ = 1: k1 -1, k2 0.5, k3 e - 2 = 0.718; δ = 0.1: k3 0.0052.
+    # seq_mean_k1 keeps log 0.5 <= mean k1 <= log 2 (±0.693): A's mean 1 is out, B's -0.5 and C's -0.1 in.
+    # seq_max_k2 <= 0.6: every row (max 0.5, 0.5, 0.005); k3's maxima would put B out (0.718).
+    # seq_sum_k3 <= 0.6: A (0.736) and B (0.718) out, C (0.0103) in; k2's sums would keep B (0.5).
+    old = np.full((3, 2), -2.0)
+    rollout = old - np.array([[-1.0, -1.0], [1.0, 0.0], [0.1, 0.1]])
+    for option, bound, kept in (("seq_mean_k1", "0.5_2.0", [False, True, True]),
+                                ("seq_max_k2", "0.6", [True, True, True]),
+                                ("seq_sum_k3", "0.6", [False, False, True])):
+        run, _ = one_call(tmp_path, old, rollout, config={"rs": option, "rs_threshold": bound}, name=option)
+        mask = weights_of(run).sort(["sample_id", "pos"])["is_mask"].to_numpy().reshape(3, 2)
+        assert mask.all(1).tolist() == kept and (mask.any(1) == mask.all(1)).all(), option
+
+
 def test_veto_ratio_exactly_on_its_bound_is_kept(tmp_path):
     # the veto rejects a sequence with a raw ratio e^δ strictly outside [veto_lower, veto_upper]:
     # δ = 0 (ratio 1) is exactly on a bound of 1.0 and kept; one float32 step of the rollout
