@@ -436,13 +436,14 @@ def _f(x) -> float | None:
 
 
 def _mean(x) -> float | None:
-    return _f(np.mean(x)) if len(x) else None
+    """Mean of per-sequence flags; only called with the sequences that have a valid token, of
+    which a step with N > 0 has at least one."""
+    return _f(np.mean(x))
 
 
 def _moments(s1: float, s2: float, n: float) -> tuple[float | None, float | None, float | None]:
-    """Token-weighted mean, population std and ESS fraction (Σw)²/(N·Σw²) from sums."""
-    if n <= 0:
-        return None, None, None
+    """Token-weighted mean, population std and ESS fraction (Σw)²/(N·Σw²) from sums over n > 0
+    tokens (:func:`summarize` returns before any moment of a step without a valid token)."""
     m = s1 / n
     std = float(np.sqrt(max(0.0, s2 / n - m * m)))
     ess = s1 * s1 / (n * s2) if s2 > 0 else None
