@@ -172,6 +172,36 @@ def test_bypass_batch_normalize_leaves_a_weight_mean_not_above_1e_8_as_it_is(tmp
     assert v["actor/rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx((w[0] + 1.0) / 2, rel=1e-6)
 
 
+def test_bypass_batch_normalize_leaves_a_weight_mean_of_exactly_1e_8_as_it_is(tmp_path):
+    # verl divides by the mean only when it is above 1e-8. One call of one two-token completion whose
+    # weights e^(logp − rollout) sum to exactly 2e-8 in float64 (found by search over float32 inputs;
+    # checked here): the mean is exactly 1e-8, so the factor is 1.0 and L = −A·logp·w unnormalised
+    lp, ro = _f32(-18.5, -18.347192764282227), _f32(0.0, 5.257524549051595e-07)
+    w = np.exp(lp - ro)
+    assert w.sum() / 2 == 1e-8
+    run = verl_run(tmp_path / "run", {}, logp=[[-18.5, -18.347192764282227]], old=[[0.0, 5.257524549051595e-07]],
+                   rollout=[[0.0, 5.257524549051595e-07]], adv=[[1.0, 1.0]], calls=[(0, [0])], algorithm=BYPASS_BN)
+    v = _actor_values(run)
+    assert v["actor/rollout_corr/rollout_is_batch_norm_factor"] == 1.0
+    assert v["actor/pg_loss"] == pytest.approx(-(lp * w).sum() / 2, rel=1e-6)
+
+
+def test_bypass_statistic_undefined_in_one_mini_batch_leaves_out_that_statistic_only(tmp_path):
+    # two mini-batches of one one-token call each, IcePop band [0.5, 1.2]: mini-batch 0's weight
+    # w = e^0.1 is kept, mini-batch 1's e^0.5 is zeroed. There every applied weight is 0, so the ESS is
+    # undefined (verl's 1/mean(ŵ²) raises ZeroDivisionError): the ESS is left out, and the statistics
+    # after it in verl's list keep their values, reduced over the mini-batches by verl's rule
+    w = np.exp(_f32(-1.0) - _f32(-1.1))[0]
+    corr = {"bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": "0.5_1.2"}
+    run = verl_run(tmp_path / "run", {"rollout_n": 1}, logp=[[-1.0], [-0.5]], old=[[-1.1], [-1.0]],
+                   rollout=[[-1.1], [-1.0]], adv=[[1.0], [1.0]], calls=[(0, [0]), (0, [1])],
+                   algorithm={"rollout_correction": corr})
+    v = {k.removeprefix("actor/rollout_corr/rollout_is_"): x for k, x in _actor_values(run).items()}
+    assert "eff_sample_size" not in v
+    assert v["mean"] == v["seq_mean"] == pytest.approx(w / 2, rel=1e-12)
+    assert (v["seq_max"], v["seq_min"], v["oob_ratio"]) == (pytest.approx(w, rel=1e-12), 0.0, 0.5)
+
+
 def test_a_bypass_loss_call_without_a_loss_token_keeps_its_weights_as_they_are(tmp_path):
     # call 1's only token is off the loss mask (verl itself raises on such a call: compute_is_metrics
     # wants a token); its weights' mean is 0/0, not above 1e-8, so factor 1.0 and no loss. Call 0:
