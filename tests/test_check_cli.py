@@ -299,6 +299,31 @@ def test_a_step_without_data_fails_every_report(runs, tmp_path, capsys):
     assert "🚫 no data" in md and "1 step (3) had no data" in md and "🚫 NO DATA | KL to reference" in md
 
 
+def test_a_step_whose_shards_hold_no_token_has_no_data(runs, tmp_path):
+    """Step 3's tokens shards written with no row: no token counts in the loss there either. Its
+    health/masked_tokens is null (a sum over no sequence), not 0, and the step is still a step without data."""
+    import polars as pl
+
+    run = tmp_path / "empty"
+    shutil.copytree(runs["clean"], run, ignore=shutil.ignore_patterns("grpolens"))
+    for f in sorted((run / "tokens" / "step=00000003").glob("*.parquet")):
+        pl.read_parquet(f).head(0).write_parquet(f)
+    report = check(run)
+    assert report.no_data_steps == [3] and report.exit_code == 1
+    status = {o.rule.name: (o.status, o.step) for o in report.outcomes}
+    assert status["KL to reference"] == status["entropy collapse"] == ("NO DATA", 3)
+
+
+def test_no_data_steps_reads_a_null_or_zero_loss_token_count():
+    import polars as pl
+
+    from grpolens.check.baseline import no_data_steps
+
+    df = pl.DataFrame({"step": [0, 1, 2, 3], "health/masked_tokens": [5.0, None, 0.0, 1.0]})
+    assert no_data_steps(df) == [1, 2]
+    assert no_data_steps(df.drop("health/masked_tokens")) == []  # a frame without the count: nothing to say
+
+
 def test_one_step_without_data_leaves_a_metric_the_run_cannot_have_to_its_missing_policy(tmp_path):
     """A metric with no value at all is NO DATA only when no step of the run has data (it may be one the run
     would have had). A run without ref_logp has no kl/k3 at any step: one masked step must not turn its rules
@@ -505,6 +530,41 @@ def test_check_notes_and_timing(runs, tmp_path):
     assert check(runs["clean"], rules=rules, baseline=golden).notes == []
     # a baseline run is recomputed with this check's --set: nothing to say
     assert check(runs["clean"], rules=rules, baseline=runs["clean-other-seed"]).notes == []
+
+
+def test_the_checks_engine_recomputes_the_run_and_the_baseline_run(runs, tmp_path):
+    """--engine reaches both recomputes, with and without --set: an in-process engine that counts the
+    steps it is given (runs copied without their cache, so every step is recomputed)."""
+    from grpolens.metrics.engine import InlineEngine
+
+    class CountingEngine(InlineEngine):
+        def __init__(self):
+            self.steps = []
+
+        def map_steps(self, by_step, work):
+            self.steps += sorted(by_step)
+            yield from super().map_steps(by_step, work)
+
+    for overrides in (None, {"epsilon": 0.1}):
+        cand, base = (tmp_path / f"{name}-{bool(overrides)}" for name in ("cand", "base"))
+        for src, dst in ((runs["clean"], cand), (runs["clean-other-seed"], base)):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("grpolens"))
+        engine = CountingEngine()
+        report = check(cand, baseline=base, overrides=overrides, engine=engine)
+        assert report.exit_code == 0 and report.baseline == str(base)
+        assert sorted(engine.steps) == sorted(list(range(STEPS)) * 2), overrides
+
+
+def test_a_check_with_set_writes_nothing_into_the_runs(runs, tmp_path):
+    """--set values are a what-if: neither the run nor the baseline run gets a variant written into it
+    (``recompute --set`` would write one under grpolens/variants/), and their step caches stay as they were."""
+    cand, base = tmp_path / "cand", tmp_path / "base"
+    shutil.copytree(runs["clean"], cand, ignore=shutil.ignore_patterns("grpolens"))
+    shutil.copytree(runs["clean-other-seed"], base, ignore=shutil.ignore_patterns("grpolens"))
+    check(cand, baseline=base, overrides={"epsilon": 0.1})
+    assert not (cand / "grpolens").exists() and not (base / "grpolens").exists()
+    check(cand, baseline=base)  # without --set: each run's own metrics are cached in place
+    assert (cand / "grpolens" / "metrics.parquet").is_file() and (base / "grpolens" / "metrics.parquet").is_file()
 
 
 def test_baseline_run_is_recomputed_with_the_checks_overrides(runs, tmp_path):
