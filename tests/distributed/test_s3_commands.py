@@ -237,6 +237,13 @@ def test_check_against_a_baseline_in_the_bucket(capsys, synth_small, remote, tmp
     assert any(row["rule"] == "baseline coverage" and row["status"] == "PASS" for row in json.loads(out_r))
 
 
+def test_check_against_a_prefix_in_the_bucket_that_is_not_a_run_names_it(capsys, s3_env, synth_small, tmp_path):
+    """A baseline prefix with no run under it: one line naming it (no "directory": object storage has none)."""
+    base = f"s3://runs/empty-{tmp_path.name}"
+    code, _, err = run_cli(capsys, "check", str(synth_small), "--baseline", base)
+    assert code == 2 and err.strip() == f"error: --baseline: {base} is not a grpolens run (no grpolens.json)"
+
+
 def test_serve_watch_picks_up_a_new_step_in_the_bucket(s3_env, synth_small, tmp_path, monkeypatch):
     """serve --watch on an s3:// run: an idle poll is three LIST requests and nothing else; a step
     uploaded while serving is recomputed once its completion markers are there, and the pages'
