@@ -90,7 +90,6 @@ class SequencePartials:
 @dataclass
 class StepResult:
     step: int
-    shards: list[fmt.Shard]
     pieces: dict[str, Any]  # visitor name -> combined value
 
 
@@ -179,7 +178,6 @@ def iter_steps(
     visitors: list[Visitor],
     columns: Iterable[str] = READ_COLUMNS,
     on_step: Callable[[int], None] | None = None,
-    threads: int | None = None,
     engine: Engine | None = None,
 ) -> Iterator[StepResult]:
     """Yield each step's combined visitor results, in step order. ``engine`` runs the per-shard
@@ -188,10 +186,10 @@ def iter_steps(
     all_shards = fmt.list_shards(run, fmt.TOKENS, steps=steps)
     by_step: dict[int, list[fmt.Shard]] = {s: [] for s in steps}
     for sh in all_shards:
-        by_step.setdefault(sh.step, []).append(sh)
+        by_step[sh.step].append(sh)  # list_shards lists the steps asked for only
     work = functools.partial(shard_pieces, visitors=tuple(visitors), columns=tuple(columns))
-    for step, results in (engine or ThreadEngine(threads)).map_steps(by_step, work):
+    for step, results in (engine or ThreadEngine()).map_steps(by_step, work):
         pieces = {v.name: v.combine(step, [r[v.name] for r in results]) for v in visitors}
         if on_step:
             on_step(step)
-        yield StepResult(step, by_step[step], pieces)
+        yield StepResult(step, pieces)

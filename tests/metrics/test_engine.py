@@ -94,3 +94,92 @@ def test_a_shard_whose_rows_disagree_with_its_path(tmp_path):
             shard_pieces(sh, (Keys(),), tuple(READ_COLUMNS))
         assert e.value.path == str(sh.path) and e.value.column == "step"
         assert e.value.message == f"rows disagree with the path (step={step}, rank={rank})"
+
+
+def _run(tmp_path):
+    import numpy as np
+
+    from tests.refdata import random_calls, write_run
+
+    return write_run(tmp_path / "run", random_calls(np.random.default_rng(5), steps=(0, 1, 2), ranks=2))
+
+
+class RecordingEngine(InlineEngine):
+    """The inline engine, noting the shards of each step it was handed."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def map_steps(self, by_step, work):
+        self.calls.append({s: [(sh.step, sh.rank) for sh in shards] for s, shards in by_step.items()})
+        yield from super().map_steps(by_step, work)
+
+
+class ShardsSeen:
+    """A visitor whose piece is the shard it ran on and the optional columns its batch holds."""
+
+    name = "seen"
+
+    def shard(self, batch, shard):
+        return shard.step, shard.rank, sorted(batch.present)
+
+    def combine(self, step, pieces):
+        return step, pieces
+
+
+def test_iter_steps_runs_the_requested_steps_on_the_engine_it_is_given(tmp_path):
+    """The steps asked for, each with its own shards, through the given engine; each step's pieces
+    combined in shard order, ``on_step`` told each step, and only the columns asked for read."""
+    from grpolens.metrics.engine import iter_steps
+
+    engine_ = RecordingEngine()
+    ticks = []
+    got = list(iter_steps(_run(tmp_path), [2, 0], [ShardsSeen()], on_step=ticks.append, engine=engine_,
+                          columns=("step", "rank", "micro_batch", "sample_id", "pos", "logp", "advantage", "mask",
+                                   "entropy")))
+    assert engine_.calls == [{0: [(0, 0), (0, 1)], 2: [(2, 0), (2, 1)]}]  # step 1 was not asked for
+    assert [r.step for r in got] == [0, 2] and ticks == [0, 2]
+    assert [r.pieces["seen"] for r in got] == [
+        (step, [(step, rank, ["advantage", "entropy", "logp"]) for rank in (0, 1)]) for step in (0, 2)]
+
+
+def test_sequence_partials_of_some_families_only_and_who_may_reuse_them(tmp_path):
+    """A pass restricted to some metric families runs only their producers and leaves nothing on
+    the batch (another visitor must not take a partial table for the whole one); an unrestricted
+    pass leaves its table for the other visitors of the pass (the completions view reuses it)."""
+    from grpolens.metrics.batch import TokenBatch
+    from grpolens.metrics.engine import SequencePartials
+    from grpolens.metrics.partials import PRODUCERS
+    from grpolens.run import format as fmt
+    from grpolens.run.reader import READ_COLUMNS, read_tokens, resolve_config
+
+    run = _run(tmp_path)
+    cfg = resolve_config(run)
+    sh = fmt.list_shards(run, fmt.TOKENS, steps=[0])[0]
+    keys = {"step", "rank", "micro_batch", "sample_id", "seq_tokens"}
+    kl_only = {c for p in PRODUCERS.values() if "kl" in p.families for c in p.merge}
+    batch = TokenBatch.from_arrow(read_tokens(sh.path, READ_COLUMNS))
+    cols, present = SequencePartials(cfg, frozenset({"kl"})).shard(batch, sh)
+    assert set(cols) == keys | kl_only and batch.partials is None
+    assert present == {"advantage", "entropy", "logp", "old_logp", "ref_logp", "rollout_logp", "token_id"}
+    batch = TokenBatch.from_arrow(read_tokens(sh.path, READ_COLUMNS))
+    cols, _ = SequencePartials(cfg).shard(batch, sh)
+    assert set(cols) > keys | kl_only and batch.partials is cols
+
+
+def test_a_steps_partials_hold_every_shards_rows_and_any_shards_columns():
+    """``combine``: one row per sequence of every piece, and the optional token columns present
+    in any of the step's shards (a column one rank lacks is still the step's)."""
+    import numpy as np
+
+    from grpolens.metrics.engine import SequencePartials
+
+    def piece(rank, n):
+        return {"step": np.zeros(n, np.int64), "rank": np.full(n, rank, np.int64),
+                "micro_batch": np.zeros(n, np.int64), "sample_id": np.arange(n, dtype=np.int64),
+                "seq_tokens": np.full(n, 3.0)}
+
+    cols, present = SequencePartials({}).combine(0, [(piece(0, 2), {"logp", "old_logp"}),
+                                                      (piece(1, 3), {"logp", "entropy"})])
+    assert present == {"logp", "old_logp", "entropy"}
+    assert cols["rank"].tolist() == [0, 0, 1, 1, 1] and cols["sample_id"].tolist() == [0, 1, 0, 1, 2]
