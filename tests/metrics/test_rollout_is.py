@@ -1064,6 +1064,15 @@ def test_canonical_summary_holds_exactly_the_documented_metrics(ris, absent):
     assert set(got) == documented - absent - {"batch_norm_factor"}
 
 
+def test_a_summary_value_that_is_not_a_number_is_reported_as_null():
+    # the IS and mismatch summaries of every profile report their values through is_weights._f: a
+    # NaN (nothing to average) is reported as null, never as NaN
+    from grpolens.functional.is_weights import _f
+
+    assert _f(np.float64(np.nan)) is None and _f(float("nan")) is None and _f(None) is None
+    assert _f(np.float64(2.5)) == 2.5 and type(_f(np.float32(0.5))) is float
+
+
 def test_sequence_max_filter_on_one_token_and_on_no_token():
     # seq_max_k2 <= 0.3: a sequence whose one valid token has k2 = 0.5 is rejected; a sequence
     # without a valid token (its max is the empty max, -inf) has statistic 0 and is not.
