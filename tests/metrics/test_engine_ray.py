@@ -103,6 +103,28 @@ def test_a_listening_address_passes_and_brackets_are_stripped_from_ipv6():
             _check_reachable(f"[::1]:{port6}", timeout=2.0)
 
 
+@pytest.mark.timeout(30)  # without a time limit the connect waits for the kernel's SYN retries (minutes)
+def test_an_address_that_drops_the_connection_request_is_given_up_at_the_time_limit():
+    """A host that drops packets, made here: a listening socket whose accept queue is full and never
+    read (Linux then drops every further SYN). The connect gives up at its time limit, one line."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        fillers = [socket.socket() for _ in range(4)]
+        try:
+            for c in fillers:
+                c.setblocking(False)
+                c.connect_ex(("127.0.0.1", port))
+            with pytest.raises(UserError) as e:
+                _check_reachable(f"127.0.0.1:{port}", timeout=0.5)
+        finally:
+            for c in fillers:
+                c.close()
+    assert e.value.message == (
+        f"--ray-address 127.0.0.1:{port}: cannot connect: nothing answers at 127.0.0.1:{port} (timed out)")
+
+
 @pytest.mark.parametrize("address", ["auto", "localhost", "host:port", "ray://host/x:10001", "10.0.0.1:"])
 def test_addresses_that_are_not_host_and_port_are_left_to_ray(address, monkeypatch):
     def connect(*a, **k):
