@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -152,7 +153,9 @@ def test_a_null_key_is_one_error_not_a_made_up_value(run, table, column):
         return t.set_column(i, pa.field(column, t.schema.field(i).type, nullable=True),
                             pa.array(values, t.schema.field(i).type))
     _rewrite(run / table, null_row_3)
-    assert validate_run(run).problems == [Problem(ERROR, table, column, "1 null values in a non-nullable column")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a numpy warning on the way (a null read as NaN and cast)
+        assert validate_run(run).problems == [Problem(ERROR, table, column, "1 null values in a non-nullable column")]
 
 
 @pytest.mark.parametrize("column, to", [("old_entropy", pa.float64()), ("rollout_rejected", pa.int8())])
@@ -811,6 +814,37 @@ def test_a_duplicate_within_one_part_is_not_counted_across_parts(run):
     assert sorted((p.path, p.column or "", p.message.split(";")[0]) for p in validate_run(run).problems) == [
         (parts[1], "", "1 duplicate (step, rank, micro_batch, sample_id, pos) keys"),
         (parts[1], "micro_batch", f"micro_batch 0 of step 1 rank 0 is split across part files {parts[0]}, {parts[1]}")]
+
+
+def test_null_keys_take_no_part_in_the_split_and_cross_part_checks(run):
+    """Two parts repeat one loss call, each with a null micro_batch in row 3 and a null pos in row 5:
+    the nulls are their errors; a null micro_batch is no micro_batch split across the parts, and a
+    row with a null key is no duplicate across them."""
+    t = pq.read_table(run / TOK)
+    (run / TOK).unlink()
+
+    def null(t, column, row):
+        i = t.schema.get_field_index(column)
+        values = t[column].to_pylist()
+        values[row] = None
+        return t.set_column(i, pa.field(column, t.schema.field(i).type, nullable=True),
+                            pa.array(values, t.schema.field(i).type))
+    parts = [TOK.replace(".parquet", f"-000{i}.parquet") for i in (0, 1)]
+    for part in parts:
+        pq.write_table(null(null(t, "micro_batch", 3), "pos", 5), run / part)
+    remark(run)
+    got = sorted((p.path, p.column or "", p.message.split(";")[0]) for p in validate_run(run).problems)
+    assert got == sorted(
+        [(parts[1], "micro_batch", f"micro_batch {mb} of step 1 rank 0 is split across part files {parts[0]}, "
+          f"{parts[1]}") for mb in sorted(set(t["micro_batch"].to_pylist()))] +
+        [(part, c, "1 null values in a non-nullable column") for part in parts for c in ("micro_batch", "pos")] +
+        [(parts[0], "", f"{t.num_rows - 2:,} duplicate (step, rank, micro_batch, sample_id, pos) keys across the "
+          "part files of step 1 rank 0")])
+    first = validate_run(run).errors[0]
+    with pytest.raises(fmt.RunFormatError) as e:  # the footer check reads these parts' rows: the same errors
+        check_before_reading(run)
+    assert (e.value.path, e.value.message) == (str(run / first.path), first.message + (
+        f" (and {len(got) - 1} more problems: run `grpolens validate {run}`)"))
 
 
 def test_parts_repeating_a_loss_call_are_split_and_duplicated(run):

@@ -473,6 +473,8 @@ class _Validator:
                 rejected_in_loss += _count_rejected_in_loss(batch.column("rollout_rejected"), batch.column("mask"))
             if "micro_batch" in vals:
                 mb = vals["micro_batch"]
+                if batch.column("micro_batch").null_count:  # a null is no micro_batch (its error is the null)
+                    mb = mb[batch.column("micro_batch").is_valid().to_numpy(zero_copy_only=False)]
                 heads = np.flatnonzero(np.r_[True, mb[1:] != mb[:-1]]) if len(mb) else mb
                 micro_batches.update(np.unique(mb[heads]).tolist())
             if can_order and batch.num_rows:
@@ -673,6 +675,7 @@ class _Validator:
                                   filters=[("micro_batch", "in", mbs)])
             except Exception:
                 continue  # already reported as unreadable or mistyped
+            t = t.drop_null()  # a row with a null key is that null's error, no duplicate
             keys.append([_ints(t.column(c)) for c in _ORDER])
             owner.append(np.full(t.num_rows, i))
         if not keys:
@@ -843,7 +846,7 @@ class _FooterValidator(_Validator):
                 exact = []
                 for rel, _, part in parts:
                     col = pq.read_table(fmt.parquet_source(self.root / rel), columns=["micro_batch"]).column(0)
-                    exact.append((rel, set(np.unique(_ints(col)).tolist()), part))
+                    exact.append((rel, set(np.unique(_ints(col.drop_null())).tolist()), part))
                 self.parts[key] = exact
         super().check_parts()
 
