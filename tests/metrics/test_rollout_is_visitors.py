@@ -99,6 +99,8 @@ OPTIONS = [
     ("token_k1,seq_sum_k2,seq_mean_k3,seq_max_k2", "0.95_1.05,0.03,0.007,0.015"),
     ("token_k2,token_k3,seq_sum_k1,seq_mean_k1,seq_max_k3", "0.008,0.008,0.82_1.05,0.95_1.03,0.015"),
     ("seq_sum_k3,seq_mean_k2", "0.03,0.006"),
+    # two token filters, the second's rejections a subset of the first's: together, their union
+    ("token_k1,token_k2", "0.95_1.05,0.008"),
 ]
 
 
@@ -343,3 +345,51 @@ def test_rejection_statistic_exactly_on_a_bound_is_counted_on_neither_side(tmp_p
     want.update({"token_k2/fraction_high": 0.0, "seq_max_k2/fraction_high": 0.0, "token_k2/masked_fraction": 0.0,
                  "seq_max_k2/masked_fraction": 0.0})
     assert {k: row["rollout_rs/" + k] for k in want} == pytest.approx(want, abs=1e-15)
+
+
+def _call(step, rank, deltas, mask, first_id):
+    """One loss call of rows δ (old = −1, rollout = −1 − δ: exact in float32 for these values)."""
+    d = np.array(deltas, float)
+    B, T = d.shape
+    return LossCall(step, rank, 0, np.arange(first_id, first_id + B), np.full(B, T), f32(np.full((B, T), -1.0)),
+                    np.array(mask, bool), f32(np.ones(B)), old=f32(np.full((B, T), -1.0)), rollout=f32(-1.0 - d))
+
+
+def test_rejection_metrics_of_one_and_two_tokens_and_rows_and_of_none(tmp_path):
+    """verl's guards: the token-weighted std is 0.0 unless more than one token, the std over rows
+    0.0 unless more than one row; a step without a valid token has no ``rollout_rs/*``. Step 0: one
+    token; step 1: one row of two tokens; step 2: two rows of one token; step 3: every token masked."""
+    rs, thresholds = "token_k1,seq_mean_k2", "0.95_1.05,0.01"
+    calls = [_call(0, 0, [[0.25, 0.0]], [[True, False]], 0), _call(1, 0, [[0.25, -0.5]], [[True, True]], 10),
+             _call(2, 0, [[0.25, 0.0], [-0.5, 0.0]], [[True, False], [True, False]], 20),
+             _call(3, 0, [[0.25, -0.5]], [[False, False]], 30)]
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"rs": rs, "rs_threshold": thresholds}})
+    got = grpolens.recompute(run, write=False)
+    filters = rs_config(rs, thresholds)["rollout_is"]["rs"]
+    for step in (0, 1, 2):
+        ref = verl_rs_ref(*padded(calls, step), filters)
+        row = got.filter(pl.col("step") == step).row(0, named=True)
+        bad = {k: (row.get("rollout_rs/" + k), v) for k, v in ref.items() if not close(row.get("rollout_rs/" + k), v)}
+        assert not bad, (step, bad)
+        std, seq_std = row["rollout_rs/token_k1/std"], row["rollout_rs/seq_mean_k2/seq_std"]
+        assert (std == 0.0, seq_std == 0.0) == ((True, True), (False, True), (False, False))[step], step
+    last = got.filter(pl.col("step") == 3).row(0, named=True)
+    assert all(v is None for k, v in last.items() if k.startswith("rollout_rs/"))
+
+
+def test_rejection_metrics_of_a_step_whose_other_rank_has_no_rollout_logprobs(tmp_path):
+    """Rank 1 recorded no rollout_logp (validate accepts it): its shards give no rejection
+    partials, and each step's ``rollout_rs/*`` are verl's over rank 0's rows."""
+    calls = random_calls(np.random.default_rng(73), spread=0.4)
+    for c in calls:
+        if c.rank == 1:
+            c.rollout = None
+    rs, thresholds = OPTIONS[0]
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"rs": rs, "rs_threshold": thresholds}})
+    got = grpolens.recompute(run, write=False)
+    own = [c for c in calls if c.rank == 0]
+    for step in (0, 1):
+        ref = verl_rs_ref(*padded(own, step), rs_config(rs, thresholds)["rollout_is"]["rs"])
+        row = got.filter(pl.col("step") == step).row(0, named=True)
+        bad = {k: (row.get("rollout_rs/" + k), v) for k, v in ref.items() if not close(row.get("rollout_rs/" + k), v)}
+        assert not bad, bad
