@@ -260,9 +260,7 @@ class _Validator:
         self.report.problems.append(Problem(severity, str(rel).replace(os.sep, "/"), column, message))
 
     def rel(self, path) -> str:
-        """``path`` (a local path or a storage location) relative to the run, with ``/``."""
-        if path == self.root:
-            return "."
+        """``path`` (a local path or a storage location under the run) relative to the run, with ``/``."""
         if fmt.is_remote_run(self.root):
             return path.relative_to(self.root)
         return os.path.relpath(path, self.root).replace(os.sep, "/")

@@ -89,6 +89,16 @@ def test_validate_reports_problems_in_the_bucket(capsys, s3_env, synth_small, re
     assert by_path["notes.txt"]["severity"] == "warning"
 
 
+def test_validate_loads_the_buckets_tokenizer(capsys, trl_remote):
+    """tokenizer.json is read from the bucket, and loads: validate says of the s3:// run what it
+    says of the local copy, and nothing of the tokenizer."""
+    local, remote = trl_remote
+    code_l, out_l, _ = run_cli(capsys, "validate", str(local), "--json")
+    code_r, out_r, _ = run_cli(capsys, "validate", remote, "--json")
+    assert (code_r, out_r) == (code_l, out_l)
+    assert "tokenizer.json" not in out_r
+
+
 def test_tokens_decodes_with_the_buckets_tokenizer(capsys, trl_remote):
     local, remote = trl_remote
     for args in (["--step", "1", "--by", "kl", "--json"], ["--step", "2", "--sample", "1000003", "--json"]):
