@@ -2,6 +2,7 @@
 what ``grpolens metrics --markdown`` prints (regenerate it with
 ``grpolens metrics --markdown > docs/metrics.md`` after adding or changing a metric)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -47,15 +48,31 @@ def test_docs_metrics_md_is_generated():
         "docs/metrics.md is stale: regenerate it with `grpolens metrics --markdown > docs/metrics.md`")
 
 
+_ORDER = """
+import importlib, json, sys
+from grpolens.metrics import FAMILY_MODULES
+from grpolens.metrics.registry import Metric, load_builtins, register
+for m in FAMILY_MODULES[::int(sys.argv[1])]:
+    importlib.import_module(f"grpolens.metrics.{m}")
+register(Metric("tests/plugin", "health", "a metric registered outside the built-in modules", kind="sum", num="x"))
+print(json.dumps(list(load_builtins())))
+"""
+
+
 def test_registry_order_does_not_depend_on_import_order():
-    import importlib
+    # Fresh processes importing the family modules first to last and last to first: the same
+    # order, family module by family module (as FAMILY_MODULES lists them), then a plugin's metric.
+    def order(step: int) -> list[str]:
+        r = subprocess.run([sys.executable, "-c", _ORDER, str(step)], capture_output=True, text=True,
+                           env={"PYTHONPATH": str(DOC.parents[1])})
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
 
-    from grpolens.metrics import FAMILY_MODULES
-
-    importlib.import_module(f"grpolens.metrics.{FAMILY_MODULES[-1]}")  # a late family imported first
-    families = [m.family for m in load_builtins().values()]
-    first_seen = list(dict.fromkeys(families))
-    assert first_seen[0] == "health"
+    forward, backward = order(1), order(-1)
+    assert backward == forward
+    # health is the first family module, and within a module the metrics keep the order it registers them in
+    assert forward[:3] == ["health/tokens", "health/masked_tokens", "health/sequences"]
+    assert forward[-1] == "tests/plugin"
 
 
 def test_resolve_finds_aliases_and_template_instances():

@@ -171,3 +171,64 @@ def test_applying_the_profiles_again_keeps_every_metric_as_it_is(registry, monke
     before = dict(registry.REGISTRY)
     registry.apply_profiles()
     assert [k for k, m in registry.REGISTRY.items() if m is not before[k]] == []
+
+
+def test_a_malformed_metric_is_refused_naming_it_and_leaves_the_registry_as_it_was(registry):
+    # what a plugin author sees for each mistake, word for word
+    Metric = registry.Metric
+    cases = [
+        (Metric("tests/k", "health", "t", kind="mean", num="x"), "metric tests/k: unknown kind 'mean'"),
+        (Metric("tests/c", "health", "t", kind="custom"), "metric tests/c: custom metrics need fn"),
+        (Metric("tests/s", "health", "t", kind="sum"), "metric tests/s: kind sum needs num"),
+        (Metric("entropy", "health", "t", kind="custom", fn=lambda sd: 0.0), "metric entropy registered twice"),
+        # a template must be custom (its fn takes the column) and keep <name> in every name
+        (Metric("tests/<name>/n", "rewards", "t", kind="sum", num="x", per_column="reward/"),
+         "metric tests/<name>/n: a template must be custom and have <name> in every name"),
+        (Metric("tests/<name>/c", "rewards", "t", kind="custom", fn=lambda sd, column: 0.0, per_column="reward/",
+                names={"trl": "x/c"}),
+         "metric tests/<name>/c: a template must be custom and have <name> in every name"),
+    ]
+    before = dict(registry.REGISTRY)
+    for metric, message in cases:
+        with pytest.raises(ValueError) as e:
+            registry.register(metric)
+        assert str(e.value) == message
+    assert registry.REGISTRY == before
+    assert registry.REGISTRY["entropy"] is before["entropy"]
+
+
+def test_a_family_is_registered_once_on_a_page_of_the_dashboard():
+    from grpolens.metrics.registry import FAMILIES, Family, register_family
+
+    with pytest.raises(ValueError) as e:
+        Family("tests-f", page="overview")
+    assert str(e.value) == "family tests-f: page must be one of policy, mismatch, rewards, health, got 'overview'"
+    health = FAMILIES["health"]
+    assert register_family(health) is health  # the module imported again: the same object
+    with pytest.raises(ValueError) as e:
+        register_family(Family("health", page="policy"))
+    assert str(e.value) == "family health registered twice"
+    assert FAMILIES["health"] is health
+
+
+def test_a_canonical_profile_names_every_metric_by_its_own_name(registry, monkeypatch):
+    # a plugin profile may log everything under the canonical names, as the default profile does
+    monkeypatch.setitem(PROFILES, "tests-canon", Profile("tests-canon", "t", canonical=True))
+    monkeypatch.setitem(PROFILES, "tests-p", Profile("tests-p", "t", names={"entropy": "x/entropy"}))
+    registry.apply_profiles()
+    entropy, kl = registry.REGISTRY["entropy"], registry.REGISTRY["kl/k3"]
+    assert (entropy.name_in("tests-canon"), kl.name_in("tests-canon")) == ("entropy", "kl/k3")
+    assert (entropy.name_in("tests-p"), kl.name_in("tests-p")) == ("x/entropy", None)
+    assert entropy.name_in("no-such-profile") is None  # not registered: logs nothing
+
+
+def test_the_default_profiles_names_before_any_profile_is_loaded():
+    # the metrics layer alone (no plugins loaded, so no profile registered): "grpolens" is still
+    # the canonical names
+    code = ("from grpolens.metrics.registry import PROFILES, load_builtins\n"
+            "reg = load_builtins()\n"
+            "assert not PROFILES, PROFILES\n"
+            "print(reg['entropy'].name_in('grpolens'), reg['kl/k3'].name_in('grpolens'), reg['kl/k3'].name_in('trl'))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["entropy", "kl/k3", "None"]

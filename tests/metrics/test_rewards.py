@@ -371,7 +371,7 @@ def test_template_registration_rules():
         register(Metric(f"rewards/{PLACEHOLDER}/bad", "t", "doc", kind="custom", fn=lambda sd, column: 0.0,
                         per_column="reward/", names={"trl": "bad"}))
     m = REGISTRY[f"rewards/{PLACEHOLDER}/mean"]
-    (c,) = m.expand(["reward", "reward/acc", "group_id"])
+    (c,) = m.expand(["reward", "reward/", "reward/acc", "group_id"])  # "reward/" alone names no reward function
     assert c.name == "rewards/acc/mean" and c.names["maxent"] == "train/rewards/acc/mean" and c.per_column is None
 
 
