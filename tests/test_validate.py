@@ -738,6 +738,23 @@ def test_content_disagrees_with_path(run, column, table):
     assert f"path says {column}={1 if column == 'step' else 0}" in p.message
 
 
+def test_content_disagreeing_with_the_path_is_counted_over_record_batches(run, monkeypatch):
+    """Batches of 4 rows: step 5 in row 1 (first batch), step 7 in row 9 (third): both counted, the
+    first named."""
+    import grpolens.run.validate as v
+
+    monkeypatch.setattr(v, "_BATCH_ROWS", 4)
+
+    def steps(t):
+        values = t["step"].to_pylist()
+        values[1], values[9] = 5, 7
+        return t.set_column(t.schema.get_field_index("step"), t.schema.field("step"),
+                            pa.array(values, t.schema.field("step").type))
+    _rewrite(run / TOK, steps)
+    assert validate_run(run).problems == [Problem(ERROR, TOK, "step", "2 rows hold step=5 (or another value) but "
+                                                  "the path says step=1")]
+
+
 def test_micro_batch_split_across_parts(run):
     t = pq.read_table(run / TOK)
     (run / TOK).unlink()
