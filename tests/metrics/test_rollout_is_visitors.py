@@ -393,3 +393,27 @@ def test_rejection_metrics_of_a_step_whose_other_rank_has_no_rollout_logprobs(tm
         row = got.filter(pl.col("step") == step).row(0, named=True)
         bad = {k: (row.get("rollout_rs/" + k), v) for k, v in ref.items() if not close(row.get("rollout_rs/" + k), v)}
         assert not bad, bad
+
+
+@pytest.mark.parametrize("how", ["set", "config"])
+def test_is_weights_of_a_what_if_use_its_settings(tmp_path, how):
+    """``--is-weights`` with ``--set`` or ``--config``: the weights (and config.json) are those of the
+    what-if's IS settings, an upper bound of 1.05 in place of the run's 2.0."""
+    import json
+
+    from grpolens.cli import main
+
+    calls = random_calls(np.random.default_rng(79), spread=0.3, steps=(0,), ranks=1)
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"level": "token", "mode": "truncate",
+                                                                    "lower": 0.5, "upper": 2.0}})
+    if how == "set":
+        args = ["--set", "rollout_is.upper=1.05"]
+    else:
+        (tmp_path / "what-if.json").write_text(json.dumps({"rollout_is": {"level": "token", "mode": "truncate",
+                                                                         "lower": 0.5, "upper": 1.05}}))
+        args = ["--config", str(tmp_path / "what-if.json")]
+    main(["recompute", str(run), *args, "--is-weights", "-q"])
+    [cfg] = list((run / "grpolens" / "variants").rglob("is_weights/config.json"))
+    assert json.loads(cfg.read_text())["upper"] == 1.05
+    w = pl.concat([pl.read_parquet(f) for f in cfg.parent.rglob("*.parquet")])["is_weight"].drop_nulls()
+    assert w.max() == 1.05
