@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import grpolens
+from grpolens.metrics.batch import TokenBatch
 from tests.refdata import LossCall, approx, f32, random_calls, write_run
 
 
@@ -210,3 +211,24 @@ def test_a_tokens_shard_without_rows(tmp_path):
         step1 = _row(got, 1)
         names = [n for n in want if n.startswith(("policy/", "reduced_train_policy_", "loss", "kl", "entropy", "train/"))]
         assert names and all(step1[n] is None for n in names), (profile, {n: step1[n] for n in names})
+
+
+def test_seq_log_ratio_of_a_fresh_batch_is_the_mean_valid_log_ratio_per_sequence():
+    """GSPO's per-sequence log ratio called first on a batch, before any other producer has counted
+    its valid tokens: Σ_t d / max(#valid, 1), worked by hand on three ragged sequences (one without a
+    valid token), unclamped and clamped at 0.3."""
+    from grpolens.metrics.policy import seq_log_ratio
+    from tests.metrics.test_batch import _table
+
+    nan = float("nan")
+    rows = [  # sample 0: d = 0.5, 0.5; sample 1: the old log-prob undefined; sample 2: d = 0.2, -0.4, masked
+        {"sample_id": 0, "pos": 0, "logp": -1.0, "old_logp": -1.5, "mask": True},
+        {"sample_id": 0, "pos": 1, "logp": -2.0, "old_logp": -2.5, "mask": True},
+        {"sample_id": 1, "pos": 0, "logp": -1.0, "old_logp": nan, "mask": True},
+        {"sample_id": 2, "pos": 0, "logp": -1.0, "old_logp": -1.2, "mask": True},
+        {"sample_id": 2, "pos": 1, "logp": -1.0, "old_logp": -0.6, "mask": True},
+        {"sample_id": 2, "pos": 2, "logp": -9.0, "old_logp": -1.0, "mask": False},
+    ]
+    for clamp, expected in ((None, [0.5, 0.0, -0.1]), (0.3, [0.3, 0.0, -0.05])):
+        b = TokenBatch.from_arrow(_table(rows))
+        np.testing.assert_allclose(seq_log_ratio(b, clamp), expected, rtol=0, atol=1e-12)
