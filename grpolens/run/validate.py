@@ -203,9 +203,15 @@ def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 
 def _ints(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Integer values, a null read as -1: callers keep nulls out with :func:`_non_null`."""
     if col.null_count:
         col = col.fill_null(-1)
     return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _non_null(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per row, whether the value is not null (a null key is an error of its own, not -1)."""
+    return col.is_valid().to_numpy(zero_copy_only=False)
 
 
 class _NonFinite:
@@ -429,7 +435,7 @@ class _Validator:
             if name in values:
                 wrong = values[name] != expected
                 if batch.column(name).null_count:  # a null is an error of its own, not a value (_ints' -1)
-                    wrong &= batch.column(name).is_valid().to_numpy(zero_copy_only=False)
+                    wrong &= _non_null(batch.column(name))
                 if wrong.any():
                     b = bad.setdefault(name, [0, None])
                     b[0] += int(wrong.sum())
@@ -472,7 +478,7 @@ class _Validator:
             if "micro_batch" in vals:
                 mb = vals["micro_batch"]
                 if batch.column("micro_batch").null_count:  # a null is no micro_batch (its error is the null)
-                    mb = mb[batch.column("micro_batch").is_valid().to_numpy(zero_copy_only=False)]
+                    mb = mb[_non_null(batch.column("micro_batch"))]
                 heads = np.flatnonzero(np.r_[True, mb[1:] != mb[:-1]]) if len(mb) else mb
                 micro_batches.update(np.unique(mb[heads]).tolist())
             if can_order and batch.num_rows:
@@ -486,7 +492,7 @@ class _Validator:
                 last = [k[-1:] for k in keys]
             if "sample_id" in vals:
                 col = batch.column("sample_id")  # a null id is an error of its own, not an orphan id -1
-                self._join_samples(rel, vals["sample_id"][col.is_valid().to_numpy(zero_copy_only=False)]
+                self._join_samples(rel, vals["sample_id"][_non_null(col)]
                                    if col.null_count else vals["sample_id"])
             row0 += batch.num_rows
         self._report_nulls(rel, nulls)
