@@ -1,8 +1,8 @@
 """MLflow: one MLflow run per grpolens run (and profile), through MLflow's own client.
 
 ``--tracking-uri`` names the store or server; without it, ``MLFLOW_TRACKING_URI`` when set, else a
-local SQLite store beside the run (``sqlite:///RUN/grpolens/mlflow.db``; ``mlflow ui
---backend-store-uri`` that URI shows it). The run is found again by its tag ``grpolens.run`` in the
+local SQLite store beside the run (``sqlite:///RUN/grpolens/mlflow.db``, its artifacts in
+``RUN/grpolens/mlflow-artifacts/``; ``mlflow ui --backend-store-uri`` that URI shows it). The run is found again by its tag ``grpolens.run`` in the
 experiment ``--project`` (default ``grpolens``): re-export logs only the steps whose
 ``grpolens/step`` marker the run does not have yet. Each step goes in one ``log_batch`` call (one
 transaction), metrics at their training step (a character MLflow refuses in a name becomes
@@ -37,12 +37,19 @@ class MLflowExporter(Exporter):
         needs("mlflow", "mlflow")
         from mlflow import MlflowClient
 
-        uri = options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") \
-            or f"sqlite:///{(source.out_dir / 'mlflow.db').resolve()}"
+        uri = options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        # A SQLite store's experiments keep their artifacts under ./mlruns of the process's working
+        # directory unless told otherwise: with the store we chose, they go beside it instead, so an
+        # export writes nothing outside the run. A store the user named keeps its own convention.
+        artifacts = None
+        if uri is None:
+            uri = f"sqlite:///{(source.out_dir / 'mlflow.db').resolve()}"
+            artifacts = (source.out_dir / "mlflow-artifacts").resolve().as_uri()
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(options.project)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(options.project)
+        exp_id = exp.experiment_id if exp is not None \
+            else self.client.create_experiment(options.project, artifact_location=artifacts)
         found = self.client.search_runs([exp_id], filter_string=f"tags.`{TAG}` = '{source.key}'", max_results=1)
         if found:
             self.run_id = found[0].info.run_id

@@ -110,12 +110,17 @@ def test_tensorboard_variant(grown, tmp_path):
 
 
 @pytest.mark.slow  # MLflow creates its SQLite schema through ~100 alembic migrations: ~20 s
-def test_mlflow(grown):
+def test_mlflow(grown, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     from grpolens.export.mlflow import metric_key
 
     run, grow = grown
+    # the default store keeps its artifacts beside it: MLflow's own default for a SQLite store is
+    # ./mlruns of the working directory, which put them in whatever directory the export ran in
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     assert cli("export", run, "--to", "mlflow", "-q") == 0
     grow()
     assert cli("export", run, "--to", "mlflow", "-q") == 0
@@ -137,6 +142,8 @@ def test_mlflow(grown):
     table = json.loads(Path(local).read_text())
     steps = [r[table["columns"].index("step")] for r in table["data"]]
     assert sorted(steps) == sorted(pl.read_parquet(run / "grpolens" / "completions.parquet")["step"].to_list())
+    assert list(elsewhere.iterdir()) == []
+    assert Path(local).read_bytes() == next((run / "grpolens" / "mlflow-artifacts").rglob("completions.json")).read_bytes()
 
 
 @pytest.mark.slow  # wandb starts its service process for each export: ~50 s for three
