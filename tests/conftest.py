@@ -1,6 +1,36 @@
 """Every metric, profile and visitor registered once for the whole session, as the commands do
-before they use the registry (modules that read ``REGISTRY`` or ``PROFILES`` directly rely on it)."""
+before they use the registry (modules that read ``REGISTRY`` or ``PROFILES`` directly rely on it).
+
+And a guard: a test writes under ``tmp_path``, never into the checkout. An export once left MLflow's
+``./mlruns`` in the repository root and it was committed; the session now fails when the root gained
+an entry."""
+
+import sys
+from pathlib import Path
 
 from grpolens.plugins import load_plugins
 
 load_plugins()
+
+_ROOT = Path(__file__).resolve().parents[1]
+_ROOT_BEFORE: set[str] = set()
+
+
+def _root_entries() -> set[str]:
+    # dot-entries are tools' caches (.pytest_cache, .ruff_cache); *.egg-info is pip's, from the install.
+    # mutmut runs the tests in its mutants/ copy, where it writes its own state.
+    if _ROOT.name == "mutants":
+        return set()
+    return {p.name for p in _ROOT.iterdir() if not p.name.startswith(".") and not p.name.endswith(".egg-info")}
+
+
+def pytest_sessionstart(session):
+    _ROOT_BEFORE.update(_root_entries())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    new = sorted(_root_entries() - _ROOT_BEFORE)
+    if new:
+        sys.stderr.write(f"\nthe tests wrote into the repository root {_ROOT}: {', '.join(new)} "
+                         "(write under tmp_path)\n")
+        session.exitstatus = 1
