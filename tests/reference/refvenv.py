@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).parent
 
@@ -51,12 +54,73 @@ def ensure(name: str) -> Path:
     return python
 
 
+def _content_key(value, outputs: list[Path]) -> str:
+    """What an argument holds, without the names of the temporary files it points to: a JSON file
+    with every path in it replaced by its file's content key, an ``.npz`` by its arrays (its zip
+    entries carry the time they were written), any other file by its bytes. A path to a file that
+    does not exist yet (in an existing directory) is one the driver writes: it is collected in
+    ``outputs``, in order."""
+    if isinstance(value, dict):
+        return json.dumps({k: _content_key(v, outputs) for k, v in sorted(value.items())})
+    if isinstance(value, list):
+        return json.dumps([_content_key(v, outputs) for v in value])
+    if not isinstance(value, str) or not value.startswith("/"):
+        return json.dumps(value)
+    path = Path(value)
+    if not path.exists():
+        if not path.parent.is_dir():
+            return json.dumps(value)
+        outputs.append(path)
+        return f"<output {len(outputs)}>"
+    if path.suffix == ".npz":
+        h = hashlib.sha256()
+        with np.load(path, allow_pickle=False) as z:
+            for name in sorted(z.files):
+                a = z[name]
+                h.update(f"{name}:{a.dtype.str}:{a.shape}".encode() + a.tobytes())
+        return h.hexdigest()
+    data = path.read_bytes()
+    try:
+        return _content_key(json.loads(data), outputs)
+    except ValueError:
+        return hashlib.sha256(data).hexdigest()
+
+
 def run(python: Path, script: str, *args: str, timeout: float = 900) -> str:
-    """Run a driver script of this folder with the reference interpreter; its stdout."""
+    """Run a driver script of this folder with the reference interpreter; its stdout's last line.
+
+    The result (that line and the files the driver writes) is cached beside the venvs, keyed by the
+    interpreter (whose path holds the requirements' hash), this folder's Python files and what the
+    arguments hold: the trainer's code gives the same numbers for the same input, and a session
+    that runs the references many times (mutation testing runs a test session per mutant) should
+    not start the trainer's code each time. ``GRPOLENS_REFVENV_NO_CACHE=1`` runs the driver regardless."""
+    h = hashlib.sha256(str(python).encode())
+    for f in sorted(HERE.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    outputs: list[Path] = []
+    for a in args:
+        h.update(b"\0" + _content_key(a, outputs).encode())
+    cached = cache_dir() / "outputs" / f"{script}-{h.hexdigest()[:24]}"
+    if (cached / "stdout").is_file() and os.environ.get("GRPOLENS_REFVENV_NO_CACHE") != "1":
+        for i, out in enumerate(outputs):
+            shutil.copyfile(cached / str(i), out)
+        return (cached / "stdout").read_text()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     done = subprocess.run([str(python), str(HERE / script), *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(HERE))
     if done.returncode != 0:
         raise RuntimeError(f"{script} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return done.stdout.strip().splitlines()[-1]
+    stdout = done.stdout.strip().splitlines()[-1]
+    if all(out.is_file() for out in outputs):
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for i, out in enumerate(outputs):
+            shutil.copyfile(out, tmp / str(i))
+        (tmp / "stdout").write_text(stdout)
+        try:
+            os.rename(tmp, cached)  # atomic: a concurrent session sees the whole result or none
+        except OSError:  # another session stored it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return stdout
