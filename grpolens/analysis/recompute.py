@@ -236,6 +236,10 @@ def _output_dirs(reader: RunReader, out, profile: str, variant: Variant | None =
             if isinstance(out, str) else out
         staging = Path(tempfile.mkdtemp(prefix="grpolens-out-"))
         for rel, _ in remote_out.walk():  # earlier outputs and the cache: kept steps are reused
+            if rel.split("/", 1)[0] == "is_weights":
+                # written in place by recompute --is-weights (ISWeightWriter), not staged: a staged copy
+                # would go back up at the end over the new weights and restore the stale parts removed
+                continue
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes((remote_out / rel).read_bytes())
         return staging, staging, remote_out

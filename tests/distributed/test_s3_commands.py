@@ -185,6 +185,43 @@ def test_recompute_is_weights_to_the_bucket(capsys, s3_env, local_copy, remote):
     assert not Path("run.grpolens", "is_weights").exists()
 
 
+def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsys, s3_env, local_copy, remote):
+    """A second --is-weights --out s3:// over the weights of an earlier recompute with other settings
+    (an upper bound of 1.001) and over parts of an earlier layout (a rank and a part the run no longer
+    has): the bucket then holds the local run's files and nothing else of the weights', the other
+    keys in a step's folder kept. The recompute stages the earlier outputs under OUT locally and
+    uploads them at its end; staged weights went up over the new ones and restored the stale parts."""
+    import io
+
+    import polars as pl
+
+    assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
+    local_dir = local_copy / "grpolens" / "is_weights"
+    want = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
+    assert max(pl.read_parquet(local_dir / n)["is_weight"].max() for n in want if n.endswith(".parquet")) > 1.001
+    out = f"{remote}-out"
+    code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q",
+                           "--set", "rollout_is.upper=1.001")
+    assert code == 0, err
+    base = out[len("s3://runs/"):] + "/is_weights/"
+    client = s3_env.client()
+    stale = ["step=00000001/rank=00007.parquet", "step=00000002/rank=00000-0003.parquet"]
+    kept = ["step=00000001/notes.txt", "step=00000001/old.parquet", "step=00000001/rank=00007.json"]
+    for n in stale + kept:
+        client.put_object(Bucket="runs", Key=base + n, Body=b"not this recompute's")
+    code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q")
+    assert code == 0, err
+    keys = sorted(o["Key"][len(base):] for o in client.list_objects_v2(Bucket="runs", Prefix=base)["Contents"]
+                  if not o["Key"].endswith("/"))
+    assert keys == sorted(want + kept)
+    for n in want:
+        body = client.get_object(Bucket="runs", Key=base + n)["Body"].read()
+        if n.endswith(".parquet"):
+            assert pl.read_parquet(io.BytesIO(body)).equals(pl.read_parquet(local_dir / n)), n
+        else:
+            assert body == (local_dir / n).read_bytes()
+
+
 def test_parity_reads_the_trainers_log_from_the_bucket(capsys, s3_env, trl_remote):
     local, remote = trl_remote
     code_l, out_l, _ = run_cli(capsys, "parity", str(local), "--json")
