@@ -250,10 +250,11 @@ class ISWeightWriter:
     def __init__(self, run: Path, c: ISConfig, out=None):
         from grpolens.run.storage import is_remote, location
 
+        # absolute: shard() may run in a Ray worker, whose working directory is not this process's
         if out is None:
-            self.root = fmt.derived_dir(run) / "is_weights"
+            self.root = fmt.derived_dir(run).absolute() / "is_weights"
         else:
-            self.root = (location(out) if is_remote(str(out)) else Path(out)) / "is_weights"
+            self.root = (location(out) if is_remote(str(out)) else Path(out).absolute()) / "is_weights"
         self.c = c
         #: token shards without rollout log-probs (no weights written for them), for the command to report
         self.without_rollout: list[str] = []
@@ -323,6 +324,6 @@ def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path
 
     what_if = effective_overrides(overrides, config_file)
     if what_if and out is None:  # a what-if's weights go beside its metrics (RUN/grpolens/variants/<key>/)
-        w.root = Variant.of(run, what_if).dir / "is_weights"
+        w.root = Variant.of(run, what_if).dir.absolute() / "is_weights"
     w.write_config()
     return w

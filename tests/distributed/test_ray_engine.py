@@ -121,6 +121,31 @@ def test_cli_engine_ray(ray_local, synth_small, tmp_path, capsys):
     assert e.value.code == 2 and len(err) == 1 and str(bad) in err[0]
 
 
+def _cwd() -> str:
+    return os.getcwd()
+
+
+def test_is_weights_under_a_relative_out_go_below_this_processs_directory(ray_local, synth_small, tmp_path,
+                                                                         monkeypatch):
+    """--engine ray --is-weights --out OUT with a relative OUT: the Ray workers write the weights, and
+    their working directory is not the command's (the local instance's workers stay where it was
+    started; a cluster's run elsewhere), yet the files land in OUT/is_weights/ below the command's,
+    the same as the default engine's."""
+    from grpolens.cli import main
+
+    run = _copy(synth_small, tmp_path / "w")
+    monkeypatch.chdir(tmp_path)
+    worker_cwd = ray_local.get(ray_local.remote(_cwd).remote())
+    assert Path(worker_cwd).resolve() != tmp_path.resolve()
+    main(["recompute", str(run), "--is-weights", "-q", "--out", "default"])
+    main(["recompute", str(run), "--engine", "ray", "--is-weights", "-q", "--out", "ray"])
+    want, got = tmp_path / "default" / "is_weights", tmp_path / "ray" / "is_weights"
+    names = sorted(p.relative_to(want).as_posix() for p in want.rglob("*.parquet"))
+    assert names and names == sorted(p.relative_to(got).as_posix() for p in got.rglob("*.parquet"))
+    for n in names:
+        assert_frame_equal(pl.read_parquet(got / n), pl.read_parquet(want / n), check_exact=True)
+
+
 LOCAL_START = r'''
 import json, os, sys
 import ray
