@@ -235,6 +235,26 @@ def test_is_weights_files_mirror_the_token_shards_part_by_part(tmp_path):
     assert (root / "step=00000000" / "notes.txt").read_text() == "mine"
 
 
+def test_is_weights_remove_a_stale_part_that_is_a_dangling_link(tmp_path):
+    """``--out OUT`` on disk: a part of an earlier layout that is a symbolic link whose target is gone
+    is removed like any stale part (a reader of ``step=S/rank=*.parquet``, polars' glob, fails on
+    it); the listing of a storage location reports no such entry, so only the directory's own
+    glob finds it."""
+    import os
+
+    from grpolens.cli import main
+
+    calls = random_calls(np.random.default_rng(53), spread=0.3, steps=(0,), ranks=1)
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"level": "token", "mode": "truncate",
+                                                                    "threshold": [0.5, 2.0]}})
+    step = tmp_path / "out" / "is_weights" / "step=00000000"
+    step.mkdir(parents=True)
+    (step / "rank=00003.parquet").symlink_to(tmp_path / "gone.parquet")
+    main(["recompute", str(run), "--is-weights", "-q", "--out", str(tmp_path / "out")])
+    assert sorted(os.listdir(step)) == ["rank=00000.parquet"]
+    assert pl.read_parquet(step / "rank=*.parquet").height == sum(int(c.valid.sum()) for c in calls)
+
+
 def test_is_weights_config_json_records_the_config_used(tmp_path):
     """``is_weights/config.json``: every setting of the IS config the weights were computed with,
     the rejection filters, whether the run configured IS at all, and what each column holds."""
