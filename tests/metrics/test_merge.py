@@ -157,6 +157,21 @@ def test_merge_arrays_orders_by_step_rank_micro_batch_then_sample():
     assert out["entropy.sum"].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_merge_arrays_merges_a_shared_sequence_that_is_not_the_first_in_key_order():
+    """Sample 5 lies in both pieces, behind sample 0, which is in one piece only: the shared-sequence
+    test must compare every pair of neighbours in key order, not only the first row, so sample 5
+    comes back once with its two entropy sums added (1.5 + 2.0) and sample 0 untouched."""
+    from grpolens.metrics.partials import merge_arrays
+    from grpolens.metrics.registry import load_builtins
+
+    load_builtins()
+    a = {**_keys(0, 0, 0, [0, 5]), "entropy.sum": np.array([4.0, 1.5]), "entropy.n": np.array([2.0, 1.0])}
+    b = {**_keys(0, 0, 0, [5]), "entropy.sum": np.array([2.0]), "entropy.n": np.array([3.0])}
+    out = merge_arrays([a, b])
+    assert list(out["sample_id"]) == [0, 5]
+    assert list(out["entropy.sum"]) == [4.0, 3.5] and list(out["entropy.n"]) == [2.0, 4.0]
+
+
 def test_merge_arrays_keeps_apart_sequences_that_share_only_a_sample_id():
     """Two ranks may number their samples alike: (rank 0, sample 1) and (rank 1, sample 1) are two
     sequences, so nothing merges, and the rank without the max column gets the max rule's -inf."""
