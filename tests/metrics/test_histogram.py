@@ -118,6 +118,17 @@ def test_pickles_sparse_and_round_trips():
     assert h.counts.dtype == back.counts.dtype == np.int64  # integer counts: merges stay exact
 
 
+def test_a_pickled_histogram_keeps_its_bins_and_its_nonfinite_count():
+    """The pickle holds the bins (not the default ones here) and the count of NaN/inf values: the
+    unpickled histogram merges with one of the same bins and still counts the 3 non-finite values."""
+    bins = LogBins(alpha=0.05)
+    values = np.array([0.5, np.nan, 2.0, np.inf, -3.0, -np.inf])
+    back = pickle.loads(pickle.dumps(LogHistogram.of(values, bins)))
+    assert back.bins == bins and back.nonfinite == 3 and back.n == 3
+    both = back.merge(LogHistogram.of(np.array([np.nan, 1.0]), bins))
+    assert (both.n, both.nonfinite, both.min, both.max) == (4, 4, -3.0, 2.0)
+
+
 def test_different_bins_refuse_to_merge():
     with pytest.raises(ValueError, match="^cannot merge histograms with different bins$"):
         LogHistogram.of(np.ones(3)).merge(LogHistogram.of(np.ones(3), LogBins(alpha=0.01)))
