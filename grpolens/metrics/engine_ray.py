@@ -118,7 +118,7 @@ class RayEngine:
                 else:
                     ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, logging_level="ERROR",
                              log_to_driver=False, include_dashboard=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:
+            except (OSError, RuntimeError, ValueError) as e:  # OSError: ConnectionError, a temp dir Ray cannot use
                 if self.address:
                     where = f"--ray-address {self.address}: cannot connect"
                 elif os.environ.get("RAY_ADDRESS"):  # ray.init() joins the cluster this variable names

@@ -205,6 +205,32 @@ def test_a_local_instance_the_engine_starts_gives_workers_this_checkout_and_stop
     assert "Started a local Ray instance" not in r.stderr
 
 
+def test_a_local_instance_that_cannot_start_is_one_line(tmp_path):
+    """Ray keeps a local instance's sockets and logs under ``RAY_TMPDIR`` (else ``TMPDIR``, else
+    /tmp). Where that directory cannot be made (here a file stands in its path; on a cluster node,
+    a ``TMPDIR`` too long for a Unix socket's path does the same), the start fails with an
+    ``OSError``: one line saying that the local instance could not start, with Ray's reason, not a
+    traceback; nothing is written."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    root = Path(__file__).resolve().parents[2]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # RAY_ADDRESS would join, not start
+    env.update(RAY_TMPDIR=str(blocker / "ray"), RAY_USAGE_STATS_ENABLED="0")
+    r = subprocess.run([sys.executable, "-m", "grpolens.cli", "recompute", str(root / "sample_runs" / "tiny"),
+                        "--engine", "ray", "--out", str(tmp_path / "out"), "-q"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    line = r.stderr.strip()
+    where = "error: --engine ray: cannot start a local Ray instance: "
+    assert "\n" not in line and line.startswith(where), line
+    assert str(blocker) in line.removeprefix(where)  # Ray's reason names the directory it could not make
+    assert not (tmp_path / "out").exists()
+
+
 # ``map_steps`` on its own, with a work function of the test's (each shard's result names it), on the
 # shared local instance: the order of steps and of shards, groups, the in-flight bound, errors.
 
