@@ -103,6 +103,20 @@ def test_a_listening_address_passes_and_brackets_are_stripped_from_ipv6():
             _check_reachable(f"[::1]:{port6}", timeout=2.0)
 
 
+def test_only_an_ipv6_literals_brackets_are_stripped_from_the_host():
+    """``127.0.0.1X`` is a host name (one that does not resolve), not the address 127.0.0.1 with
+    something around it: only the brackets of ``[::1]`` are stripped before the connect, so the
+    check fails though something listens at 127.0.0.1 on that port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        for host in ("127.0.0.1X", "X127.0.0.1"):
+            with pytest.raises(UserError) as e:
+                _check_reachable(f"{host}:{port}", timeout=2.0)
+            assert e.value.message.startswith(f"--ray-address {host}:{port}: cannot connect: nothing answers at {host}:{port} (")
+
+
 @pytest.mark.timeout(30)  # without a time limit the connect waits for the kernel's SYN retries (minutes)
 def test_an_address_that_drops_the_connection_request_is_given_up_at_the_time_limit():
     """A host that drops packets, made here: a listening socket whose accept queue is full and never
