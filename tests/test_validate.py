@@ -499,6 +499,34 @@ def test_tokenizer_file_that_does_not_load_is_a_warning_naming_the_error(run):
     assert w.message == f"not a tokenizers JSON file ({first}): views show token ids instead of text"
 
 
+
+def _panicking_tokenizer_json() -> str:
+    """A tokenizer.json whose Precompiled normalizer holds no charsmap: the tokenizers library
+    (0.23) panics in Rust while loading it, which pyo3 raises as a BaseException."""
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                       "normalizer": {"type": "Precompiled", "precompiled_charsmap": ""},
+                       "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                       "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}})
+
+
+def test_a_tokenizer_file_that_panics_the_library_is_a_warning_not_a_crash(run):
+    """The library's own panic (not an ``Exception``) is a failure to load like any other: a
+    warning naming its first line, from validate and from the check every reading command makes."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from grpolens.run.decode import TOKENIZER_FILE, make_decoder
+
+    (run / TOKENIZER_FILE).write_text(_panicking_tokenizer_json())
+    with pytest.raises(BaseException) as e:  # noqa: PT011 - whatever the library raises
+        tokenizers.Tokenizer.from_file(str(run / TOKENIZER_FILE))
+    first = str(e.value).splitlines()[0]
+    assert first
+    w = _only(validate_run(run), WARNING)
+    assert (w.path, w.column) == (TOKENIZER_FILE, None)
+    assert w.message == f"not a tokenizers JSON file ({first}): views show token ids instead of text"
+    assert check_before_reading(run).ok
+    assert make_decoder(run, {})[1] == "ids"  # the views show ids
+
+
 # -- files and layout -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])

@@ -46,8 +46,10 @@ def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
             tok = Tokenizer.from_str(path.read_text()) if is_remote_run(run) else Tokenizer.from_file(str(path))
             # one id at a time, special tokens kept: the views show every token the loss saw
             return (lambda i: tok.decode([int(i)], skip_special_tokens=False)), "tokenizer.json"
-        except Exception:  # noqa: BLE001 - an unreadable tokenizer.json (validate names it): ids
-            pass
+        except BaseException as e:  # noqa: BLE001 - an unreadable tokenizer.json (validate names it): ids;
+            # a panic in the library's Rust code is pyo3's PanicException, a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
     vocab = cfg.get("vocab_file")
     if vocab:
         p = run_file(run, "vocab_file", vocab)  # inside the run, or RunFormatError

@@ -326,7 +326,10 @@ class _Validator:
                 Tokenizer.from_str(path.read_text())
             else:
                 Tokenizer.from_file(str(path))
-        except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+        except BaseException as e:  # noqa: BLE001 - any failure to load is the finding, a panic in the
+            # library's Rust code too (pyo3's PanicException derives from BaseException, not Exception)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             self.add(WARNING, path, f"not a tokenizers JSON file ({first}): views show token ids instead of text")
 
