@@ -527,6 +527,24 @@ def test_a_tokenizer_file_that_panics_the_library_is_a_warning_not_a_crash(run):
     assert make_decoder(run, {})[1] == "ids"  # the views show ids
 
 
+def test_a_tokenizer_error_without_a_message_is_named_by_its_class(run, monkeypatch):
+    """An exception without a message (Python's MemoryError when an allocation fails has none):
+    the warning names its class rather than an empty pair of parentheses."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from grpolens.run.decode import TOKENIZER_FILE
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.save(str(run / TOKENIZER_FILE))
+
+    def no_memory(path):
+        raise MemoryError()
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file", staticmethod(no_memory))
+    w = _only(validate_run(run), WARNING)
+    assert (w.path, w.column) == (TOKENIZER_FILE, None)
+    assert w.message == "not a tokenizers JSON file (MemoryError): views show token ids instead of text"
+
+
 # -- files and layout -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
