@@ -235,6 +235,31 @@ def test_file_without_statistics_gets_the_row_checks(good, tmp_path):
         check_before_reading(run)
 
 
+
+@pytest.mark.parametrize("null", [False, True], ids=["clean", "null"])
+def test_statistics_without_a_null_count_get_the_row_checks(good, tmp_path, null):
+    """Another writer may leave a minimum and a maximum but no null count (pyarrow writes both):
+    the footers cannot vouch for the non-nullable columns then, so the rows are read. A clean file
+    passes; a null is refused with validate's message."""
+    from tests.parquet_footer import drop_statistics_field
+
+    run = shutil.copytree(good, tmp_path / "run", symlinks=True)
+    if null:
+        _rewrite(run / TOK, lambda t: _first_row("advantage", None, t))
+    drop_statistics_field(run / TOK, 3)  # parquet.thrift: Statistics.null_count
+    md = pq.ParquetFile(run / TOK).metadata
+    stats = [md.row_group(0).column(i).statistics for i in range(md.num_columns)]
+    assert all(s.has_min_max and not s.has_null_count for s in stats)
+    if not null:
+        assert validate_run(run).ok and check_before_reading(run).ok
+        return
+    (problem,) = validate_run(run).errors
+    assert (problem.path, problem.column, problem.message) == (TOK, "advantage", "1 null values in a non-nullable column")
+    with pytest.raises(RunFormatError) as e:
+        check_before_reading(run)
+    assert (Path(e.value.path), e.value.column, e.value.message) == (run / TOK, "advantage", problem.message)
+
+
 def test_parts_with_overlapping_micro_batch_ranges_are_read_exactly(good, tmp_path):
     """Ranges from statistics overlap (0..2 and 1..1) but the sets do not: no false alarm."""
     run = shutil.copytree(good, tmp_path / "run", symlinks=True)
