@@ -158,6 +158,19 @@ def test_a_null_key_is_one_error_not_a_made_up_value(run, table, column):
         assert validate_run(run).problems == [Problem(ERROR, table, column, "1 null values in a non-nullable column")]
 
 
+@pytest.mark.parametrize("column", ["step", "rank", "micro_batch", "sample_id", "pos"])
+def test_a_key_column_of_nulls_only_is_one_error(run, column):
+    """Every row of a key column null: a record batch with no value left of it is still the one
+    null error (no key of the file is read from a batch that holds none)."""
+    n = pq.ParquetFile(run / TOK).metadata.num_rows
+    _rewrite(run / TOK, lambda t: t.set_column(t.schema.get_field_index(column),
+                                               pa.field(column, t.schema.field(column).type, nullable=True),
+                                               pa.nulls(t.num_rows, t.schema.field(column).type)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert validate_run(run).problems == [Problem(ERROR, TOK, column, f"{n:,} null values in a non-nullable column")]
+
+
 @pytest.mark.parametrize("column, to", [("old_entropy", pa.float64()), ("rollout_rejected", pa.int8())])
 def test_mistyped_optional_verl_column(run, column, to):
     _rewrite(run / TOK, lambda t: t.append_column(column, pa.array(np.zeros(t.num_rows)).cast(to)))
