@@ -1047,6 +1047,23 @@ def test_null_sample_ids_are_one_error_not_duplicates(run):
     assert (orphans.path, orphans.column) == (TOK, "sample_id") and "reference 2 sample_id(s)" in orphans.message
 
 
+def test_a_duplicate_sample_id_beside_a_null_one_is_named_as_an_integer(run):
+    """A samples file with a null sample_id (row 0) and an id another file already holds (row 1):
+    the null error, and the duplicate named as the integer id it is."""
+    first = "samples/step=00000000/rank=00000.parquet"
+    reuse = pq.read_table(run / first)["sample_id"][0].as_py()
+
+    def null_and_reuse(t):
+        i = t.schema.get_field_index("sample_id")
+        ids = [None, reuse, *t.column("sample_id").to_pylist()[2:]]
+        return t.set_column(i, pa.field("sample_id", pa.int64(), nullable=True), pa.array(ids, pa.int64()))
+    _rewrite(run / SMP, null_and_reuse)
+    assert [(p.path, p.column, p.message) for p in validate_run(run).errors] == [
+        (SMP, "sample_id", "1 null values in a non-nullable column"),
+        (SMP, "sample_id", f"1 duplicate sample_id values across the samples table (first: {reuse}, also in "
+                           f"{first}); sample_id must be unique in a run")]
+
+
 @pytest.mark.parametrize("bad_row", [1, 5])
 def test_invalid_utf8_names_its_row_counting_every_record_batch_before(run, monkeypatch, bad_row):
     """Batches of 2 rows: row 1 is in the first batch, row 5 in the third, after 4 rows."""
