@@ -1009,11 +1009,12 @@ def test_cli_exit_codes_and_output(run, tmp_path, capsys):
 
 # -- samples rows: only the usable columns are read ---------------------------------------------
 
-def _not_utf8(t: pa.Table, column: str, row: int) -> pa.Table:
-    """``t`` with the value of ``column`` at ``row`` replaced by bytes that are not UTF-8, stored in
+def _not_utf8(t: pa.Table, column: str, *rows: int) -> pa.Table:
+    """``t`` with the values of ``column`` at ``rows`` replaced by bytes that are not UTF-8, stored in
     the string column as a foreign writer can."""
     raw = [s.encode() for s in t[column].to_pylist()]
-    raw[row] = b"ab\xff\xfecd"
+    for row in rows:
+        raw[row] = b"ab\xff\xfecd"
     arr = pa.Array.from_buffers(pa.string(), len(raw), pa.array(raw, pa.binary()).buffers())
     return t.set_column(t.schema.get_field_index(column), column, arr)
 
@@ -1076,6 +1077,19 @@ def test_invalid_utf8_names_its_row_counting_every_record_batch_before(run, monk
     p = _only(validate_run(run))
     assert (p.path, p.column) == (SMP, "completion")
     assert p.message.startswith(f"1 value(s) are not valid UTF-8 (first at row {bad_row});")
+
+
+def test_invalid_utf8_in_several_record_batches_is_counted_over_all(run, monkeypatch):
+    """Batches of 2 rows, bad bytes in rows 1 and 5 (the first and the third batch): 2 values,
+    the first at row 1."""
+    import grpolens.run.validate as v
+
+    monkeypatch.setattr(v, "_BATCH_ROWS", 2)
+    monkeypatch.delenv("GRPOLENS_INVALID_UTF8", raising=False)
+    _rewrite(run / SMP, lambda t: _not_utf8(t, "completion", 1, 5))
+    p = _only(validate_run(run))
+    assert (p.path, p.column) == (SMP, "completion")
+    assert p.message.startswith("2 value(s) are not valid UTF-8 (first at row 1);")
 
 
 def test_invalid_utf8_is_a_warning_when_the_user_chose_to_replace_it(run, monkeypatch):
