@@ -253,6 +253,16 @@ def test_reward_std_exactly_on_the_zero_tolerance_is_zero(tmp_path):
     assert batch["frac_reward_zero_std"].to_list() == [0.0, 1.0, 1.0]
 
 
+def test_reward_std_just_above_the_zero_tolerance_is_not_zero(tmp_path):
+    """Rewards 0 and 2e-8: mean 1e-8, Σd² = 2e-16, sample std sqrt(2e-16 / 1) = 1.414e-8 > 1e-8, so
+    TRL's ``isclose(σ, 0)`` is false and the group is not a zero-std one; group 2 (rewards 0, 0) is.
+    Dividing Σd² by n + 1 instead of n - 1 would give 0.816e-8 and count the first group too."""
+    assert float(np.std([0.0, 2e-8], ddof=1)) > 1e-8
+    steps = [hand_samples(0, [0.0, 2e-8, 0.0, 0.0], [0.0] * 4, [1, 1, 2, 2])]
+    got = grpolens.recompute(samples_run(tmp_path / "run", steps), write=False)
+    assert row(got, 0)["reward/frac_zero_std"] == pytest.approx(2 / 4)
+
+
 def test_step_whose_samples_lack_the_reward_column(tmp_path):
     """Step 0 logged no total reward (the column is absent from its samples): its reward statistics
     are null, its advantages still count; step 1 has both."""
@@ -464,6 +474,27 @@ def test_maxent_frac_zero_std_from_token_advantages(tmp_path, seed):
     assert m["train/frac_reward_zero_std"] == pytest.approx(0.5)  # hand count: groups 1 and 2 of 0..3
     g = row(grpolens.recompute(run, write=False), 0)
     assert g["advantage/frac_zero_groups"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("advantages, want", [([0.0], 1.0), ([0.0, 1.0], 0.0), ([1.0, 0.0], 0.0)])
+def test_token_advantages_of_a_small_step(tmp_path, advantages, want):
+    """Samples without an ``advantage`` column, one group of one or two completions (sample ids 0,
+    1), each with token rows: the group is a zero group exactly when every completion's token-level
+    advantage is 0. A step of one completion has a value (1.0), and the completion with the largest
+    sample id counts as much as the others."""
+    rng = np.random.default_rng(7)
+    n = len(advantages)
+    calls = random_calls(rng, steps=(0,), ranks=1, micro_batches=1, batch=n, zero_adv=False,
+                         all_masked_row=False, single_token=False)
+    for c in calls:
+        c.advantages = np.array(advantages, dtype=c.advantages.dtype)
+    s = random_samples(rng, 0, groups=1, generations=n, single_sample_group=False)
+    s.sample_id = np.arange(n)
+    s.group_id = np.zeros(n, dtype=int)
+    s.advantage = None
+    run = samples_run(tmp_path / "run", [s], calls=calls)
+    assert sorted(int(i) for c in calls for i in c.sample_ids) == list(range(n))
+    assert row(grpolens.recompute(run, write=False), 0)["advantage/frac_zero_groups"] == want
 
 
 def test_maxent_frac_zero_std_no_group_is_zero(tmp_path):
