@@ -166,3 +166,20 @@ def test_unknown_source_exits_2_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "grpolens.cli", "import", "wandb", str(VERL), str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "unknown source 'wandb'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("content", ["{not json", "panics"])
+def test_a_tokenizer_json_that_does_not_load_is_one_line_naming_it(tmp_path, capsys, content):
+    """A tokenizer.json the library refuses, by an error or by a panic in its Rust code (a
+    BaseException), is a user error naming the file, not a traceback; nothing is written."""
+    pytest.importorskip("tokenizers")
+    from tests.test_validate import _panicking_tokenizer_json
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(_panicking_tokenizer_json() if content == "panics" else content)
+    out = tmp_path / "run"
+    assert _run("import", "verl-jsonl", VERL, out, "--tokenizer", path) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer: {path} is not a tokenizers JSON file (" in " ".join(err.split())
+    assert "Traceback" not in err
+    assert not out.exists()
