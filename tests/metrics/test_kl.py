@@ -243,3 +243,15 @@ def test_kl_loss_norm_dr_grpo_with_a_one_token_length(tmp_path):
         with np.errstate(invalid="ignore", over="ignore"):
             sums = np.concatenate([np.where(_valid(c), _k3(c), 0.0).sum(1) for c in calls if c.step == step])
         assert approx(_row(got, step)["kl/k3_loss_norm"], sums.sum() / len(sums))
+
+
+def test_a_length_bucket_without_a_token_has_no_kl(tmp_path):
+    """No completion reaches 33 tokens: the longer buckets count 0 tokens and have no KL (null, not
+    the NaN of 0/0)."""
+    rng = np.random.default_rng(5)
+    calls = random_calls(rng, steps=(0,), max_len=30, batch=4)
+    got = _row(grpolens.recompute(write_run(tmp_path / "run", calls), write=False), 0)
+    for lab in ("33-64", "65-128", "129-256", "257+"):
+        assert got[f"kl/by_length_tokens/{lab}"] == 0, lab
+        assert got[f"kl/by_length/{lab}"] is None, lab
+    assert got["kl/by_length_tokens/0-32"] > 0 and got["kl/by_length/0-32"] is not None
