@@ -248,14 +248,14 @@ def _n_groups(sd) -> float | None:
 
 # -- registry ---------------------------------------------------------------------------------
 
-def stat_of(stat: Callable, column: str | None = None, empty: float | None = None, **kw) -> Callable:
+def stat_of(stat: Callable, column: str | None = None, empty: float | None = None) -> Callable:
     """fn(sd[, column]) applying ``stat`` to the finite values of a samples column; ``empty`` when
     the column is there but ``stat`` has nothing to average (MaxEnt-GRPO logs 0.0)."""
     def fn(sd, column: str = column):
         x = finite_values(sd, column)
         if x is None:  # no samples, or the column is absent: nothing was logged
             return None
-        v = stat(x, **kw)
+        v = stat(x)
         return empty if v is None else v
     return fn
 
