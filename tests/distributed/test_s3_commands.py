@@ -161,10 +161,6 @@ def test_recompute_is_weights_to_the_bucket(capsys, s3_env, local_copy, remote):
     """--is-weights --out s3://: every weight file lands under OUT/is_weights/ in the bucket (each
     uploaded atomically: no temporary key left), the same bytes' tables as the local run's, and
     nothing of them is written locally."""
-    import io
-
-    import polars as pl
-
     assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
     out = f"{remote}-out"
     code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q")
@@ -176,13 +172,23 @@ def test_recompute_is_weights_to_the_bucket(capsys, s3_env, local_copy, remote):
     local_dir = local_copy / "grpolens" / "is_weights"
     want = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
     assert want and keys == want  # no .grpolens-tmp- key among them
-    for n in want:
+    _assert_bucket_holds_the_local_files(client, base, local_dir, want)
+    assert not Path("run.grpolens", "is_weights").exists()
+
+
+def _assert_bucket_holds_the_local_files(client, base: str, local_dir: Path, names: list[str]) -> None:
+    """Each of ``names`` under ``base`` in the bucket holds what the local file of that name holds (a
+    Parquet file: the same table)."""
+    import io
+
+    import polars as pl
+
+    for n in names:
         body = client.get_object(Bucket="runs", Key=base + n)["Body"].read()
         if n.endswith(".parquet"):
             assert pl.read_parquet(io.BytesIO(body)).equals(pl.read_parquet(local_dir / n)), n
         else:
-            assert body == (local_dir / n).read_bytes()
-    assert not Path("run.grpolens", "is_weights").exists()
+            assert body == (local_dir / n).read_bytes(), n
 
 
 def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsys, s3_env, local_copy, remote):
@@ -191,8 +197,6 @@ def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsy
     has): the bucket then holds the local run's files and nothing else of the weights', the other
     keys in a step's folder kept. The recompute stages the earlier outputs under OUT locally and
     uploads them at its end; staged weights went up over the new ones and restored the stale parts."""
-    import io
-
     import polars as pl
 
     assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
@@ -214,12 +218,7 @@ def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsy
     keys = sorted(o["Key"][len(base):] for o in client.list_objects_v2(Bucket="runs", Prefix=base)["Contents"]
                   if not o["Key"].endswith("/"))
     assert keys == sorted(want + kept)
-    for n in want:
-        body = client.get_object(Bucket="runs", Key=base + n)["Body"].read()
-        if n.endswith(".parquet"):
-            assert pl.read_parquet(io.BytesIO(body)).equals(pl.read_parquet(local_dir / n)), n
-        else:
-            assert body == (local_dir / n).read_bytes()
+    _assert_bucket_holds_the_local_files(client, base, local_dir, want)
 
 
 def test_parity_reads_the_trainers_log_from_the_bucket(capsys, s3_env, trl_remote):
