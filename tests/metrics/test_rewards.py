@@ -541,3 +541,26 @@ def test_twinkle_reward_metric_on_null_values_and_missing_samples(tmp_path):
     assert [r[st]["train/completion_length"] for st in range(4)] == [5.0, 5.0, 5.0, None]
     assert (r[3]["train/acc_reward"], r[3]["train/acc_reward_std"]) == (None, None)
     assert r[3]["train/entropy"] is not None  # step 3 has its token metrics
+
+
+def test_token_advantages_of_a_step_whose_tokens_shard_has_no_rows(tmp_path):
+    """Samples without an ``advantage`` column, and the step's only tokens shard empty (the rank
+    stored no token): no completion has an advantage, so there is no zero-group fraction."""
+    import pyarrow.parquet as pq
+
+    from grpolens.run import format as fmt
+    from tests.refdata import call_table
+
+    rng = np.random.default_rng(11)
+    calls = random_calls(rng, steps=(0,), ranks=1, micro_batches=1, batch=2)
+    s = random_samples(rng, 0, groups=1, generations=2, single_sample_group=False)
+    s.sample_id = np.arange(2)
+    s.group_id = np.zeros(2, dtype=int)
+    s.advantage = None
+    run = samples_run(tmp_path / "run", [s], calls=calls)
+    shards = sorted((run / fmt.TOKENS).rglob("*.parquet"))
+    assert len(shards) == 1
+    pq.write_table(call_table(calls[0]).slice(0, 0), shards[0])
+    got = row(grpolens.recompute(run, write=False), 0)
+    assert got["samples/count"] == 2.0
+    assert got["advantage/frac_zero_groups"] is None
