@@ -102,17 +102,15 @@ def load_tokenizer(spec: str | None) -> Callable[[str], int] | None:
     path = Path(spec)
     if path.is_file() and path.suffix == ".json":
         try:
-            from tokenizers import Tokenizer
+            import tokenizers  # noqa: F401 - only whether it is installed, for this message
         except ImportError:
             raise UserError("--tokenizer: reading tokenizer.json needs the 'tokenizers' package") from None
+        from grpolens.run.decode import TokenizerFileError, load_tokenizer_file
+
         try:
-            tok = Tokenizer.from_file(str(path))
-        except BaseException as e:  # noqa: BLE001 - a file that does not load is the user's; a panic in
-            # the library's Rust code is pyo3's PanicException, a BaseException
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f"--tokenizer: {path} is not a tokenizers JSON file ({first})") from None
+            tok = load_tokenizer_file(path)
+        except TokenizerFileError as e:
+            raise UserError(f"--tokenizer: {path} is not a tokenizers JSON file ({e})") from None
         return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
     try:
         from transformers import AutoTokenizer

@@ -32,6 +32,26 @@ def describe(source: str) -> str:
     return _DESCRIBE.get(source, source)
 
 
+class TokenizerFileError(Exception):
+    """A ``tokenizer.json`` the ``tokenizers`` library does not load; the message is the first line of
+    its error (or the error's class, for one without a message)."""
+
+
+def load_tokenizer_file(path, remote: bool = False):
+    """The ``tokenizers.Tokenizer`` of a ``tokenizer.json`` (``remote``: an object read as text), or
+    :class:`TokenizerFileError` for any failure to load it, a panic in the library's Rust code too:
+    pyo3 raises that as ``PanicException``, a ``BaseException``, which ``except Exception`` lets through."""
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(path.read_text()) if remote else Tokenizer.from_file(str(path))
+    except BaseException as e:  # noqa: BLE001 - see the docstring; Ctrl-C and exit go through
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        text = str(e)
+        raise TokenizerFileError(text.splitlines()[0] if text else type(e).__name__) from None
+
+
 def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
     """A function id -> text and a word saying where it comes from ("tokenizer.json", "vocab",
     "tokenizer", "ids"); see :func:`describe`."""
@@ -41,15 +61,11 @@ def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
     path = run / TOKENIZER_FILE
     if path.is_file():
         try:
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_str(path.read_text()) if is_remote_run(run) else Tokenizer.from_file(str(path))
+            tok = load_tokenizer_file(path, remote=is_remote_run(run))
             # one id at a time, special tokens kept: the views show every token the loss saw
             return (lambda i: tok.decode([int(i)], skip_special_tokens=False)), "tokenizer.json"
-        except BaseException as e:  # noqa: BLE001 - an unreadable tokenizer.json (validate names it): ids;
-            # a panic in the library's Rust code is pyo3's PanicException, a BaseException
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
+        except TokenizerFileError:  # an unreadable tokenizer.json (validate names it): ids
+            pass
     vocab = cfg.get("vocab_file")
     if vocab:
         p = run_file(run, "vocab_file", vocab)  # inside the run, or RunFormatError

@@ -319,19 +319,12 @@ class _Validator:
 
     def check_tokenizer(self, path) -> None:
         """``tokenizer.json`` must load with the ``tokenizers`` library; otherwise views show ids."""
-        try:
-            from tokenizers import Tokenizer
+        from grpolens.run.decode import TokenizerFileError, load_tokenizer_file
 
-            if fmt.is_remote_run(self.root):
-                Tokenizer.from_str(path.read_text())
-            else:
-                Tokenizer.from_file(str(path))
-        except BaseException as e:  # noqa: BLE001 - any failure to load is the finding, a panic in the
-            # library's Rust code too (pyo3's PanicException derives from BaseException, not Exception)
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            self.add(WARNING, path, f"not a tokenizers JSON file ({first}): views show token ids instead of text")
+        try:
+            load_tokenizer_file(path, remote=fmt.is_remote_run(self.root))
+        except TokenizerFileError as e:  # any failure to load is the finding
+            self.add(WARNING, path, f"not a tokenizers JSON file ({e}): views show token ids instead of text")
 
     def check_layout(self) -> None:
         """Every entry must be part of the layout; readers silently skip the rest."""
