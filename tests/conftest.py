@@ -14,14 +14,17 @@ load_plugins()
 
 _ROOT = Path(__file__).resolve().parents[1]
 _ROOT_BEFORE: set[str] = set()
+_ARTIFACTS = "test-artifacts"
 
 
 def _root_entries() -> set[str]:
-    # dot-entries are tools' caches (.pytest_cache, .ruff_cache); *.egg-info is pip's, from the install.
-    # mutmut runs the tests in its mutants/ copy, where it writes its own state.
+    # dot-entries are tools' caches (.pytest_cache, .ruff_cache); *.egg-info is pip's, from the install;
+    # test-artifacts/ is the one place tests write on purpose (the browser tests' screenshots, for people
+    # to look at; git-ignored). mutmut runs the tests in its mutants/ copy, where it writes its own state.
     if _ROOT.name == "mutants":
         return set()
-    return {p.name for p in _ROOT.iterdir() if not p.name.startswith(".") and not p.name.endswith(".egg-info")}
+    return {p.name for p in _ROOT.iterdir()
+            if not p.name.startswith(".") and not p.name.endswith(".egg-info") and p.name != _ARTIFACTS}
 
 
 def pytest_sessionstart(session):
