@@ -7,9 +7,13 @@ bad value is reported with the key that holds it, e.g. ``config key 'epsilon': m
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from grpolens.errors import UserError
+from grpolens.functional.is_weights import SAFETY_BOUND
+
+_SMALLEST_WEIGHT = math.exp(-SAFETY_BOUND)
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo")
 IS_LEVELS = ("token", "sequence", "sequence_token")
@@ -307,6 +311,13 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
     lower, upper = sources[0][1] if sources else (None, None)
     if lower is not None and upper is None:
         raise _bad(k("upper"), "a lower bound needs an upper bound", value)
+    if upper is not None and upper < _SMALLEST_WEIGHT:
+        # A smaller bound caps or zeroes every weight; below ~1.6e-162 its square would also underflow
+        # in the Σw² partials and leave the ESS undefined.
+        name = {"lower/upper": "upper", "vllm_importance_sampling_clip_min/clip_max": "vllm_importance_sampling_clip_max"}
+        raise _bad(k(name.get(sources[0][0], sources[0][0])),
+                   f"the upper IS bound must be at least exp(-{SAFETY_BOUND:g}) = {_SMALLEST_WEIGHT:.3g}, the "
+                   f"smallest weight there is (log-ratios are clipped to ±{SAFETY_BOUND:g} before exp)", upper)
 
     mask_lower, mask_upper = lower, upper
     for name, conv in (("mask_threshold", "lower_upper"), ("rollout_is_mask_threshold", "upper_lower")):

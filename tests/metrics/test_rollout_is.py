@@ -958,10 +958,24 @@ def test_threshold_conventions(spec, band):
     ({"rs": "token_k1,seq_max_k2", "rs_threshold": "1,2,3"}, r"one per option"),
     ({"threshold": [0.5, 2], "upper": 3}, r"given twice"),
     ({"bogus": 1}, r"unknown setting"),
+    ({"threshold": [0, 1e-10]}, r"'rollout_is.threshold'.*at least exp\(-20\)"),
+    ({"upper": 1e-170}, r"'rollout_is.upper'.*at least exp\(-20\)"),
+    ({"rollout_is_threshold": 1e-12}, r"'rollout_is.rollout_is_threshold'.*at least"),
+    ({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 1e-12},
+     r"'rollout_is.vllm_importance_sampling_clip_max'.*at least"),
 ])
 def test_threshold_errors(spec, match):
     with pytest.raises(UserError, match=match):
         normalize_rollout_is(spec)
+
+
+def test_the_smallest_upper_bound_is_the_smallest_weight():
+    # Every weight is at least exp(-20) (the safety bound); a bound exactly there is the smallest allowed.
+    # (Below it every weight is capped; far below, the squares underflow and the ESS is undefined.)
+    smallest = float(np.exp(-20.0))
+    assert normalize_rollout_is({"upper": smallest})["upper"] == smallest
+    with pytest.raises(UserError, match="at least"):
+        normalize_rollout_is({"upper": np.nextafter(smallest, 0.0)})
 
 
 def test_threshold_error_from_cli(tmp_path, capsys):
