@@ -72,6 +72,28 @@ def test_with_rejection_filters(synth):
     _check_every_family(synth, "verl", overrides=RS)
 
 
+@pytest.mark.parametrize("profile", ["grpolens", "maxent"])
+def test_samples_without_advantages(synth, tmp_path, profile):
+    """Without the samples' ``advantage`` column the zero-advantage-group fraction reads each
+    completion's token-level advantage: a partial column of another producer than the rewards
+    family's own (``--only rewards`` once gave null where the full recompute gave a value)."""
+    import pyarrow.parquet as pq
+
+    from grpolens.run import format as fmt
+
+    run = tmp_path / "run"
+    shutil.copytree(synth, run)
+    shards = sorted((run / fmt.SAMPLES).rglob("*.parquet"))
+    assert shards
+    for shard in shards:
+        t = pq.read_table(shard)
+        pq.write_table(t.drop_columns(["advantage"]), shard)
+    full = recompute(run, profile=profile, write=False, incremental=False)
+    name = "advantage/frac_zero_groups" if profile == "grpolens" else "train/frac_reward_zero_std"
+    assert full[name].null_count() == 0
+    _check_every_family(run, profile)
+
+
 def test_trl_run_with_generation_rounds(tmp_path):
     run = tmp_path / "trl-tiny"
     shutil.copytree(SAMPLE_RUNS / "trl-tiny", run)

@@ -186,7 +186,8 @@ def frac_reward_zero_std(sd) -> float | None:
     return float(np.mean(zero[inv]))
 
 
-@producer("advantage", merge={"advantage.seq": "first"})
+# The rewards family reads this column (advantage/frac_zero_groups), so ``--only rewards`` must run it.
+@producer("advantage", merge={"advantage.seq": "first"}, families=("rewards",))
 def _seq_advantage(b, cfg: dict) -> dict[str, np.ndarray]:
     """Each sequence's advantage (its first token's): the token-level fallback for a samples table
     without an ``advantage`` column."""
