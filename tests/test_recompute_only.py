@@ -63,6 +63,21 @@ def _check_every_family(run: Path, profile: str, overrides=None) -> None:
         assert sub.equals(full.select("step", *cols)), fam
 
 
+def test_every_producer_and_visitor_names_registered_families():
+    """``--only`` runs a producer or visitor only for the families it names: one naming no family
+    that exists runs in full recomputes only (the token-level advantage fallback's producer once
+    named a family ``advantage``, and ``--only rewards`` gave null)."""
+    from grpolens.metrics.engine import VISITOR_FAMILIES
+    from grpolens.metrics.partials import PRODUCERS
+
+    load_builtins()
+    families = {m.family for m in REGISTRY.values()}
+    for name, p in PRODUCERS.items():
+        assert p.families and set(p.families) <= families, f"producer {name}: {p.families}"
+    for name, fams in VISITOR_FAMILIES.items():  # () is an output-only visitor (histograms, top tokens)
+        assert set(fams) <= families, f"visitor {name}: {fams}"
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_each_family_alone_equals_the_full_recompute(synth, profile):
     _check_every_family(synth, profile)
