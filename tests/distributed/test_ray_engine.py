@@ -148,6 +148,7 @@ def test_is_weights_under_a_relative_out_go_below_this_processs_directory(ray_lo
 
 LOCAL_START = r'''
 import json, os, sys
+from pathlib import Path
 import ray
 from grpolens.analysis.recompute import recompute
 from grpolens.metrics.engine_ray import RayEngine
@@ -161,14 +162,34 @@ class WorkerEnv:
     def combine(self, step, pieces):
         return pieces
 
+def dashboards():
+    """The command lines of the running instance's dashboard processes (Linux /proc)."""
+    session = ray._private.worker._global_node.get_session_dir_path()
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in args]
+        if any(a.endswith("dashboard.py") for a in args) and f"--session-dir={session}" in args:
+            out.append(args)
+    return out
+
+frontends = []
+
 def run(engine):
     paths = set()
+    def on_step(step, pieces):
+        paths.update(pieces["worker_env"])
+        frontends.extend("--disable-frontend" not in a for a in dashboards())
     recompute(sys.argv[1], write=False, incremental=False, engine=engine, extra_visitors=[WorkerEnv()],
-              on_step=lambda s, pieces: paths.update(pieces["worker_env"]))
+              on_step=on_step)
     return sorted(paths)
 
 engine = RayEngine()
 got = {"paths": run(engine), "initialized_after": ray.is_initialized()}
+got["dashboard_frontends"] = frontends[:] if frontends else "no dashboard process seen"
 # the same engine again, with no PYTHONPATH of the user's: a second instance of its own, stopped too
 del os.environ["PYTHONPATH"]
 got.update(paths_no_pythonpath=run(engine), initialized_after_second=ray.is_initialized())
@@ -187,7 +208,8 @@ def test_a_local_instance_the_engine_starts_gives_workers_this_checkout_and_stop
     checkout the driver imports it from, ahead of the user's PYTHONPATH; neither Ray's start-up
     messages nor the workers' output reach the user; and the instance stops with the command. The
     same engine used again starts and stops a new one, and on an instance the user started it runs
-    without stopping it."""
+    without stopping it. The instance it starts serves no dashboard (Ray starts one by default, where
+    its ``ray[default]`` packages are installed; here its dashboard process runs without its frontend)."""
     import json
     import subprocess
     import sys
@@ -198,6 +220,7 @@ def test_a_local_instance_the_engine_starts_gives_workers_this_checkout_and_stop
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(got.pop("dashboard_frontends")) == {False}
     assert got == {"paths": [f"{root}{os.pathsep}/no/such/dir"], "initialized_after": False,
                    "paths_no_pythonpath": [str(root)], "initialized_after_second": False,
                    "paths_users_instance": [str(root)], "users_instance_running_after": True}
