@@ -33,6 +33,8 @@ ALLOWED = {
         "mutmut's pace on a shared machine, to plan a run's length; it times mutmut's test runs, not grpolens",
     ("docs/distributed.md", "prefixes every 15 s and"):
         "serve --watch's polling interval, a constant of grpolens/serve/watch.py (REMOTE_EVERY), not a measurement",
+    ("docs/distributed.md", "is given up after 10 s"):
+        "--ray-address's connect limit, a constant of grpolens/metrics/engine_ray.py (CONNECT_TIMEOUT_S), not a measurement",
     ("docs/serve.md", "a local run is looked at every 5 s"):
         "serve --watch's polling interval, a constant of grpolens/serve/watch.py (LOCAL_EVERY), not a measurement",
     ("docs/serve.md", "run is listed every 15 s"):

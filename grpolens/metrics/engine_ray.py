@@ -34,6 +34,9 @@ MAX_RETRIES = 3
 #: Tasks in flight per cluster CPU: enough to keep every worker busy while the driver merges, few
 #: enough that the driver holds only those tasks' pieces.
 TASKS_PER_CPU = 2
+#: how long ``--ray-address`` waits for a TCP answer before saying nothing answers there (a host that
+#: drops packets; a closed port answers at once)
+CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ def _in_flight_limit(resources: dict[str, float]) -> int:
     return max(2, TASKS_PER_CPU * int(resources.get("CPU", 1)))
 
 
-def _check_reachable(address: str, timeout: float = 10.0) -> None:
+def _check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """One line at once when nothing listens at ``HOST:PORT`` or ``ray://HOST:PORT`` (Ray itself
     retries such an address for minutes before it gives up). ``auto`` is left to Ray."""
     import socket
@@ -90,6 +93,9 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
+    except TimeoutError:
+        raise UserError(f"--ray-address {address}: cannot connect: nothing answers at {host}:{port} "
+                        f"(no answer within {timeout:g} s)") from None
     except OSError as e:
         raise UserError(f"--ray-address {address}: cannot connect: nothing answers at {host}:{port} "
                         f"({e.strerror or e})") from None
