@@ -33,6 +33,15 @@ from grpolens.metrics.registry import Family, Metric, register, register_family
 KEY_BITS = 62
 
 
+def _key_layout(n_groups: int, n_values: int, group_size: int) -> tuple[int, int, int, bool, bool, bool]:
+    """The packed sort keys' fields and which keys fit: bit widths of (group, token, completion in
+    group), whether (group, token, completion) fits in ``KEY_BITS`` and in 32 bits, and whether
+    (group, token, token) fits in ``KEY_BITS``. A separate function because a guard that admits too
+    much only shows past 2**62 keys, where a test cannot go: on any smaller step both paths agree."""
+    gb, ub, cb = (max(int(x - 1).bit_length(), 1) for x in (n_groups, n_values, group_size))
+    return gb, ub, cb, gb + ub + cb <= KEY_BITS, gb + ub + cb <= 32, gb + 2 * ub <= KEY_BITS
+
+
 def _as_ids(completions: Sequence[Sequence]) -> list[np.ndarray]:
     """Completions as int64 arrays (strings are numbered first, so text and ids share one path)."""
     if all(isinstance(c, np.ndarray) and c.dtype.kind in "iu" for c in completions):
@@ -131,14 +140,14 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     gmax = int(sizes.max())
     # keys pack (group, token[, token | completion]) into the bits of one int64: shifts and masks
     # instead of products, divisions and remainders over every token of the step
-    gb, ub, cb = (max(int(x - 1).bit_length(), 1) for x in (n_groups, u, gmax))
-    if gb + ub + cb <= KEY_BITS:
+    gb, ub, cb, packed, packed32, packed_bigrams = _key_layout(n_groups, u, gmax)
+    if packed:
         # one sort of (group, token, completion-in-group) serves distinct_1 and Jaccard
         first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         local = np.arange(len(lens)) - np.repeat(first, sizes)  # completion index inside its group
         keys = (((tg << ub) | dense) << cb) | np.repeat(local, lens)
         # most steps' keys fit in 32 bits: half the bytes to sort and to pass over after
-        keys = _unique(keys.astype(np.uint32) if gb + ub + cb <= 32 else keys)
+        keys = _unique(keys.astype(np.uint32) if packed32 else keys)
         gt = keys >> cb  # (group, token) of each key, sorted
         new_row = np.concatenate(([True], gt[1:] != gt[:-1]))
         uni = gt[new_row]
@@ -149,7 +158,7 @@ def groups_diversity(groups: Sequence[Sequence[Sequence]]) -> np.ndarray:
     n1 = np.bincount(uni >> ub, minlength=n_groups)
     out[:, 0] = np.where(length >= 1, n1 / np.maximum(length, 1), 0.0)
     same = tg[1:] == tg[:-1]  # bigrams run across completions but never across groups
-    if gb + 2 * ub <= KEY_BITS:
+    if packed_bigrams:
         big = _unique(((((tg[1:] << ub) | dense[:-1]) << ub) | dense[1:])[same])
         n2 = np.bincount(big >> (2 * ub), minlength=n_groups)
         out[:, 1] = np.where(length >= 2, n2 / np.maximum(length - 1, 1), 0.0)

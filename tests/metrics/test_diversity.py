@@ -89,6 +89,21 @@ def test_token_ids_of_any_size_on_every_key_path(monkeypatch, key_bits):
             assert row == pytest.approx([ref["distinct_1"], ref["distinct_2"], ref["jaccard"]])
 
 
+def test_the_packed_key_layout_admits_exactly_the_keys_that_fit():
+    """The widths of the packed keys' fields and the guards in front of them, on both sides of each
+    bound. Not visible through groups_diversity: below 2**62 keys the packed and the per-group
+    paths give the same values, so a guard that admits too much would only show at that scale."""
+    layout = diversity._key_layout
+    assert layout(1, 1, 1) == (1, 1, 1, True, True, True)  # one group, one token value: one bit each
+    assert layout(2**20, 2**24, 2**18) == (20, 24, 18, True, False, False)  # 62 bits; bigrams 68
+    assert layout(2**20, 2**24, 2**18 + 1)[2:4] == (19, False)
+    assert layout(2**20 + 1, 2**24, 2**18)[0::3] == (21, False)
+    assert layout(2**14, 2**24, 2)[5] and not layout(2**14 + 1, 2**24, 2)[5]  # bigrams: 14 + 2 × 24 bits
+    assert not layout(2**14, 2**24 + 1, 2)[5]
+    assert layout(2**7, 2**24, 2)[4] and not layout(2**7, 2**24, 3)[4]  # 32 bits: 7 + 24 + 1
+    assert not layout(2**7 + 1, 2**24, 2)[4] and not layout(2**7, 2**24 + 1, 2)[4]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_groups_against_reference(seed):
     rng = np.random.default_rng(seed)
