@@ -574,3 +574,60 @@ def test_baseline_run_is_recomputed_with_the_checks_overrides(runs, tmp_path):
     rules.write_text("[[rule]]\nmetric = 'clip/low'\nabs = 0\n")
     report = check(runs["clean"], rules=rules, baseline=runs["clean"], overrides={"epsilon": 0.1})
     assert [o.status for o in report.outcomes] == ["PASS", "PASS"] and report.outcomes[1].checked == STEPS
+
+
+def _read_only_mount_works(path: Path) -> bool:
+    """Whether this machine lets an unprivileged user namespace bind-mount a directory read-only."""
+    if not shutil.which("unshare"):
+        return False
+    probe = (f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(path))} && "
+             f"mount -o remount,ro,bind {shlex.quote(str(path))} && ! touch {shlex.quote(str(path / 'probe'))} 2>/dev/null")
+    import subprocess
+
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True, timeout=60)
+    return r.returncode == 0
+
+
+
+@pytest.mark.parametrize("mode", ["read-only mount", "no write permission"])
+def test_a_run_that_cannot_be_written_is_checked_without_a_cache(runs, tmp_path, mode):
+    """``check`` refreshes the run's cache where it may; a run on a read-only mount (EROFS: a
+    dataset mounted read-only in CI) or in a directory the user cannot write (EACCES) is checked
+    all the same, from a recompute that writes nothing, with the same outcomes. A real read-only
+    bind mount in a user and mount namespace; a directory without write permission (as root, whose
+    CAP_DAC_OVERRIDE would ignore it, with that capability dropped)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    base = Path(tempfile.mkdtemp(prefix="grpolens-ro-"))
+    try:
+        run = base / "run"
+        shutil.copytree(runs["clean"], run)
+        command = [sys.executable, "-m", "grpolens.cli", "check", str(run), "--json"]
+        if mode == "read-only mount":
+            if not _read_only_mount_works(base):
+                pytest.skip("no unprivileged user and mount namespaces here (unshare -rm)")
+            q = shlex.quote(str(run))
+            script = f"mount --bind {q} {q} && mount -o remount,ro,bind {q} && exec {shlex.join(command)}"
+            r = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True,
+                               timeout=600)
+        else:
+            run.chmod(0o555)
+            as_user = []
+            if os.geteuid() == 0:  # root writes anywhere: without the capability to override permissions
+                if not shutil.which("setpriv"):
+                    pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+                as_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+            r = subprocess.run([*as_user, *command], env=env, capture_output=True, text=True, timeout=600)
+            run.chmod(0o755)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Traceback" not in r.stderr
+        assert not (run / "grpolens").exists()  # nothing written, not even the lock
+        writable = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert writable.returncode == 0 and (run / "grpolens" / "metrics.parquet").exists()
+        assert json.loads(r.stdout) == json.loads(writable.stdout)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

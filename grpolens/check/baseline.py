@@ -14,6 +14,7 @@ Metric keys are canonical names; steps with no value are left out; NaN and ±inf
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import math
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ def no_data_steps(df) -> list[int]:
     return sorted(int(s) for s in sub["step"].to_list())
 
 
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def metrics_of(run: Path, overrides: dict | None, engine=None):
     """Current metrics of a run. The per-step cache is refreshed in place when the config is the
     run's own and the directory is writable; what-if overrides (``--set``) never overwrite it."""
@@ -61,8 +65,9 @@ def metrics_of(run: Path, overrides: dict | None, engine=None):
     if not overrides:
         try:
             return recompute(run, write=True, engine=engine)
-        except PermissionError:
-            pass
+        except OSError as e:  # a run the user may not write (EACCES, EPERM) or on a read-only mount (EROFS)
+            if e.errno not in _READ_ONLY:
+                raise
     return recompute(run, overrides=overrides or None, write=False, engine=engine)
 
 
