@@ -101,6 +101,13 @@ def _print_error(message: str) -> None:
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
 
 
+def _os_error_line(e: OSError) -> str:
+    # os.replace(tmp, target) names both; the target is the path the user knows
+    path = e.filename2 if e.filename2 is not None else e.filename
+    reason = e.strerror or str(e)
+    return f"{path}: {reason}" if path is not None else reason
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turning user errors into one line and an exit code."""
     from grpolens.allocator import keep_freed_memory
@@ -118,6 +125,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except RunFormatError as e:
         _print_error(str(e))
+        sys.exit(2)
+    except OSError as e:
+        # The file system refused: an output path that is a directory or lies below a file, a disk
+        # that is full or read-only, no permission. The path and the reason, not a traceback; outputs
+        # are written atomically, so nothing is left half-written. (A closed pipe on stdout, EPIPE,
+        # never gets here: click's main exits 1 quietly on it.)
+        _print_error(_os_error_line(e))
         sys.exit(2)
     except typer.Exit as e:  # raised by commands to set their exit code
         sys.exit(e.exit_code)

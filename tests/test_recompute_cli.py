@@ -162,3 +162,28 @@ def test_cumulative_totals_include_steps_before_the_selection(tmp_path):
     full = recompute(run, write=False)
     part = recompute(run, steps="2:3", write=False)
     assert part["tokens/seen"].to_list() == full["tokens/seen"].to_list()[2:]
+
+
+@pytest.mark.parametrize("where", ["a directory", "below a file"])
+def test_an_output_the_file_system_refuses_is_one_line(run, tmp_path, where):
+    """An output path the file system refuses (a directory stands where metrics.parquet goes;
+    --out below a regular file) is one line naming the path and the reason, exit code 2, no
+    traceback, and nothing left beside it (the output is written to a temporary file first; the run's
+    own per-step cache is kept, it is valid)."""
+    if where == "a directory":
+        out = tmp_path / "out"
+        (out / "metrics.parquet").mkdir(parents=True)
+        path = out / "metrics.parquet"
+        reason = "Is a directory"
+    else:
+        (tmp_path / "a-file").write_text("")
+        out = path = tmp_path / "a-file" / "out"
+        reason = "Not a directory"
+    def outside_the_run():
+        return sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if run not in (p, *p.parents))
+
+    before = outside_the_run()
+    r = subprocess.run([sys.executable, "-m", "grpolens.cli", "recompute", str(run), "--out", str(out), "-q"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {path}: {reason}"
+    assert outside_the_run() == before
