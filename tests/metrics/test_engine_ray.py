@@ -120,7 +120,8 @@ def test_only_an_ipv6_literals_brackets_are_stripped_from_the_host():
 @pytest.mark.timeout(30)  # without a time limit the connect waits for the kernel's SYN retries (minutes)
 def test_an_address_that_drops_the_connection_request_is_given_up_at_the_time_limit():
     """A host that drops packets, made here: a listening socket whose accept queue is full and never
-    read (Linux then drops every further SYN). The connect gives up at its time limit, one line."""
+    read (Linux then drops every further SYN). The connect gives up at its time limit, one line
+    that says so."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(0)
@@ -136,7 +137,15 @@ def test_an_address_that_drops_the_connection_request_is_given_up_at_the_time_li
             for c in fillers:
                 c.close()
     assert e.value.message == (
-        f"--ray-address 127.0.0.1:{port}: cannot connect: nothing answers at 127.0.0.1:{port} (timed out)")
+        f"--ray-address 127.0.0.1:{port}: cannot connect: nothing answers at 127.0.0.1:{port} "
+        "(no answer within 0.5 s)")
+
+
+def test_the_connect_limit_is_the_one_the_docs_state():
+    from grpolens.metrics.engine_ray import CONNECT_TIMEOUT_S
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text()
+    assert f"is given up after {CONNECT_TIMEOUT_S:g} s" in doc
 
 
 @pytest.mark.parametrize("address", ["auto", "localhost", "host:port", "ray://host/x:10001", "10.0.0.1:"])
