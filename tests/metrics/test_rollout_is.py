@@ -316,6 +316,22 @@ def test_all_masked_and_empty(tmp_path):
     assert vl["rollout_corr/kl"].to_list() == [None, None]
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_at_the_smallest_upper_bound_every_weight_is_capped_and_the_ess_is_one(tmp_path, level):
+    """Hand-worked: with the upper bound at exp(-20), the smallest weight there is, truncation caps
+    every weight at it, so the applied and clamped weights are all equal: std 0, ESS fraction
+    (Σw)²/(N·Σw²) = 1. (Far below that bound, now refused, w² underflowed and the ESS was null.)"""
+    U = float(np.exp(-20.0))
+    rng = np.random.default_rng(5)
+    calls = random_calls(rng, all_masked_row=False)
+    run = write_run(tmp_path / "run", calls, config={"rollout_is": {"level": level, "mode": "truncate", "upper": U}})
+    got = grpolens.recompute(run, write=False)
+    assert got.height == 2 and (got["rollout_is/valid_tokens"] > 0).all()
+    for c in ("rollout_is/applied/ess", "rollout_is/clamped/ess"):
+        assert got[c].to_list() == [pytest.approx(1.0, rel=1e-12)] * 2, c
+    assert got["rollout_is/applied/max"].to_list() == got["rollout_is/applied/min"].to_list() == [pytest.approx(U)] * 2
+
+
 def test_step_mixing_shards_with_and_without_rollout_logprobs(tmp_path):
     # rank 1 recorded no rollout_logp: validate accepts it (an optional column, checked per file),
     # and its sequences have no IS or mismatch partials, so each step's rollout_is/* and mismatch/*
