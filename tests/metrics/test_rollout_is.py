@@ -985,6 +985,54 @@ def test_threshold_errors(spec, match):
         normalize_rollout_is(spec)
 
 
+_ACCEPTED = ("batch_normalize, level, lower, mask_lower, mask_threshold, mask_upper, mode, rollout_is, "
+             "rollout_is_batch_normalize, rollout_is_level, rollout_is_mask_threshold, rollout_is_mode, "
+             "rollout_is_threshold, rollout_is_veto_threshold, rollout_rs, rollout_rs_threshold, rs, rs_threshold, "
+             "threshold, upper, veto_lower, veto_threshold, veto_upper, vllm_importance_sampling_cap, "
+             "vllm_importance_sampling_clip_max, vllm_importance_sampling_clip_min, "
+             "vllm_importance_sampling_correction, vllm_importance_sampling_mode")
+
+
+@pytest.mark.parametrize("spec,message", [
+    ([1], "config key 'rollout_is': must be a mapping of rollout IS settings (or null), got [1]"),
+    ({"bogus": 1}, f"config key 'rollout_is': unknown setting(s) bogus; accepted: {_ACCEPTED}, got {{'bogus': 1}}"),
+    ({"level": "token", "rollout_is": "sequence"},
+     "config key 'rollout_is.rollout_is': conflicts with level 'token', got 'sequence'"),
+    ({"vllm_importance_sampling_mode": "token"},
+     "config key 'rollout_is.vllm_importance_sampling_mode': must be one of token_truncate, token_mask, "
+     "sequence_truncate, sequence_mask, got 'token'"),
+    ({"level": "sequence", "vllm_importance_sampling_mode": "token_mask"},
+     "config key 'rollout_is.vllm_importance_sampling_mode': conflicts with level 'sequence', got 'token_mask'"),
+    ({"level": "tokens"}, "config key 'rollout_is.level': must be one of token, sequence, geometric, got 'tokens'"),
+    ({"threshold": [0.5, 2], "upper": 3},
+     "config key 'rollout_is': the IS band is given twice (threshold and lower/upper); keep one, "
+     "got {'threshold': [0.5, 2], 'upper': 3}"),
+    ({"lower": 0.5}, "config key 'rollout_is.upper': a lower bound needs an upper bound, got {'lower': 0.5}"),
+    ({"upper": 1e-9}, "config key 'rollout_is.upper': the upper IS bound must be at least exp(-20) = 2.06e-09, the "
+                      "smallest weight there is (log-ratios are clipped to ±20 before exp), got 1e-09"),
+    ({"mode": "clip", "upper": 2},
+     "config key 'rollout_is.mode': must be one of none, truncate, truncate_upper, mask, both, icepop (or a TRL mode: "
+     "token_truncate, token_mask, sequence_truncate, sequence_mask), got 'clip'"),
+    ({"mode": "icepop"}, "config key 'rollout_is.upper': mode 'icepop' needs an upper threshold, got {'mode': 'icepop'}"),
+    ({"mode": "mask"},
+     "config key 'rollout_is.mask_upper': mode 'mask' needs a mask band (mask_upper, or the IS band), got {'mode': 'mask'}"),
+    ({"batch_normalize": "yes"}, "config key 'rollout_is.batch_normalize': must be true or false, got 'yes'"),
+])
+def test_each_refusal_names_its_key_the_reason_and_the_value(spec, message):
+    with pytest.raises(UserError) as e:
+        normalize_rollout_is(spec)
+    assert e.value.message == message
+
+
+def test_refusals_name_the_key_the_settings_came_from():
+    with pytest.raises(UserError) as e:
+        normalize_rollout_is({"level": "tokens"}, key="variants.a.rollout_is")
+    assert e.value.message.startswith("config key 'variants.a.rollout_is.level': must be one of")
+    with pytest.raises(UserError) as e:
+        normalize_rollout_is("token", key="variants.a.rollout_is")
+    assert e.value.message.startswith("config key 'variants.a.rollout_is': must be a mapping")
+
+
 def test_the_smallest_upper_bound_is_the_smallest_weight():
     # Every weight is at least exp(-20) (the safety bound); a bound exactly there is the smallest allowed.
     # (Below it every weight is capped; far below, the squares underflow and the ESS is undefined.)
