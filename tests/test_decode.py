@@ -115,3 +115,45 @@ def test_dashboard_completion_of_a_reused_rollout(run):
     got = data.completion(run, 2, sid)
     texts = dict(_samples(run, 1).select("sample_id", "completion").iter_rows())
     assert got is not None and got["sample"]["completion"] == texts[sid]
+
+
+def test_each_source_of_token_text_in_order(run):
+    """make_decoder's sources, each taken when the ones before it are missing or unreadable:
+    tokenizer.json (special tokens kept), the manifest's vocab_file (an object of id -> text, or a
+    list; ids it lacks shown as ⟨id⟩), the manifest's tokenizer (a directory inside the run, loaded
+    with transformers, offline), else the ids themselves."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_file(str(run / TOKENIZER_FILE))
+    ids = [0, 1, 7, 20]  # 0 and 1 are special tokens of the bundled tokenizer (<pad>, <eos>)
+    decode, source = make_decoder(run, {"vocab_file": "vocab.json", "tokenizer": "hf"})
+    assert source == "tokenizer.json"
+    assert [decode(i) for i in ids] == [tok.decode([i], skip_special_tokens=False) for i in ids]
+    assert [decode(i) for i in ids] == ["<pad>", "<eos>", "b", "r"]
+
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(run / "hf")
+    (run / TOKENIZER_FILE).write_text("{not json")  # unreadable: the next source
+    (run / "vocab.json").write_text(json.dumps({"0": "zero", "7": "seven"}))
+    decode, source = make_decoder(run, {"vocab_file": "vocab.json", "tokenizer": "hf"})
+    assert source == "vocab" and [decode(i) for i in (0, 7, 3)] == ["zero", "seven", "⟨3⟩"]
+    (run / "vocab.json").write_text(json.dumps(["a", "b"]))
+    decode, source = make_decoder(run, {"vocab_file": "vocab.json"})
+    assert source == "vocab" and [decode(i) for i in (1, 0, 2)] == ["b", "a", "⟨2⟩"]
+
+    (run / "vocab.json").write_text("[1, 2")  # unreadable: the next source
+    decode, source = make_decoder(run, {"vocab_file": "vocab.json", "tokenizer": "hf"})
+    assert source == "tokenizer"
+    assert [decode(i) for i in ids] == ["<pad>", "<eos>", "b", "r"]  # transformers' decode keeps them too
+    decode, source = make_decoder(run, {"vocab_file": "vocab.json", "tokenizer": "no-such-org/no-such-model"})
+    assert source == "ids" and decode(7) == "⟨7⟩"
+    assert make_decoder(run, {})[1] == "ids"
+
+
+@pytest.mark.parametrize("key", ["vocab_file", "tokenizer"])
+def test_a_file_the_manifest_names_outside_the_run_is_refused(run, key):
+    from grpolens.errors import RunFormatError
+
+    (run / TOKENIZER_FILE).unlink()
+    with pytest.raises(RunFormatError) as e:
+        make_decoder(run, {key: "../elsewhere.json"})
+    assert key in str(e.value) and str(run) in str(e.value)
