@@ -985,6 +985,55 @@ def test_threshold_errors(spec, match):
         normalize_rollout_is(spec)
 
 
+def _ris(level, mode, lower, upper, mask=None, veto=(None, None), rs=(), **extra):
+    mask = (lower, upper) if mask is None else mask
+    return {"level": level, "mode": mode, "lower": lower, "upper": upper, "mask_lower": mask[0], "mask_upper": mask[1],
+            "veto_lower": veto[0], "veto_upper": veto[1], "rs": list(rs), **extra}
+
+
+@pytest.mark.parametrize("spec,want", [
+    # TRL: the mode names the level; *_truncate caps, *_mask zeroes (IcePop); the cap defaults to 3
+    ({"vllm_importance_sampling_mode": "token_truncate"}, _ris("token", "truncate", None, 3.0)),
+    ({"mode": "token_mask"}, _ris("token", "icepop", None, 3.0)),
+    ({"vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_min": 0.5,
+      "vllm_importance_sampling_clip_max": 2.0}, _ris("sequence", "icepop", 0.5, 2.0)),
+    ({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_cap": 5.0},
+     _ris("token", "truncate", None, 5.0)),
+    ({"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_truncate"},
+     _ris("sequence", "truncate", None, 3.0)),
+    ({"vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "sequence_truncate"}, None),
+    # verl: a number caps (TIS, lower 1/upper for its metrics), a band string zeroes (IcePop)
+    ({"rollout_is": "sequence", "rollout_is_threshold": 2.0}, _ris("sequence", "truncate_upper", 0.5, 2.0)),
+    ({"rollout_is_threshold": "0.5_5.0"}, _ris("token", "icepop", 0.5, 5.0)),
+    ({"rollout_rs": "token_k1,seq_max_k3", "rollout_rs_threshold": "0.5_2.0,3.0"},
+     _ris("token", "none", None, None, rs=[{"option": "token_k1", "lower": 0.5, "upper": 2.0},
+                                           {"option": "seq_max_k3", "lower": None, "upper": 3.0}])),
+    ({"rollout_is_batch_normalize": True, "upper": 2}, _ris("token", "truncate", None, 2.0, batch_normalize=True)),
+    # xtuner: (upper, lower) tuples; any of its keys makes a bare threshold a plain truncation
+    ({"rollout_is_level": "geometric", "rollout_is_mode": "both", "rollout_is_threshold": [2.0, 0.5],
+      "rollout_is_mask_threshold": [3.0, 0.3], "rollout_is_veto_threshold": [1e4, 1e-4]},
+     _ris("geometric", "both", 0.5, 2.0, mask=(0.3, 3.0), veto=(1e-4, 1e4))),
+    ({"rollout_is_level": "token", "rollout_is_threshold": 2.0}, _ris("token", "truncate", None, 2.0)),
+    ({"rollout_is_mask_threshold": [3, 0.3], "rollout_is_threshold": 2.0},
+     _ris("token", "truncate", None, 2.0, mask=(0.3, 3.0))),
+    ({"rollout_is_veto_threshold": [1e4, 1e-4], "rollout_is_threshold": 2.0},
+     _ris("token", "truncate", None, 2.0, veto=(1e-4, 1e4))),
+    # grpolens' own keys
+    ({"level": "token", "mode": "mask", "mask_lower": 0.2, "mask_upper": 5}, _ris("token", "mask", None, None, mask=(0.2, 5.0))),
+    ({"mask_threshold": [0.2, 5], "veto_lower": 1e-3, "veto_upper": 1e3},
+     _ris("token", "none", None, None, mask=(0.2, 5.0), veto=(1e-3, 1e3))),
+])
+def test_every_trainers_spelling_normalises_to_one_mapping(spec, want):
+    assert normalize_rollout_is(spec) == want
+
+
+@pytest.mark.parametrize("key,value", [("rollout_is_level", "token"), ("rollout_is_mode", "truncate"),
+                                       ("rollout_is_mask_threshold", [2, 0.5]), ("rollout_is_veto_threshold", [1e4, 1e-4])])
+def test_an_xtuner_setting_without_its_threshold_turns_the_correction_off(key, value):
+    """xtuner ignores every rollout-IS setting, the veto too, while rollout_is_threshold is unset."""
+    assert normalize_rollout_is({key: value}) is None
+
+
 _ACCEPTED = ("batch_normalize, level, lower, mask_lower, mask_threshold, mask_upper, mode, rollout_is, "
              "rollout_is_batch_normalize, rollout_is_level, rollout_is_mask_threshold, rollout_is_mode, "
              "rollout_is_threshold, rollout_is_veto_threshold, rollout_rs, rollout_rs_threshold, rs, rs_threshold, "
@@ -995,7 +1044,8 @@ _ACCEPTED = ("batch_normalize, level, lower, mask_lower, mask_threshold, mask_up
 
 @pytest.mark.parametrize("spec,message", [
     ([1], "config key 'rollout_is': must be a mapping of rollout IS settings (or null), got [1]"),
-    ({"bogus": 1}, f"config key 'rollout_is': unknown setting(s) bogus; accepted: {_ACCEPTED}, got {{'bogus': 1}}"),
+    ({"zz": 2, "bogus": 1},
+     f"config key 'rollout_is': unknown setting(s) bogus, zz; accepted: {_ACCEPTED}, got {{'zz': 2, 'bogus': 1}}"),
     ({"level": "token", "rollout_is": "sequence"},
      "config key 'rollout_is.rollout_is': conflicts with level 'token', got 'sequence'"),
     ({"vllm_importance_sampling_mode": "token"},
