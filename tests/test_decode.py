@@ -156,4 +156,33 @@ def test_a_file_the_manifest_names_outside_the_run_is_refused(run, key):
     (run / TOKENIZER_FILE).unlink()
     with pytest.raises(RunFormatError) as e:
         make_decoder(run, {key: "../elsewhere.json"})
-    assert key in str(e.value) and str(run) in str(e.value)
+    assert str(e.value) == (f"{run / 'grpolens.json'}: config.{key} = '../elsewhere.json' points outside the run "
+                            "directory; files a run references must be inside it (a path relative to the run)")
+
+
+def test_a_tokenizer_directory_linked_from_outside_the_run_is_refused(run, tmp_path, capsys):
+    """The manifest's tokenizer may be a hub name or a directory of the run; a directory of the run
+    that is a symbolic link to one outside it is refused like a path with '..' (validate says so
+    too), not loaded. (The name-or-path key skipped the link check before.)"""
+    from transformers import PreTrainedTokenizerFast
+
+    from grpolens.errors import RunFormatError
+
+    outside = tmp_path / "elsewhere"
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(run / TOKENIZER_FILE))).save_pretrained(outside)
+    (run / TOKENIZER_FILE).unlink()
+    (run / "hf").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RunFormatError) as e:
+        make_decoder(run, {"tokenizer": "hf"})
+    assert str(e.value) == (f"{run / 'grpolens.json'}: config.tokenizer = 'hf' resolves outside the run directory "
+                            "(through a symbolic link)")
+    manifest = json.loads((run / "grpolens.json").read_text())
+    manifest["config"]["tokenizer"] = "hf"
+    (run / "grpolens.json").write_text(json.dumps(manifest))
+    code, out, _ = cli(capsys, "validate", run, "--json")
+    problems = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert code != 0 and any("config.tokenizer = 'hf' resolves outside the run directory" in p["message"]
+                             for p in problems if p["severity"] == "error"), problems
+    (run / "hf").unlink()
+    shutil.copytree(outside, run / "hf")  # the same directory, inside the run: loaded
+    assert make_decoder(run, {"tokenizer": "hf"})[1] == "tokenizer"

@@ -503,14 +503,14 @@ def referenced_path_problem(run: os.PathLike | str, key: str, value: Any) -> str
     if not isinstance(value, str) or not value:
         return f"config.{key} must be a non-empty string path, got {value!r}"
     p = Path(value)
-    if key in CONFIG_PATH_OR_NAME_KEYS and not p.is_absolute() and ".." not in p.parts:
-        return None  # a hub name, or a directory of the run: resolved below only when it is one
     if p.is_absolute() or ".." in p.parts:
         return (f"config.{key} = {value!r} points outside the run directory; files a run references "
                 f"must be inside it (a path relative to the run)")
     if is_remote_run(run):
         return None  # object storage has no symbolic links: a relative key stays under the run
     root = Path(run).resolve()
+    if key in CONFIG_PATH_OR_NAME_KEYS and not os.path.lexists(root / p):
+        return None  # a hub name: nothing of that name in the run
     target = (root / p).resolve()
     if target != root and root not in target.parents:
         return f"config.{key} = {value!r} resolves outside the run directory (through a symbolic link)"
