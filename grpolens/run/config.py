@@ -152,6 +152,8 @@ def parse_threshold(key: str, value: Any, convention: str) -> tuple[float | None
     Strings follow verl: ``"lo_hi"`` is a band, ``"2.0"`` an upper cap (like a bare number).
     A mapping ``{lower, upper}`` is taken as is. Lower bounds may be 0 (that side is disabled).
     """
+    if convention not in ("upper_lower", "lower_upper"):
+        raise ValueError(f"parse_threshold: unknown convention {convention!r}")  # a caller's mistake, not the user's
     if value is None:
         return None, None
     if isinstance(value, bool):

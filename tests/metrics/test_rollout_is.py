@@ -1022,6 +1022,9 @@ def _ris(level, mode, lower, upper, mask=None, veto=(None, None), rs=(), **extra
     ({"level": "token", "mode": "mask", "mask_lower": 0.2, "mask_upper": 5}, _ris("token", "mask", None, None, mask=(0.2, 5.0))),
     ({"mask_threshold": [0.2, 5], "veto_lower": 1e-3, "veto_upper": 1e3},
      _ris("token", "none", None, None, mask=(0.2, 5.0), veto=(1e-3, 1e3))),
+    ({"mode": "mask", "mask_upper": 5}, _ris("token", "mask", None, None, mask=(None, 5.0))),  # one side given
+    ({"mask_lower": 0.2, "upper": 2.0}, _ris("token", "truncate", None, 2.0, mask=(0.2, None))),
+    ({"veto_lower": 0, "veto_upper": 10}, _ris("token", "none", None, None, veto=(0.0, 10.0))),  # 0: that side off
 ])
 def test_every_trainers_spelling_normalises_to_one_mapping(spec, want):
     assert normalize_rollout_is(spec) == want
@@ -1067,6 +1070,34 @@ _ACCEPTED = ("batch_normalize, level, lower, mask_lower, mask_threshold, mask_up
     ({"mode": "mask"},
      "config key 'rollout_is.mask_upper': mode 'mask' needs a mask band (mask_upper, or the IS band), got {'mode': 'mask'}"),
     ({"batch_normalize": "yes"}, "config key 'rollout_is.batch_normalize': must be true or false, got 'yes'"),
+    ({"rollout_is_threshold": "0.5_2.0", "upper": 3},
+     "config key 'rollout_is': the IS band is given twice (rollout_is_threshold and lower/upper); keep one, "
+     "got {'rollout_is_threshold': '0.5_2.0', 'upper': 3}"),
+    ({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": -1},
+     "config key 'rollout_is.vllm_importance_sampling_clip_max': must be a finite number > 0, got -1"),
+    ({"mask_threshold": [2, 0.5]}, "config key 'rollout_is.mask_threshold': bounds are inverted or empty: lower 2 "
+                                   "must be < upper 0.5 ([low, high] lists: did you mean [0.5, 2]?), got [2, 0.5]"),
+    ({"rollout_is_threshold": [2.0, 0.5], "rollout_is_mask_threshold": [0.5, 2]},
+     "config key 'rollout_is.rollout_is_mask_threshold': bounds are inverted or empty: lower 2 must be < upper 0.5 "
+     "(xtuner tuples are (upper, lower): did you mean (2, 0.5)?), got [0.5, 2]"),
+    ({"mask_lower": 5, "mask_upper": 2}, "config key 'rollout_is.mask_upper': bounds are inverted or empty: lower 5 "
+                                         "must be < upper 2, got {'lower': 5, 'upper': 2}"),
+    ({"veto_lower": -1}, "config key 'rollout_is.veto_lower': must be a finite number > 0 (0 disables that side), got -1"),
+    ({"veto_upper": 0}, "config key 'rollout_is.veto_upper': must be a finite number > 0, got 0"),
+    ({"veto_lower": 10, "veto_upper": 1}, "config key 'rollout_is.veto_lower': bounds are inverted or empty: lower 10 "
+                                          "must be < upper 1, got {'veto_lower': 10, 'veto_upper': 1}"),
+    ({"mode": "truncate_upper"},
+     "config key 'rollout_is.upper': mode 'truncate_upper' needs an upper threshold, got {'mode': 'truncate_upper'}"),
+    ({"mode": "both", "mask_upper": 3},
+     "config key 'rollout_is.upper': mode 'both' needs an upper threshold, got {'mode': 'both', 'mask_upper': 3}"),
+    ({"mode": "both", "upper": 2, "mask_lower": 0.5},
+     "config key 'rollout_is.mask_upper': mode 'both' needs a mask band (mask_upper, or the IS band), "
+     "got {'mode': 'both', 'upper': 2, 'mask_lower': 0.5}"),
+    ({"rs": "token_k4", "rs_threshold": 2},
+     "config key 'rollout_is.rs': unknown rejection option(s) token_k4; choose from token_k1, token_k2, token_k3, "
+     "seq_sum_k1, seq_sum_k2, seq_sum_k3, seq_mean_k1, seq_mean_k2, seq_mean_k3, seq_max_k2, seq_max_k3, got 'token_k4'"),
+    ({"rs": "token_k1"},
+     "config key 'rollout_is.rs_threshold': rollout_is.rs needs thresholds (one, or one per option), got None"),
 ])
 def test_each_refusal_names_its_key_the_reason_and_the_value(spec, message):
     with pytest.raises(UserError) as e:
