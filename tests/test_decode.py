@@ -5,6 +5,7 @@ step that reuses an earlier step's completions shows them, found by sample_id.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -186,3 +187,31 @@ def test_a_tokenizer_directory_linked_from_outside_the_run_is_refused(run, tmp_p
     (run / "hf").unlink()
     shutil.copytree(outside, run / "hf")  # the same directory, inside the run: loaded
     assert make_decoder(run, {"tokenizer": "hf"})[1] == "tokenizer"
+
+
+def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
+    """A manifest tokenizer that names a Hugging Face model (not a directory of the run) is loaded
+    from the local cache, never downloaded: a cache holding it gives text, an empty one ids. A
+    fresh process, whose Hugging Face cache is a directory of the test."""
+    import subprocess
+    import sys
+
+    from transformers import PreTrainedTokenizerFast
+
+    cache, commit = tmp_path / "hf-cache", "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--grpolens-test--tiny"
+    snapshot = repo / "snapshots" / commit
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(run / TOKENIZER_FILE))).save_pretrained(snapshot)
+    (snapshot / "config.json").write_text('{"model_type": "gpt2"}')  # AutoTokenizer reads the model's config first
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (run / TOKENIZER_FILE).unlink()
+    script = ("import sys; from pathlib import Path; from grpolens.run.decode import make_decoder; "
+              "d, s = make_decoder(Path(sys.argv[1]), {'tokenizer': 'grpolens-test/tiny'}); print(s, d(7))")
+    root = Path(__file__).resolve().parents[1]
+    for hub_cache, want in ((cache, "tokenizer b"), (tmp_path / "empty-cache", "ids ⟨7⟩")):
+        env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+        r = subprocess.run([sys.executable, "-c", script, str(run)], env=env, capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.strip() == want
