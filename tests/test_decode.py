@@ -191,13 +191,32 @@ def test_a_tokenizer_directory_linked_from_outside_the_run_is_refused(run, tmp_p
 
 def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
     """A manifest tokenizer that names a Hugging Face model (not a directory of the run) is loaded
-    from the local cache, never downloaded: a cache holding it gives text, an empty one ids. A
-    fresh process, whose Hugging Face cache is a directory of the test."""
+    from the local cache and never downloaded: a cache holding it gives text, an empty one ids, and
+    the hub (here a local server standing in for it, HF_ENDPOINT) gets no request either way; so
+    for import --tokenizer NAME. A fresh process, whose Hugging Face cache is a directory of the
+    test. (huggingface_hub 2.x asked the hub for an agent registry even with local_files_only.)"""
     import subprocess
     import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from transformers import PreTrainedTokenizerFast
 
+    requests = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def _any(self):
+            requests.append(f"{self.command} {self.path}")
+            self.send_response(404)
+            self.end_headers()
+
+        do_GET = do_HEAD = do_POST = _any
+
+        def log_message(self, *args):
+            pass
+
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
     cache, commit = tmp_path / "hf-cache", "0123456789abcdef0123456789abcdef01234567"
     repo = cache / "models--grpolens-test--tiny"
     snapshot = repo / "snapshots" / commit
@@ -206,12 +225,21 @@ def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     (run / TOKENIZER_FILE).unlink()
+    # the views' decoder, and import --tokenizer's token counter (its other user of a hub name)
     script = ("import sys; from pathlib import Path; from grpolens.run.decode import make_decoder; "
-              "d, s = make_decoder(Path(sys.argv[1]), {'tokenizer': 'grpolens-test/tiny'}); print(s, d(7))")
+              "d, s = make_decoder(Path(sys.argv[1]), {'tokenizer': 'grpolens-test/tiny'}); print(s, d(7))\n"
+              "from grpolens.adapters.importers import load_tokenizer\n"
+              "try:\n    print(load_tokenizer('grpolens-test/tiny')('br'))\n"
+              "except Exception as e:\n    print(type(e).__name__)")
     root = Path(__file__).resolve().parents[1]
-    for hub_cache, want in ((cache, "tokenizer b"), (tmp_path / "empty-cache", "ids ⟨7⟩")):
-        env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
-        r = subprocess.run([sys.executable, "-c", script, str(run)], env=env, capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert r.stdout.strip() == want
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    try:
+        for hub_cache, want in ((cache, "tokenizer b\n2"), (tmp_path / "empty-cache", "ids ⟨7⟩\nUserError")):
+            r = subprocess.run([sys.executable, "-c", script, str(run)], capture_output=True, text=True, timeout=300,
+                               cwd=tmp_path, env={**env, "HF_HUB_CACHE": str(hub_cache), "PYTHONPATH": str(root),
+                                                  "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_port}"})
+            assert r.returncode == 0, r.stderr[-2000:]
+            assert r.stdout.strip() == want
+    finally:
+        hub.shutdown()
+    assert requests == []

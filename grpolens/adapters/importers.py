@@ -113,11 +113,13 @@ def load_tokenizer(spec: str | None) -> Callable[[str], int] | None:
             raise UserError(f"--tokenizer: {path} is not a tokenizers JSON file ({e})") from None
         return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
     try:
-        from transformers import AutoTokenizer
+        import transformers  # noqa: F401 - only whether it is installed, for this message
     except ImportError:
         raise UserError("--tokenizer: needs the 'transformers' package (or give a tokenizer.json file)") from None
+    from grpolens.run.decode import load_pretrained_tokenizer
+
     try:
-        tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        tok = load_pretrained_tokenizer(spec)
     except Exception as e:  # noqa: BLE001 - any loading failure is the user's path
         raise UserError(f"--tokenizer: cannot load {spec!r} from local files: {e}") from None
     return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])

@@ -52,6 +52,23 @@ def load_tokenizer_file(path, remote: bool = False):
         raise TokenizerFileError(text.splitlines()[0] if text else type(e).__name__) from None
 
 
+def load_pretrained_tokenizer(name: str):
+    """transformers' tokenizer for a hub name or a local directory, from local files only, with the
+    Hugging Face client held offline while it loads: ``local_files_only`` alone does not stop
+    huggingface_hub from asking the Hub for things of its own (an agent registry, since 2.x), and
+    nothing leaves the machine unless the user asks. Raises whatever transformers raises."""
+    import huggingface_hub.constants as hub  # a dependency of transformers
+
+    from transformers import AutoTokenizer  # optional
+
+    offline = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = True
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    finally:
+        hub.HF_HUB_OFFLINE = offline
+
+
 def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
     """A function id -> text and a word saying where it comes from ("tokenizer.json", "vocab",
     "tokenizer", "ids"); see :func:`describe`."""
@@ -85,9 +102,7 @@ def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
         if not is_remote_run(run) and (run / str(name)).is_dir():
             name = run / str(name)  # a tokenizer directory inside the run (local runs only)
         try:
-            from transformers import AutoTokenizer  # optional
-
-            tok = AutoTokenizer.from_pretrained(str(name), local_files_only=True)
+            tok = load_pretrained_tokenizer(str(name))
             return (lambda i: tok.decode([int(i)])), "tokenizer"
         except Exception:  # noqa: BLE001 - no tokenizer available offline: fall back to ids
             pass
