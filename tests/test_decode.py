@@ -243,3 +243,27 @@ def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
     finally:
         hub.shutdown()
     assert requests == []
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_the_hugging_face_client_is_offline_only_while_a_tokenizer_loads(monkeypatch, before):
+    """load_pretrained_tokenizer holds huggingface_hub offline while transformers loads, and gives
+    the process its setting back after, whether the load fails or not (a Python caller may use the
+    Hub afterwards: an export to a Hugging Face space)."""
+    import huggingface_hub.constants as hub
+    import transformers
+
+    from grpolens.run.decode import load_pretrained_tokenizer
+
+    seen = []
+
+    def from_pretrained(name, **kw):
+        seen.append((name, kw, hub.HF_HUB_OFFLINE))
+        raise OSError("not in the cache")
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", before)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    with pytest.raises(OSError):
+        load_pretrained_tokenizer("org/model")
+    assert seen == [("org/model", {"local_files_only": True}, True)]
+    assert hub.HF_HUB_OFFLINE is before
