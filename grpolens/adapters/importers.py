@@ -108,7 +108,7 @@ def load_tokenizer(spec: str | None) -> Callable[[str], int] | None:
         from grpolens.run.decode import TokenizerFileError, load_tokenizer_file
 
         try:
-            tok = load_tokenizer_file(path)
+            tok = load_tokenizer_file(path, remote=False)  # a local file the user named
         except TokenizerFileError as e:
             raise UserError(f"--tokenizer: {path} is not a tokenizers JSON file ({e})") from None
         return lambda text: len(tok.encode(text, add_special_tokens=False).ids)

@@ -37,7 +37,7 @@ class TokenizerFileError(Exception):
     its error (or the error's class, for one without a message)."""
 
 
-def load_tokenizer_file(path, remote: bool = False):
+def load_tokenizer_file(path, *, remote: bool):
     """The ``tokenizers.Tokenizer`` of a ``tokenizer.json`` (``remote``: an object read as text), or
     :class:`TokenizerFileError` for any failure to load it, a panic in the library's Rust code too:
     pyo3 raises that as ``PanicException``, a ``BaseException``, which ``except Exception`` lets through."""
