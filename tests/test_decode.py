@@ -200,7 +200,7 @@ def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from transformers import PreTrainedTokenizerFast
+    from tests.helpers.hub_cache import hub_cache
 
     requests = []
 
@@ -217,13 +217,7 @@ def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
 
     hub = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=hub.serve_forever, daemon=True).start()
-    cache, commit = tmp_path / "hf-cache", "0123456789abcdef0123456789abcdef01234567"
-    repo = cache / "models--grpolens-test--tiny"
-    snapshot = repo / "snapshots" / commit
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(run / TOKENIZER_FILE))).save_pretrained(snapshot)
-    (snapshot / "config.json").write_text('{"model_type": "gpt2"}')  # AutoTokenizer reads the model's config first
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    cache = hub_cache(tmp_path / "hf-cache", "grpolens-test/tiny", run / TOKENIZER_FILE)
     (run / TOKENIZER_FILE).unlink()
     # the views' decoder, and import --tokenizer's token counter (its other user of a hub name)
     script = ("import sys; from pathlib import Path; from grpolens.run.decode import make_decoder; "

@@ -339,3 +339,33 @@ def test_serve_watch_picks_up_a_new_step_in_the_bucket(s3_env, synth_small, tmp_
     assert got["step"].to_list() == [0, 1, 2, 3, 4, 5]
     want = recompute(synth_small, write=False, incremental=False)
     assert_frame_equal(got.select(want.columns), want, check_exact=True)
+
+
+def test_an_s3_runs_hub_tokenizer_comes_from_the_local_cache_not_the_bucket(s3_env, tmp_path):
+    """A manifest tokenizer is a hub name or, for a local run only, a directory of the run: on
+    object storage a prefix of that name is not read, the name is looked up in the local Hugging
+    Face cache (here one made by the test, in a fresh process), so the bucket's run decodes like
+    the local copy does with that cache."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.hub_cache import hub_cache
+
+    local = tmp_path / "trl-tiny"
+    shutil.copytree(TRL_TINY, local)
+    cache = hub_cache(tmp_path / "hf-cache", "grpolens-test/tiny", local / "tokenizer.json")
+    (local / "tokenizer.json").unlink()
+    shutil.copytree(cache / "models--grpolens-test--tiny" / "snapshots", local / "grpolens-test" / "tiny")
+    manifest = json.loads((local / "grpolens.json").read_text())
+    manifest["config"]["tokenizer"] = "grpolens-test/tiny"
+    (local / "grpolens.json").write_text(json.dumps(manifest))
+    remote = upload(s3_env, local, f"hub-{tmp_path.name}")
+    script = ("import sys; from grpolens.run.decode import make_decoder; from grpolens.run.format import as_run; "
+              "d, s = make_decoder(as_run(sys.argv[1]), {'tokenizer': 'grpolens-test/tiny'}); print(s, d(7))")
+    root = Path(__file__).resolve().parents[2]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HF_")},
+           "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", script, remote], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "tokenizer b"
