@@ -12,6 +12,7 @@ the run, loaded from local files only, when transformers is installed). Without 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +53,9 @@ def load_tokenizer_file(path, *, remote: bool):
         raise TokenizerFileError(text.splitlines()[0] if text else type(e).__name__) from None
 
 
+_HUB_OFFLINE_LOCK = threading.Lock()
+
+
 def load_pretrained_tokenizer(name: str):
     """transformers' tokenizer for a hub name or a local directory, from local files only, with the
     Hugging Face client held offline while it loads: ``local_files_only`` alone does not stop
@@ -61,12 +65,15 @@ def load_pretrained_tokenizer(name: str):
 
     from transformers import AutoTokenizer  # optional
 
-    offline = hub.HF_HUB_OFFLINE
-    hub.HF_HUB_OFFLINE = True
-    try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    finally:
-        hub.HF_HUB_OFFLINE = offline
+    # The switch is a process global: loads take turns (the dashboard serves from threads), or one
+    # thread's restore would put the client back online while another thread's load runs.
+    with _HUB_OFFLINE_LOCK:
+        offline = hub.HF_HUB_OFFLINE
+        hub.HF_HUB_OFFLINE = True
+        try:
+            return AutoTokenizer.from_pretrained(name, local_files_only=True)
+        finally:
+            hub.HF_HUB_OFFLINE = offline
 
 
 def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
