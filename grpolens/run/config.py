@@ -277,7 +277,8 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
     trl_mode = v.get("vllm_importance_sampling_mode")
     if mode in _TRL_MODES and trl_mode is None:
         trl_mode, mode = mode, None
-    sources: list[tuple[str, tuple[float | None, float | None]]] = []
+    # (what the message calls it, the key of its upper bound, (lower, upper)) of each spelling given
+    sources: list[tuple[str, str, tuple[float | None, float | None]]] = []
     if trl_mode is not None:
         if trl_mode not in _TRL_MODES:
             raise _bad(k("vllm_importance_sampling_mode"), f"must be one of {', '.join(_TRL_MODES)}", trl_mode)
@@ -288,7 +289,7 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
         mode = mode or ("truncate" if tm == "truncate" else "icepop")
         hi = v.get("vllm_importance_sampling_clip_max", v.get("vllm_importance_sampling_cap", 3.0))
         lo = v.get("vllm_importance_sampling_clip_min")
-        sources.append(("vllm_importance_sampling_clip_min/clip_max", parse_threshold(
+        sources.append(("vllm_importance_sampling_clip_min/clip_max", "vllm_importance_sampling_clip_max", parse_threshold(
             k("vllm_importance_sampling_clip_max"), {"lower": lo, "upper": hi}, "lower_upper")))
     level = level or "token"
     if level not in ("token", "sequence", "geometric"):
@@ -298,26 +299,25 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
     rt = v.get("rollout_is_threshold")
     if rt is not None:
         pair = parse_threshold(k("rollout_is_threshold"), rt, "upper_lower")
-        sources.append(("rollout_is_threshold", pair))
+        sources.append(("rollout_is_threshold", "rollout_is_threshold", pair))
         if mode is None and not xtuner_style:  # verl: a number caps (TIS), a band zeroes (IcePop)
             mode = "truncate_upper" if pair[0] is None else "icepop"
             if pair[0] is None:
                 pair = (1.0 / pair[1], pair[1])  # verl's lower bound for its fraction_low metrics
-                sources[-1] = ("rollout_is_threshold", pair)
+                sources[-1] = ("rollout_is_threshold", "rollout_is_threshold", pair)
     if v.get("threshold") is not None:
-        sources.append(("threshold", parse_threshold(k("threshold"), v["threshold"], "lower_upper")))
+        sources.append(("threshold", "threshold", parse_threshold(k("threshold"), v["threshold"], "lower_upper")))
     if v.get("lower") is not None or v.get("upper") is not None:
-        sources.append(("lower/upper", parse_threshold(k("upper"), {"lower": v.get("lower"), "upper": v.get("upper")}, "lower_upper")))
+        sources.append(("lower/upper", "upper", parse_threshold(k("upper"), {"lower": v.get("lower"), "upper": v.get("upper")}, "lower_upper")))
     if len(sources) > 1:
-        raise _bad(key, f"the IS band is given twice ({' and '.join(s for s, _ in sources)}); keep one", value)
-    lower, upper = sources[0][1] if sources else (None, None)
+        raise _bad(key, f"the IS band is given twice ({' and '.join(s for s, _, _ in sources)}); keep one", value)
+    lower, upper = sources[0][2] if sources else (None, None)
     if lower is not None and upper is None:
         raise _bad(k("upper"), "a lower bound needs an upper bound", value)
     if upper is not None and upper < _SMALLEST_WEIGHT:
         # A smaller bound caps or zeroes every weight; below ~1.6e-162 its square would also underflow
         # in the Σw² partials and leave the ESS undefined.
-        name = {"lower/upper": "upper", "vllm_importance_sampling_clip_min/clip_max": "vllm_importance_sampling_clip_max"}
-        raise _bad(k(name.get(sources[0][0], sources[0][0])),
+        raise _bad(k(sources[0][1]),
                    f"the upper IS bound must be at least exp(-{SAFETY_BOUND:g}) = {_SMALLEST_WEIGHT:.3g}, the "
                    f"smallest weight there is (log-ratios are clipped to ±{SAFETY_BOUND:g} before exp)", upper)
 
