@@ -3,8 +3,8 @@
 ``--tracking-uri`` names the store or server; without it, ``MLFLOW_TRACKING_URI`` when set, else a
 local SQLite store beside the run (``sqlite:///RUN/grpolens/mlflow.db``, its artifacts in
 ``RUN/grpolens/mlflow-artifacts/``; ``mlflow ui --backend-store-uri`` that URI shows it). The run is
-found again by its tag ``grpolens.run`` in the experiment ``--project`` (default ``grpolens``): re-export logs only the steps whose
-``grpolens/step`` marker the run does not have yet. Each step goes in one ``log_batch`` call (one
+found again by its tag ``grpolens.run`` in the experiment ``--project`` (default ``grpolens``):
+re-export logs only the steps whose ``grpolens/step`` marker the run does not have yet. Each step goes in one ``log_batch`` call (one
 transaction), metrics at their training step (a character MLflow refuses in a name becomes
 ``_``: :func:`metric_key`); the tables are logged with ``log_table`` (JSON
 artifacts under ``grpolens/``), the new steps' rows only.
