@@ -13,7 +13,7 @@ FAMILY_MODULES = [
     "health",
     "entropy",
     "rewards",
-    "lengths",
+    "completions",
     "diversity",
     "policy",
     "kl",
