@@ -527,7 +527,7 @@ def recompute(
             final = schedule.log_view(final, raw, metrics)
 
         notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
-        from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
+        from grpolens.metrics.rollout_is.offset import offset_notes  # constant train-rollout offset diagnosis
 
         run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
         notes += run_notes
@@ -637,7 +637,7 @@ def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
     """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
     verl's rejection, so the rollout-correction values cannot be verl's (said once). Bypass mode
     has no rejection before the loss (the loss rejects per call, which the profile replays)."""
-    from grpolens.functional.is_weights import ISConfig
+    from grpolens.functional.rollout_is import ISConfig
     from grpolens.metrics.verl_actor import bypass
 
     if not computed or "verl_algorithm" not in cfg or bypass(cfg):
