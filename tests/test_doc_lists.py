@@ -123,9 +123,9 @@ def test_every_export_target_is_documented_with_its_extra():
 
 
 def test_families_token_metrics_names_exist():
-    from grpolens.metrics.registry import FAMILIES, load_builtins
+    from grpolens.metrics.registry import FAMILIES, load_families
 
-    load_builtins()
+    load_families()
     first = (DOCS / "token-metrics.md").read_text(encoding="utf-8").split("metric families are recomputed", 1)[0]
     named = re.findall(r"`(\w+)`", first.rsplit("\n\n", 1)[-1])
     assert named and not set(named) - set(FAMILIES), \
@@ -137,7 +137,7 @@ def test_trl_versions_the_docs_name_are_the_ones_recorded_and_trained():
     runs under tests/data/ plus the release the dev extra pins (the one the suite trains)."""
     import tomllib
 
-    from grpolens.metrics.registry import PROFILES, load_builtins
+    from grpolens.metrics.registry import PROFILES, load_families
 
     recorded = sorted((p.name.split("-", 1)[1] for p in (DOCS.parent / "tests" / "data").glob("trl-*")),
                       key=lambda v: tuple(map(int, v.split("."))))
@@ -149,6 +149,6 @@ def test_trl_versions_the_docs_name_are_the_ones_recorded_and_trained():
     assert m and re.findall(r"\d+\.\d+\.\d+", m.group(1)) == recorded, \
         f"trl.md names {m and m.group(1)}; tests/data has {recorded}"
     assert f"the suite trains TRL **{trained}**" in text, f"the dev extra pins trl=={trained}"
-    load_builtins()
+    load_families()
     ran = re.search(r"\(run on ([\d., ]+)\)", PROFILES["trl"].reference)
     assert ran and ran.group(1).split(", ") == [*recorded, trained], PROFILES["trl"].reference

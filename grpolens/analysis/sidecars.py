@@ -412,11 +412,11 @@ def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None =
                 progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
     """The completions of ``steps`` computed from the shards (one pass over those steps only)."""
     from grpolens.metrics.engine import iter_steps
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
     from grpolens.run.reader import resolve_config
 
     run = fmt.as_run(run)
-    load_builtins()
+    load_families()
     cfg = cfg if cfg is not None else resolve_config(run)
     steps = sorted(set(steps))
     tok = sorted(set(steps) & set(fmt.list_steps(run, fmt.TOKENS)))
