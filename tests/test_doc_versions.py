@@ -47,7 +47,7 @@ def _trl_releases_run() -> list[tuple[int, ...]]:
 def test_trl_extra_admits_exactly_the_releases_the_docs_support():
     """The `trl` extra's range runs from the oldest release the suite runs to the newest one (its
     minor series), and docs/integrations/trl.md and the trl profile state the same range."""
-    from grpolens.metrics.registry import PROFILES, load_builtins
+    from grpolens.metrics.registry import PROFILES, load_families
 
     run = _trl_releases_run()
     oldest, newest = run[0][:2], run[-1][:2]
@@ -59,5 +59,5 @@ def test_trl_extra_admits_exactly_the_releases_the_docs_support():
     span = f"{oldest[0]}.{oldest[1]}", f"{newest[0]}.{newest[1]}"
     text = re.sub(r"\s+", " ", (ROOT / "docs" / "integrations" / "trl.md").read_text(encoding="utf-8"))
     assert f"from {span[0]} to {span[1]}" in text, f"docs/integrations/trl.md should say from {span[0]} to {span[1]}"
-    load_builtins()
+    load_families()
     assert f"TRL {span[0]}–{span[1]}" in PROFILES["trl"].reference, PROFILES["trl"].reference
