@@ -286,7 +286,7 @@ def recompute(
             final = schedule.log_view(final, raw, metrics)
 
         notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
-        from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
+        from grpolens.metrics.rollout_is.offset import offset_notes  # constant train-rollout offset diagnosis
 
         run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
         notes += run_notes
