@@ -147,7 +147,7 @@ def recompute(
         # 4. one row per step under the profile's names
         raw, final, names, schema = tabulate(plan, done.rows, valid)
         # 5. what the run lacks for some metrics, and a constant train-rollout offset
-        from grpolens.analysis.offset import offset_notes
+        from grpolens.metrics.rollout_is.offset import offset_notes
 
         run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
         notes = (absent_notes(plan.run, plan.metrics, raw, done.present, done.computed)

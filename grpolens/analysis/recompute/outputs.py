@@ -125,7 +125,7 @@ def rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
     """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
     verl's rejection, so the rollout-correction values cannot be verl's (said once). Bypass mode
     has no rejection before the loss (the loss rejects per call, which the profile replays)."""
-    from grpolens.functional.is_weights import ISConfig
+    from grpolens.functional.rollout_is import ISConfig
     from grpolens.metrics.verl_actor import bypass
 
     if not computed or "verl_algorithm" not in cfg or bypass(cfg):
