@@ -53,7 +53,7 @@ from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.clip import PPO_CLIP_LOSSES
 from grpolens.metrics.partials import producer
 from grpolens.metrics.kl import kl_k3, kl_valid
-from grpolens.metrics.policy import adv_masked, adv_valid, coef
+from grpolens.metrics.ratios import adv_masked, adv_valid, coef
 from grpolens.metrics.reduce import SEQ_MEAN_LOSSES, normalise_like_loss
 from grpolens.metrics.registry import Family, Metric, register, register_family
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials

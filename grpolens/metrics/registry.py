@@ -137,7 +137,7 @@ def register_family(family: Family) -> Family:
 
 
 REGISTRY: dict[str, Metric] = {}
-#: name -> the module that registered it; load_builtins orders the registry by module so that
+#: name -> the module that registered it; load_families orders the registry by module so that
 #: catalogues and output columns do not depend on which module a caller happened to import first
 _ORIGIN: dict[str, str] = {}
 
@@ -159,7 +159,7 @@ def register(metric: Metric) -> Metric:
     return metric
 
 
-def load_builtins() -> dict[str, Metric]:
+def load_families() -> dict[str, Metric]:
     """Import every built-in family module (each registers its metrics on import).
 
     Only the metrics layer: profiles, visitors and third-party plugins are loaded by
@@ -206,7 +206,7 @@ def resolve(name: str) -> Metric:
 
     Raises KeyError listing close matches when nothing fits.
     """
-    load_builtins()
+    load_families()
     if name in REGISTRY:
         return REGISTRY[name]
     hits = [m for m in REGISTRY.values() if name in m.names.values()]

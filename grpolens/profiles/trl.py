@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from grpolens.metrics import clip, lengths, loss, rollout_is
+from grpolens.metrics import clip, completions, loss, rollout_is
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.rewards import per_round
 
@@ -86,7 +86,7 @@ REDUCTIONS = {
     "clip/low_min": clip.seq_extreme("low", "min", counted="gt"),
     "clip/high_max": clip.seq_extreme("high", "max", counted="gt"),
     # TRL logs 0 for a round where no completion ended with EOS
-    **{f"completions/terminated_length/{w}": per_round(lengths.length_stat(w, "eos", empty=0.0))
+    **{f"completions/terminated_length/{w}": per_round(completions.length_stat(w, "eos", empty=0.0))
        for w in ("mean", "min", "max")},
     # the loss each call returns, summed over a rank's calls, mean over ranks
     "loss": partial(loss.loss_value, per_call=True),
