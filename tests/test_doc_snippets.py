@@ -79,6 +79,8 @@ NOT_RUN = {
         "sets the key on verl-shaped batches",
     ("docs/mutation-testing.md", 'pip install -e ".[dev,mutation]"'): "installs an extra",
     ("docs/mutation-testing.md", "mutmut"): "a mutation run takes hours",
+    ("docs/mutation-testing.md", "python - <<'PY'"): "rewrites mutants/mutmut-stats.json, which only a "
+                                         "mutation run (hours) makes",
     ("docs/mutation-testing.md", "python tools/mutation_fast_pass.py"): "runs the mutants `mutmut run` "
                                          "generated: hours",
     ("docs/profiles.md", "python -m pytest tests/reference"): "runs part of the test suite itself "
@@ -124,15 +126,19 @@ class Snippet:
         return f"{self.page}:{self.line}"
 
 
+#: a fenced block, at the margin or indented inside a list item: (indent, language, body)
+FENCED = re.compile(r"^( {0,4})```([\w-]*)[^\n]*\n(.*?)^\1```", re.M | re.S)
+
+
 def snippets() -> list[Snippet]:
     found = []
     for path in PAGES:
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^```([\w-]*)[^\n]*\n(.*?)^```", text, re.M | re.S):
-            lang = m.group(1).lower()
+        for m in FENCED.finditer(text):
+            lang = m.group(2).lower()
             if lang in SHELLS | PYTHONS:
-                found.append(Snippet(str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1,
-                                     lang, m.group(2)))
+                body = re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)  # a block inside a list item
+                found.append(Snippet(str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1, lang, body))
     return found
 
 
@@ -140,8 +146,8 @@ def untagged_blocks() -> list[str]:
     out = []
     for path in PAGES:
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^```([\w-]*)[^\n]*\n.*?^```", text, re.M | re.S):
-            if not m.group(1):
+        for m in FENCED.finditer(text):
+            if not m.group(2):
                 out.append(f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}")
     return out
 
@@ -173,6 +179,10 @@ def commands(snippet: Snippet) -> list[Command]:
         while line.endswith("\\") and i + 1 < len(lines):
             i += 1
             line = line[:-1] + " " + lines[i].strip()
+        if heredoc := re.search(r"<<-?\s*'?(\w+)'?", line):  # the here-document is part of the command
+            while i + 1 < len(lines) and lines[i].strip() != heredoc.group(1):
+                i += 1
+                line += "\n" + lines[i]
         i += 1
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -348,6 +358,8 @@ def test_snippet_parsing():
     assert not matches(cs[0].output, "out 1\nout 2\nextra\n")
     assert not matches(["only"], "only\nand more\n")
     assert normalise("/x/s/a in 1.93s, 208 ms", Path("/x/s")) == "a in <time>, <time>"
+    here = Snippet("docs/x.md", 1, "bash", "python - <<'PY'\nimport os # x\nPY\nb\n")
+    assert [c.text for c in commands(here)] == ["python - <<'PY'\nimport os # x\nPY", "b"]
 
 
 @pytest.fixture(scope="session")
