@@ -20,7 +20,6 @@ FAMILY_MODULES = [
     "clip",
     "loss",
     "rollout_is",
-    "rollout_is_visitors",  # not a family: the visitors its metrics read (and its output writers)
     "verl_actor",
     "twinkle",
 ]

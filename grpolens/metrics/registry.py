@@ -169,9 +169,12 @@ def load_families() -> dict[str, Metric]:
 
     for mod in FAMILY_MODULES:
         importlib.import_module(f"grpolens.metrics.{mod}")
-    order = [f"grpolens.metrics.{m}" for m in FAMILY_MODULES]
-    rank = {m: i for i, m in enumerate(order)}
-    items = sorted(enumerate(REGISTRY.items()), key=lambda t: (rank.get(_ORIGIN.get(t[1][0], ""), len(order)), t[0]))
+    rank = {f"grpolens.metrics.{m}": i for i, m in enumerate(FAMILY_MODULES)}
+
+    def family_rank(origin: str) -> int:  # a family that is a package registers from its modules
+        return rank.get(".".join(origin.split(".")[:3]), len(rank))
+
+    items = sorted(enumerate(REGISTRY.items()), key=lambda t: (family_rank(_ORIGIN.get(t[1][0], "")), t[0]))
     REGISTRY.clear()
     REGISTRY.update(kv for _, kv in items)
     return REGISTRY

@@ -98,7 +98,7 @@ def test_is_partials_of_cut_sequences_merge(tmp_path):
     whole sequence."""
     import pyarrow.parquet as pq
 
-    from grpolens.functional import is_weights as ris
+    from grpolens.functional import rollout_is as ris
     from grpolens.metrics.batch import TokenBatch
     from grpolens.metrics.partials import merge_partials
     from grpolens.run.config import check_config

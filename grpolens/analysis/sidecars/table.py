@@ -191,7 +191,7 @@ def sequence_columns(seq: pl.DataFrame, cfg: dict) -> pl.DataFrame:
     }
     vetoed = masked = none
     if "ris.n" in p:
-        from grpolens.functional import is_weights as ris
+        from grpolens.functional import rollout_is as ris
 
         c = ris.ISConfig.from_cfg(cfg)
         if c.configured:  # rows whose shard had no rollout_logp (null IS partials) stay null
