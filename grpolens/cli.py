@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "explain",
     "sidecars",
     "check",
+    "doctor",
     "serve",
     "sweep",
     "import_",
