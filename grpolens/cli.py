@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "completions",
     "sidecars",
     "check",
+    "doctor",
     "serve",
     "sweep",
     "import_",
