@@ -22,5 +22,6 @@ FAMILY_MODULES = [
     "rollout_is",
     "rollout_is_visitors",  # not a family: the visitors its metrics read (and its output writers)
     "verl_actor",
+    "openrlhf_actor",
     "twinkle",
 ]
