@@ -23,7 +23,7 @@ import importlib
 
 from grpolens.errors import UserError
 from grpolens.metrics.profile import PROFILES, Profile
-from grpolens.metrics.registry import REGISTRY, Metric, apply_profiles, load_builtins as load_families
+from grpolens.metrics.registry import REGISTRY, Metric, apply_profiles, load_families
 
 ENTRY_POINT_GROUP = "grpolens.plugins"
 
@@ -64,10 +64,6 @@ def load_plugins() -> dict[str, Metric]:
         _loaded = True
     apply_profiles()
     return REGISTRY
-
-
-#: The name most callers know it by: everything registered, ready to use.
-load_builtins = load_plugins
 
 
 def profiles() -> dict[str, Profile]:

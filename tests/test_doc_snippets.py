@@ -1,4 +1,4 @@
-"""Every shell and Python snippet in README.md and docs/ runs, and prints what the page shows.
+"""Every shell and Python snippet in README.md, docs/ and sample_runs/README.md runs, and prints what the page shows.
 
 A fenced block is a *snippet* when its language is a shell (``bash``, ``sh``, ``shell``,
 ``console``) or Python. Each one is, in this order:
@@ -29,6 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
+#: the pages whose snippets and commands are checked
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "sample_runs" / "README.md"]
 SHELLS = {"bash", "sh", "shell", "console"}
 PYTHONS = {"python", "py", "pycon"}
 
@@ -77,6 +79,8 @@ NOT_RUN = {
         "sets the key on verl-shaped batches",
     ("docs/mutation-testing.md", 'pip install -e ".[dev,mutation]"'): "installs an extra",
     ("docs/mutation-testing.md", "mutmut"): "a mutation run takes hours",
+    ("docs/mutation-testing.md", "python - <<'PY'"): "rewrites mutants/mutmut-stats.json, which only a "
+                                         "mutation run (hours) makes",
     ("docs/mutation-testing.md", "python tools/mutation_fast_pass.py"): "runs the mutants `mutmut run` "
                                          "generated: hours",
     ("docs/profiles.md", "python -m pytest tests/reference"): "runs part of the test suite itself "
@@ -100,7 +104,7 @@ ENV = {"docs/check.md": {"GITHUB_STEP_SUMMARY": "step-summary.md"}}
 
 #: pages whose snippets run in a few seconds; the others run several commands each (10-70 s on a
 #: loaded 2-core machine) and are marked slow
-QUICK_PAGES = {"docs/run-format.md"}
+QUICK_PAGES = {"docs/run-format.md", "sample_runs/README.md"}
 
 
 @dataclass
@@ -122,24 +126,28 @@ class Snippet:
         return f"{self.page}:{self.line}"
 
 
+#: a fenced block, at the margin or indented inside a list item: (indent, language, body)
+FENCED = re.compile(r"^( {0,4})```([\w-]*)[^\n]*\n(.*?)^\1```", re.M | re.S)
+
+
 def snippets() -> list[Snippet]:
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    for path in PAGES:
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^```([\w-]*)[^\n]*\n(.*?)^```", text, re.M | re.S):
-            lang = m.group(1).lower()
+        for m in FENCED.finditer(text):
+            lang = m.group(2).lower()
             if lang in SHELLS | PYTHONS:
-                found.append(Snippet(str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1,
-                                     lang, m.group(2)))
+                body = re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)  # a block inside a list item
+                found.append(Snippet(str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1, lang, body))
     return found
 
 
 def untagged_blocks() -> list[str]:
     out = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    for path in PAGES:
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^```([\w-]*)[^\n]*\n.*?^```", text, re.M | re.S):
-            if not m.group(1):
+        for m in FENCED.finditer(text):
+            if not m.group(2):
                 out.append(f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}")
     return out
 
@@ -171,6 +179,10 @@ def commands(snippet: Snippet) -> list[Command]:
         while line.endswith("\\") and i + 1 < len(lines):
             i += 1
             line = line[:-1] + " " + lines[i].strip()
+        if heredoc := re.search(r"<<-?\s*'?(\w+)'?", line):  # the here-document is part of the command
+            while i + 1 < len(lines) and lines[i].strip() != heredoc.group(1):
+                i += 1
+                line += "\n" + lines[i]
         i += 1
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -250,36 +262,83 @@ def test_every_snippet_is_run_or_listed():
         assert not set(table) - pages, f"{name} names pages without snippets: {set(table) - pages}"
 
 
-def test_every_grpolens_command_shown_names_real_commands_and_options():
-    """Fast, and for the commands that are not run too: a renamed option fails here at once."""
+def inline_commands() -> list[tuple[str, str]]:
+    """(page, command) for every code span in prose that starts with ``grpolens ``."""
+    out = []
+    for path in PAGES:
+        text = re.sub(r"^(```|~~~).*?^\1", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+        out += [(str(path.relative_to(ROOT)), m.group(1)) for m in re.finditer(r"`(grpolens [^`\n]+)`", text)]
+    return out
+
+
+#: placeholders of a synopsis, not words of the command line
+SYNOPSIS = re.compile(r"\[[^\]]*\]|(?<!\S)(?:\.\.\.|…)(?!\S)")
+
+
+def command_line_problem(code: str) -> str | None:
+    """What is wrong with a ``grpolens ...`` line as the CLI would parse it: no such command, no
+    such option, or more arguments than the command takes. A fragment (``--only`` without its
+    value, a command without its RUN) is fine: the docs name options in passing."""
     import shlex
 
     from grpolens.cli import command
 
+    code = code.replace("\\|", "|")  # a pipe in a table cell is written \|
+    code = re.split(r"\s[>|]\s", SYNOPSIS.sub(" ", code), maxsplit=1)[0]
+    try:
+        words = shlex.split(code)
+    except ValueError:
+        words = code.split()
+    cmd, rest, ctx = command(), words[1:], None
+    while hasattr(cmd, "commands"):
+        ctx = type(cmd.context_class(cmd))(cmd, info_name=cmd.name, parent=ctx)
+        parsed, rest, _ = cmd.make_parser(ctx).parse_args(rest) if rest and rest[0].startswith("-") \
+            else ({}, rest, None)
+        if not rest or rest[0] == "COMMAND":
+            return None
+        sub = cmd.commands.get(rest[0])
+        if sub is None:
+            return f"no command {rest[0]!r}"
+        cmd, rest = sub, rest[1:]
+    ctx = type(cmd.context_class(cmd))(cmd, info_name=cmd.name, parent=ctx)
+    try:
+        _, args, _ = cmd.make_parser(ctx).parse_args(rest)
+    except Exception as e:  # noqa: BLE001 - the CLI's own parser, vendored by typer
+        if "requires an argument" in str(e) or "requires" in str(e) and "argument" in str(e):
+            return None  # an option named without its value
+        return f"{cmd.name}: {e}"
+    # the parser gives each argument its words; what is left over, click refuses
+    return f"{cmd.name}: unexpected extra argument(s) {args}" if args else None
+
+
+def test_every_grpolens_command_shown_parses():
+    """Fast, and for the commands that are not run too: each ``grpolens ...`` line of a snippet and
+    each one in a code span of the prose names a real command, real options and no more arguments
+    than the command takes (``grpolens metrics entropy`` fails: ``--family entropy``)."""
     wrong = []
     for s in snippets():
         if s.lang not in SHELLS:
             continue
         for c in commands(s):
             code = c.text.split(" #", 1)[0]
-            try:
-                words = shlex.split(code)
-            except ValueError:
-                words = code.split()
-            if not words or words[0] != "grpolens":
-                continue
-            cmd, rest = command(), words[1:]
-            while hasattr(cmd, "commands") and rest and not rest[0].startswith("-"):
-                sub = cmd.commands.get(rest[0])
-                if sub is None:
-                    if rest[0] not in ("RUN", "RUN/"):
-                        wrong.append(f"{s.id}: `{code}`: no command {rest[0]!r}")
-                    break
-                cmd, rest = sub, rest[1:]
-            known = {o for prm in cmd.params for o in (*prm.opts, *prm.secondary_opts)} | {"--help"}
-            wrong += [f"{s.id}: `{code}`: {cmd.name} has no option {w.split('=')[0]}" for w in rest
-                      if w.startswith("--") and w.split("=")[0] not in known]
+            if code.split()[:1] == ["grpolens"] and (why := command_line_problem(code)):
+                wrong.append(f"{s.id}: `{code}`: {why}")
+    for page, code in inline_commands():
+        if why := command_line_problem(code):
+            wrong.append(f"{page}: `{code}`: {why}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_command_line_problem():
+    assert command_line_problem("grpolens metrics entropy")
+    assert command_line_problem("grpolens metrics --nope")
+    assert command_line_problem("grpolens nope RUN")
+    assert command_line_problem("grpolens validate RUN more")
+    for fine in ("grpolens metrics --family entropy", "grpolens recompute --only", "grpolens serve RUN [RUN ...]",
+                 "grpolens tokens RUN --step N --by …", "grpolens metrics --markdown > docs/metrics.md",
+                 "grpolens [GLOBAL OPTIONS] COMMAND ...", "grpolens --version", "grpolens check",
+                 "grpolens tokens ... \\| head"):
+        assert command_line_problem(fine) is None, fine
 
 
 def test_every_code_block_says_its_language():
@@ -299,6 +358,8 @@ def test_snippet_parsing():
     assert not matches(cs[0].output, "out 1\nout 2\nextra\n")
     assert not matches(["only"], "only\nand more\n")
     assert normalise("/x/s/a in 1.93s, 208 ms", Path("/x/s")) == "a in <time>, <time>"
+    here = Snippet("docs/x.md", 1, "bash", "python - <<'PY'\nimport os # x\nPY\nb\n")
+    assert [c.text for c in commands(here)] == ["python - <<'PY'\nimport os # x\nPY", "b"]
 
 
 @pytest.fixture(scope="session")

@@ -225,8 +225,8 @@ def test_a_canonical_profile_names_every_metric_by_its_own_name(registry, monkey
 def test_the_default_profiles_names_before_any_profile_is_loaded():
     # the metrics layer alone (no plugins loaded, so no profile registered): "grpolens" is still
     # the canonical names
-    code = ("from grpolens.metrics.registry import PROFILES, load_builtins\n"
-            "reg = load_builtins()\n"
+    code = ("from grpolens.metrics.registry import PROFILES, load_families\n"
+            "reg = load_families()\n"
             "assert not PROFILES, PROFILES\n"
             "print(reg['entropy'].name_in('grpolens'), reg['kl/k3'].name_in('grpolens'), reg['kl/k3'].name_in('trl'))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)})

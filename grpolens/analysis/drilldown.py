@@ -25,7 +25,7 @@ import polars as pl
 from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import visitor
-from grpolens.metrics.policy import k3_of
+from grpolens.metrics.ratios import k3_of
 from grpolens.run.reader import RunReader
 from grpolens.run.step_table import write_step_table
 

@@ -25,10 +25,13 @@ def export_cmd(
     online: bool = typer.Option(False, "--online", help="W&B: send to the W&B server (default: an offline run "
                                                          "directory, unless WANDB_MODE is set)."),
     logdir: Optional[Path] = typer.Option(None, "--logdir", metavar="DIR",
-                                          help="TensorBoard: log directory [default: RUN/grpolens/tensorboard]."),
+                                          help="TensorBoard: log directory [default: tensorboard/ in the profile's output "
+                                               "folder: RUN/grpolens/, RUN/grpolens/PROFILE/, the variant's]."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", metavar="URI",
                                                help="MLflow: tracking store or server [default: MLFLOW_TRACKING_URI, "
-                                                    "else sqlite:///RUN/grpolens/mlflow.db]."),
+                                                    "else mlflow.db in the profile's output folder: "
+                                                    "sqlite:///RUN/grpolens/mlflow.db, RUN/grpolens/PROFILE/, "
+                                                    "the variant's]."),
     tables: bool = typer.Option(True, "--tables/--no-tables",
                                 help="Also export the completions and top-token tables (where the tracker has a table type)."),
     variant: Optional[str] = VARIANT_OPTION,
@@ -39,9 +42,11 @@ def export_cmd(
     as grpolens/<metric> at each training step, with grpolens/step as the x-axis.
 
     Nothing leaves the machine unless asked: W&B writes an offline run (--online to send), MLflow a
-    local SQLite store, TensorBoard and trackio local files. Re-exporting adds only the steps the
-    destination lacks. --variant exports a what-if variant of the run (recompute --set) as a
-    tracker run of its own, named RUN @ LABEL. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
+    local SQLite store, TensorBoard and trackio local files, in the folder of the profile's outputs
+    (RUN/grpolens/, RUN/grpolens/PROFILE/, or the variant's RUN/grpolens/variants/KEY/). Re-exporting
+    never logs a step twice: W&B, MLflow and trackio add only the steps the destination lacks,
+    TensorBoard rewrites the whole run and removes its earlier export. --variant exports a what-if
+    variant of the run (recompute --set) as a tracker run of its own, named RUN @ LABEL. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
     tensorboard, mlflow, trackio). See docs/export.md.
     """
     refuse_unless_remote(storage_option, {"RUN": run})

@@ -9,7 +9,8 @@ asked for, and the core never imports this package. What is exported, for every 
   training step, with ``grpolens/step`` beside it (the x-axis on trackers with a step metric);
 * the rich-completion table (``completions.parquet``) and the worst tokens (``top_tokens.parquet``)
   as the tracker's table type where it has one;
-* re-exporting adds only the steps the destination does not have yet (each module says how it knows).
+* re-exporting never logs a step twice: W&B, MLflow and trackio add only the steps the destination
+  does not have yet, TensorBoard rewrites the whole run (each module says how).
 
 Nothing leaves the machine unless the user asks: W&B runs offline unless ``--online`` (or
 ``WANDB_MODE``), MLflow writes a local SQLite store unless ``--tracking-uri`` (or

@@ -23,7 +23,7 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import coef, is_level, k3_of, memo, ratio_valid, seq_max_of_nonneg
+from grpolens.metrics.ratios import coef, is_level, k3_of, memo, ratio_valid, seq_max_of_nonneg
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.

@@ -35,7 +35,7 @@ import numpy as np
 
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import adv_masked, adv_valid, count, is_level, k3_of, log_ratio, ratio_valid
+from grpolens.metrics.ratios import adv_masked, adv_valid, count, is_level, k3_of, log_ratio, ratio_valid
 from grpolens.metrics.registry import Family, register_family, PLACEHOLDER, Metric, register
 
 _COLS = ("tw.k3.sum", "tw.k3.max", "tw.r.max", "tw.g.n", "tw.g.low", "tw.g.high", "tw.below", "tw.above")

@@ -50,15 +50,14 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
-from grpolens.functional import is_weights as ris
-from grpolens.functional.is_weights import ISConfig, loss_weights
+from grpolens.functional import rollout_is as ris
+from grpolens.functional.rollout_is import ISConfig, loss_weights
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
-from grpolens.metrics.rollout_is import (VERL_KEYS, _mismatch_partials, batch_inputs, batch_partials, verl_batch_summary,
-                                        verl_summary)
-from grpolens.metrics.rollout_is_visitors import RSPartials, rs_summary
+from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, batch_inputs, batch_partials, rs_summary
+from grpolens.metrics.verl_rollout_corr import VERL_KEYS, verl_batch_summary, verl_summary
 
 CLAMP = 20.0
 _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
@@ -478,7 +477,7 @@ def _bypass_visitor(cfg: dict) -> BypassCorrection:
 
 def _bypass_corr_values(sd) -> dict[str, float]:
     """verl's ``actor/rollout_corr/*`` in bypass mode: its loss runs the driver's rollout correction
-    (:func:`~grpolens.metrics.rollout_is.verl_batch_summary`) on each loss call's rows, current
+    (:func:`~grpolens.metrics.verl_rollout_corr.verl_batch_summary`) on each loss call's rows, current
     policy against rollout, with the call's response mask (no rejection before it in bypass mode).
     Each value is a MEAN metric of the call: the mean over a mini-batch's calls (every rank's), then
     verl's ``reduce_metrics`` over mini-batches and PPO epochs by the logged name: max if it

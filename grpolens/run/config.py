@@ -11,7 +11,8 @@ import math
 from typing import Any
 
 from grpolens.errors import UserError
-from grpolens.functional.is_weights import SAFETY_BOUND
+from grpolens.functional.rollout_is.config import MODES as IS_MODES, RS_OPTIONS
+from grpolens.functional.rollout_is.weights import SAFETY_BOUND
 
 _SMALLEST_WEIGHT = math.exp(-SAFETY_BOUND)
 
@@ -108,9 +109,6 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
 # the xtuner keys ``rollout_is*_threshold`` hold ``(upper, lower)``, grpolens' own ``*threshold``
 # keys hold ``[low, high]``. ``None`` for a bound means "no bound on that side".
 
-IS_MODES = ("none", "truncate", "truncate_upper", "mask", "both", "icepop")
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 _TRL_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _RIS_KEYS = {
     # grpolens

@@ -49,7 +49,7 @@ def step_tokens(run: Path, step: int) -> pl.DataFrame:
 
         from grpolens.analysis import drilldown
         from grpolens.metrics.batch import TokenBatch
-        from grpolens.functional.is_weights import bounded_exp
+        from grpolens.functional.rollout_is import bounded_exp
 
         shards = fmt.list_shards(run, fmt.TOKENS, [step])
         if not shards:

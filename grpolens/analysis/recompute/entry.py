@@ -1,20 +1,9 @@
-"""``grpolens recompute`` (and ``grpolens.recompute()``): every registered metric, per step, from a run's shards.
-
-The work is one streaming pass (:func:`grpolens.metrics.engine.iter_steps`): per step, the
-per-sequence partials of all shards are merged and every metric is reduced from them under the
-chosen profile. Results are cached per step with a fingerprint of the step's shards and of the
-config, so that re-running on a run that has grown reads only the new (or changed) steps.
-
-Outputs (atomically, under ``RUN/grpolens/`` for the default profile, ``RUN/grpolens/<profile>/``
-otherwise): ``metrics.parquet`` (one row per step, one column per metric) and ``metrics.jsonl``
-(one JSON object per step, null keys omitted, like a trainer's log).
-"""
+"""The entry point, :func:`recompute`, and the lock a writing recompute holds."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -22,23 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import polars as pl
 
 from grpolens.run import format as fmt
-from grpolens.errors import UserError
-from grpolens.metrics import reduce
-from grpolens.metrics.engine import READ_COLUMNS, SequencePartials, ThreadEngine, iter_steps, visitor_factories
-from grpolens.metrics.profile import Profile
-from grpolens.metrics.registry import REGISTRY, Metric
+from grpolens.metrics.engine import READ_COLUMNS, ThreadEngine
 from grpolens import plugins
-from grpolens.run.reader import RunReader, read_samples
+from grpolens.run.reader import RunReader
 from grpolens.run.step_table import StepSpill
 from grpolens.run.variants import Variant, effective_overrides
 from grpolens.analysis import fresh, step_workers
 from grpolens.analysis.fresh import output_files
-
-CACHE_VERSION = 2  # 2: rows of a profile with a log schedule carry appended-value counts
+from grpolens.analysis.recompute.cache import _config_hash, _fingerprint, _key
+from grpolens.analysis.recompute.outputs import (_absent_notes, _cumulative_offsets, _output_dirs, _rejection_notes,
+                                                 _upload, finalize, key_columns, to_jsonl)
+from grpolens.analysis.recompute.steps import StepWork, WorkerSpec, _serial_steps, metrics_for, select_metrics, step_visitors
 
 
 @dataclass
@@ -51,233 +37,6 @@ class RecomputeResult:
     variant: Variant | None = None  # the what-if this recompute was (config overrides), else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-step computation
-# ---------------------------------------------------------------------------------------------
-
-def metrics_for(profile: str | Profile, cfg: dict, columns: Iterable[str] = ()) -> list[Metric]:
-    """The metrics ``profile`` logs under ``cfg``, templates expanded over the run's sample ``columns``.
-
-    When two applicable metrics carry the same name in ``profile``, the first registered keeps it
-    (e.g. Twinkle's ``train/clip_ratio_low`` is the gated clip fraction, or under CISPO, where that
-    metric does not apply, the unconditional one)."""
-    plugins.load_plugins()
-    profile = profile.name if isinstance(profile, Profile) else profile
-    columns = list(columns)
-    out, taken = [], set()
-    for m in REGISTRY.values():
-        if m.name_in(profile) is None or not m.applies(cfg):
-            continue
-        for c in m.expand(columns):
-            if c.name_in(profile) not in taken:
-                taken.add(c.name_in(profile))
-                out.append(c)
-    return out
-
-
-def select_metrics(metrics: list[Metric], only: Iterable[str], profile: str = "grpolens") -> list[Metric]:
-    """The metrics named by ``only``: each item a family (``clip``), a metric name or a glob over
-    names (``rollout_is/applied/*``), under grpolens' names or ``profile``'s. An item that matches
-    nothing is a user error."""
-    from fnmatch import fnmatchcase
-
-    items = [i.strip() for spec in only for i in spec.split(",") if i.strip()]
-    if not items:
-        raise UserError("--only: expected a family, a metric name or a pattern (e.g. --only clip,kl/k3)")
-    picked: set[str] = set()
-    for item in items:
-        hit = [m.name for m in metrics if m.family == item or fnmatchcase(m.name, item)
-               or (m.name_in(profile) is not None and fnmatchcase(m.name_in(profile), item))]
-        if not hit:
-            families = sorted({m.family for m in metrics})
-            raise UserError(f"--only: {item!r} is no metric family ({', '.join(families)}), metric name or "
-                            f"pattern of this run under profile {profile!r} (see grpolens metrics)")
-        picked.update(hit)
-    return [m for m in metrics if m.name in picked]
-
-
-def step_values(sd: reduce.StepData, metrics: list[Metric], schedule: Any = None) -> dict[str, Any]:
-    """One step's row. With a profile's log ``schedule`` (TRL's logging windows) each value is what
-    the schedule says the step contributes, plus hidden columns counting the values it appended."""
-    row: dict[str, Any] = {"step": sd.step}
-    for m in metrics:
-        skip = ((m.source == "tokens" and m.requires and not all(c in sd.present for c in m.requires))
-                or (m.source == "samples" and sd.samples is None)
-                or ((m.template or m.name) in sd.profile.generation_only and sd.samples is None
-                    and sd.extra.get("run_has_samples")))
-        if schedule is not None:
-            val, *counts = (None, 0, 0) if skip else schedule.step_value(m, sd)
-            row.update({m.name + suffix: c for suffix, c in zip(schedule.hidden, counts)})
-        else:
-            val = None if skip else reduce.compute(m, sd)
-        row[m.name] = val
-    return row
-
-
-def step_visitors(cfg: dict, families: frozenset[str] | None = None, extra: list | None = None) -> list:
-    """The visitors of a recompute's pass over the tokens: the per-sequence partials first, then the
-    registered visitors (those ``families`` need), then ``extra``."""
-    return [SequencePartials(cfg, families), *(factory(cfg) for factory in visitor_factories(families)), *(extra or [])]
-
-
-@dataclass
-class StepWork:
-    """The per-step body of a recompute, the same in this process and in a worker process
-    (:mod:`grpolens.analysis.step_workers`): from a step's combined visitor pieces (or, for a step
-    without token shards, its samples alone) to its row of metrics and its rows of the step tables."""
-
-    run: Any
-    cfg: dict
-    profile: Profile
-    metrics: list[Metric]
-    visitors: list  # step_visitors(...): the per-sequence partials first
-    columns: tuple[str, ...]
-    need_samples: bool
-    run_has_samples: bool
-    schedule: Any = None
-
-    def token_step(self, step: int, pieces: dict[str, Any], spill: StepSpill | None) -> tuple[dict[str, Any], set[str]]:
-        """``(row, present token columns)`` of a step with token shards; with ``spill``, each
-        collecting visitor's step output (made while the step's samples are here) goes to it."""
-        seqs, present = pieces[self.visitors[0].name]
-        samples = read_samples(self.run, step) if self.need_samples else None
-        sd = reduce.StepData(step, seqs, self.cfg, self.profile, samples, present, {})
-        sd.extra["pieces"] = pieces
-        sd.extra["run_has_samples"] = self.run_has_samples
-        sd.extra["schedule"] = self.schedule
-        row = step_values(sd, self.metrics, self.schedule)
-        for v in self.visitors:
-            if spill is not None and getattr(v, "collect", False):
-                piece = pieces[v.name]
-                if hasattr(v, "at_step"):
-                    piece = v.at_step(step, piece, samples, self.run)
-                spill.put(v.name, step, piece)
-        return row, present
-
-    def one_step(self, step: int, token_steps: frozenset[int], spill: StepSpill | None, engine
-                 ) -> tuple[dict[str, Any], set[str] | None]:
-        """``(row, present)`` of one step computed on its own, here or in a worker process
-        (:mod:`grpolens.analysis.step_workers`; ``present``: None for a step without token shards)."""
-        if step in token_steps:
-            res = next(iter_steps(self.run, [step], self.visitors, columns=self.columns, engine=engine))
-            return self.token_step(step, res.pieces, spill)
-        return self.samples_step(step), None
-
-    def samples_step(self, step: int) -> dict[str, Any]:
-        """The row of a step with samples but no token shards: sample-side metrics only."""
-        samples = read_samples(self.run, step) if self.need_samples else None
-        return step_values(reduce.StepData(step, {}, self.cfg, self.profile, samples, set(), {}), self.metrics,
-                           self.schedule)
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker process needs to build the recompute's :class:`StepWork` (picklable: the
-    metrics by name, rebuilt there from the registries the plugins fill)."""
-
-    run: Path
-    cfg: dict
-    profile: str
-    metric_names: list[str]
-    sample_columns: list[str]
-    families: frozenset[str] | None
-    columns: tuple[str, ...]
-    need_samples: bool
-    run_has_samples: bool
-    schedule: Any
-    token_steps: frozenset[int]
-    spill_dir: Path | None  # the recompute's spill folder: a worker writes its steps' files there
-
-    def work(self) -> StepWork:
-        """The :class:`StepWork`, built in the worker; :class:`KeyError` names a metric this
-        process does not know (one registered at run time in the parent, not by a plugin)."""
-        prof = plugins.get(self.profile)
-        by_name = {m.name: m for m in metrics_for(self.profile, self.cfg, self.sample_columns)}
-        missing = [n for n in self.metric_names if n not in by_name]
-        if missing:
-            raise KeyError(missing[0])
-        return StepWork(self.run, self.cfg, prof, [by_name[n] for n in self.metric_names],
-                        step_visitors(self.cfg, self.families), self.columns, self.need_samples,
-                        self.run_has_samples, self.schedule)
-
-
-def _serial_steps(work: StepWork, todo: list[int], token_steps: set[int], engine, rows: dict, present_any: set,
-                  computed: set, spill: StepSpill | None, tick, on_step) -> None:
-    """The steps ``todo`` in this process, one after another (the per-shard work on ``engine``)."""
-    for res in iter_steps(work.run, [s for s in todo if s in token_steps], work.visitors, columns=work.columns,
-                          on_step=tick, engine=engine):
-        rows[res.step], present = work.token_step(res.step, res.pieces, spill)
-        present_any |= present
-        computed.add(res.step)
-        if on_step:
-            on_step(res.step, res.pieces)
-    for s in todo:
-        if s not in computed:
-            rows[s] = work.samples_step(s)
-            tick(s)
-
-
-def _fingerprint(shards: list[fmt.Shard]) -> list:
-    return [sh.fingerprint() for sh in shards]
-
-
-def _output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = None) -> tuple[Path, Path, Any]:
-    """``(out_dir, cache_root, remote_out)``: where outputs and the per-step cache go. A local run
-    keeps both under ``RUN/grpolens/`` unless ``--out``; a run on object storage writes locally by
-    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end.
-    A what-if (``variant``) keeps both in its own directory, ``RUN/grpolens/variants/<key>/``, or
-    in ``--out`` when given: never in the run's own, whose metrics and cache it would replace."""
-    from grpolens.run.storage import is_remote, location
-
-    if out is not None and (is_remote(str(out)) if isinstance(out, str) else fmt.is_remote_run(out)):
-        import tempfile
-
-        remote_out = location(out, reader.path.settings.storage_options() if fmt.is_remote_run(reader.path) else None) \
-            if isinstance(out, str) else out
-        staging = Path(tempfile.mkdtemp(prefix="grpolens-out-"))
-        for rel, _ in remote_out.walk():  # earlier outputs and the cache: kept steps are reused
-            if rel.split("/", 1)[0] == "is_weights":
-                # written in place by recompute --is-weights (ISWeightWriter), not staged: a staged copy
-                # would go back up at the end over the new weights and restore the stale parts removed
-                continue
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            (staging / rel).write_bytes((remote_out / rel).read_bytes())
-        return staging, staging, remote_out
-    if variant is not None:
-        root = Path(out) if out is not None else variant.dir
-        return (root if out is not None or profile == "grpolens" else root / profile), root, None
-    if fmt.is_remote_run(reader.path):  # the local fmt.derived_dir of the run (./<run name>.grpolens)
-        root = Path(out) if out is not None else fmt.derived_dir(reader.path)
-        return (root if out is not None or profile == "grpolens" else root / profile), root, None
-    return (Path(out) if out is not None else reader.out_dir(profile)), fmt.derived_dir(reader.path), None
-
-
-def _upload(staging: Path, remote_out) -> None:
-    """Every staged file to its key under ``remote_out``, each atomically (temporary key, copy)."""
-    import shutil
-
-    try:
-        files = sorted(p for p in staging.rglob("*") if p.is_file())
-        # the cache state last: an upload cut short leaves a state that does not vouch for new rows
-        for f in sorted(files, key=lambda p: (p.parent.name == "cache" and p.name.startswith("state-"), str(p))):
-            (remote_out / f.relative_to(staging).as_posix()).write_bytes(f.read_bytes())
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _key(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _config_hash(cfg: dict, profile: str) -> str:
-    blob = json.dumps({"cfg": cfg, "profile": profile, "cache": CACHE_VERSION, "metrics": sorted(REGISTRY)},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------
-# Entry point
-# ---------------------------------------------------------------------------------------------
 
 def recompute_lock(run: Path):
     """The lock that one writing recompute of ``run`` holds from reading its cache to writing its
@@ -527,7 +286,7 @@ def recompute(
             final = schedule.log_view(final, raw, metrics)
 
         notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
-        from grpolens.analysis.offset import offset_notes  # constant train-rollout offset diagnosis
+        from grpolens.metrics.rollout_is.offset import offset_notes  # constant train-rollout offset diagnosis
 
         run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
         notes += run_notes
@@ -570,94 +329,8 @@ def recompute(
     return final
 
 
-def key_columns(columns, profile: str = "grpolens") -> list[str]:
-    """The profile's names of the families' key metrics (``Family.key_metrics``) that ``columns`` has (the summary's rows)."""
-    from grpolens.metrics.registry import FAMILIES
-
-    plugins.load_plugins()
-    out = []
-    for name in (k for f in FAMILIES.values() for k in f.key_metrics):
-        m = REGISTRY.get(name)
-        alias = m.name_in(profile) if m is not None else None
-        if alias is not None and alias in columns:
-            out.append(alias)
-    return out
-
-
 def _save_memo(reader: RunReader, memo_path: Path | None) -> None:
     """Remember the files that passed the checks (see :func:`grpolens.run.validate.check_before_reading`)."""
     memo = reader.check_report.memo if reader.check_report is not None else None
     if memo_path is not None and memo is not None and memo.changed:
         memo.save(memo_path)
-
-
-def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof) -> dict[str, float]:
-    """Totals of cumulative metrics over the steps before ``--steps`` starts (samples only:
-    cumulative metrics count generated tokens, so no token shard is read)."""
-    cum = [m for m in metrics if m.cumulative]
-    if not cum or lo is None:
-        return {}
-    totals = {m.name: 0.0 for m in cum}
-    for s in all_steps:
-        if s >= lo:
-            break
-        row = valid_cache.get(s)
-        if row is None:
-            row = step_values(reduce.StepData(s, {}, cfg, prof, read_samples(run, s), set(), {}), cum)
-        for m in cum:
-            totals[m.name] += row.get(m.name) or 0.0
-    return totals
-
-
-def finalize(raw: pl.DataFrame, metrics: list[Metric], profile: str, offsets: dict[str, float] | None = None) -> pl.DataFrame:
-    """Rename to the profile's names; cumulative metrics become running totals (from ``offsets``)."""
-    exprs = [pl.col("step")]
-    for m in metrics:
-        e = pl.col(m.name)
-        if m.cumulative:
-            start = (offsets or {}).get(m.name, 0.0)
-            e = pl.when(e.is_not_null()).then(e.fill_null(0).cum_sum() + start).otherwise(None)
-        exprs.append(e.alias(m.name_in(profile)))
-    return raw.select(exprs)
-
-
-def to_jsonl(df: pl.DataFrame) -> str:
-    lines = []
-    for row in df.iter_rows(named=True):
-        clean = {}
-        for k, v in row.items():
-            if v is None or (isinstance(v, float) and not np.isfinite(v)):
-                continue
-            clean[k] = v
-        lines.append(json.dumps(clean))
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
-    """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
-    verl's rejection, so the rollout-correction values cannot be verl's (said once). Bypass mode
-    has no rejection before the loss (the loss rejects per call, which the profile replays)."""
-    from grpolens.functional.is_weights import ISConfig
-    from grpolens.metrics.verl_actor import bypass
-
-    if not computed or "verl_algorithm" not in cfg or bypass(cfg):
-        return []
-    if "rollout_rejected" in present or not ISConfig.from_cfg(cfg).rs:
-        return []
-    return ["no rollout_rejected in this run: verl's rollout_rs is re-applied to the mask after its rejection "
-            "(rejection fractions 0, IS and mismatch values over the kept tokens; verl computes them before "
-            "rejection: docs/integrations/verl.md)"]
-
-
-def _absent_notes(run, metrics, raw, present, computed) -> list[str]:
-    """One line per optional column the run lacks, naming the metrics that are therefore empty."""
-    if not computed:
-        return []
-    notes = []
-    for col in ("old_logp", "ref_logp", "rollout_logp", "entropy", "old_entropy"):
-        if col in present:
-            continue
-        hit = [m.name for m in metrics if col in m.requires]
-        if hit:
-            notes.append(f"no {col} in this run: {len(hit)} metric(s) left empty ({', '.join(hit[:4])}{', ...' if len(hit) > 4 else ''})")
-    return notes
