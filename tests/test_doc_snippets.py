@@ -77,6 +77,10 @@ NOT_RUN = {
     ("docs/integrations/verl.md", "batch.batch[VerlCapture.OLD_ENTROPY_KEY]"):
         "a line inside verl's driver (RayPPOTrainer.fit: verl, Ray, GPUs); tests/test_verl_adapter.py "
         "sets the key on verl-shaped batches",
+    ("docs/integrations/openrlhf.md", "from grpolens.integrations.openrlhf import OpenRLHFCapture"):
+        "lines inside OpenRLHF's experience maker, trainer and actor (Ray, DeepSpeed, vLLM); "
+        "tests/reference/test_openrlhf_reference.py drives OpenRLHFCapture with the batches OpenRLHF's own "
+        "replay buffer collated, tests/test_openrlhf_capture.py with OpenRLHF-shaped experiences",
     ("docs/mutation-testing.md", 'pip install -e ".[dev,mutation]"'): "installs an extra",
     ("docs/mutation-testing.md", "mutmut"): "a mutation run takes hours",
     ("docs/mutation-testing.md", "python - <<'PY'"): "rewrites mutants/mutmut-stats.json, which only a "
