@@ -25,8 +25,6 @@ ALLOWED = {
     "grpolens/serve/callbacks.py": "module",
     "grpolens/serve/callbacks.py:register_callbacks": "function",
     "grpolens/serve/url_callbacks.py:register_url_callbacks": "function",
-    # grpolens/analysis/recompute/: recompute() becoming a plan with named decisions
-    "grpolens/analysis/recompute/entry.py:recompute": "function",
 }
 
 

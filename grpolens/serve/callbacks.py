@@ -21,12 +21,11 @@ from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.run.format import RunFormatError
 from grpolens.plot_config import plot_config
-from grpolens.serve import data, downloads, figures, urlstate
+from grpolens.serve import data, downloads, figures, inputs, urlstate
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, PAGES, SCORE_LABELS
 from grpolens.serve.components import csv_anchor, diverging_cell_styles, error_box, rows_json, table_columns
 from grpolens.serve.runs import RunSet
 from grpolens.serve.url_callbacks import completions_search, register_url_callbacks, tokens_search
-from grpolens.serve.urlstate import as_int
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
@@ -59,9 +58,7 @@ def _bounds(lo, hi) -> dict:
 
 
 def _range(rng: list | None) -> tuple[int | None, int | None]:
-    if not rng or len(rng) != 2:
-        return None, None
-    return as_int(rng[0]), as_int(rng[1])
+    return inputs.step_range(rng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,14 +141,16 @@ def curve_page_children(runs: RunSet, page: str, names: list[str], smoothing: fl
     """The graphs of a curve page (overview, policy, mismatch, rewards) for the selected runs;
     ``pattern``: only metrics whose name contains each of its words; ``y_scale``: "log", "robust";
     ``panels``: metric -> log y of the panels whose own box says otherwise than the header."""
-    y_scale = frozenset(y_scale or ())
+    y_scale = frozenset(inputs.choices(y_scale, urlstate.Y_OPTIONS, "y scale"))
+    smoothing = inputs.smoothing(smoothing)
+    pattern = inputs.text(pattern, "metric filter")
     panels = panels or {}
 
     def ys(col: str) -> frozenset:  # the header's y options, with the panel's own log y where it has one
         own = panels.get(col)
         return y_scale if own is None else (y_scale | {"log"}) if own else (y_scale - {"log"})
 
-    names = runs.check(names)
+    names = inputs.run_names(runs, names)
     if not names:
         return [error_box("select at least one run")]
     lo, hi = _range(rng)
@@ -263,6 +262,7 @@ def sweep_tables(runs: RunSet, names: list[str]) -> list:
 def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
     """Raw vs applied IS weights of one step, its mismatch metrics and the offset check."""
     path = runs.path(name)
+    step = inputs.whole(step, "step")
     steps = fmt.list_steps(path, fmt.TOKENS)
     if not steps:
         return [error_box(f"{name}: no token shards")]
@@ -300,10 +300,11 @@ def mismatch_step_panel(runs: RunSet, name: str, step: int | None) -> list:
 def top_tokens_view(runs: RunSet, name: str, step: int | None, by: str, k: int | None):
     """``(summary, rows, columns)`` of the top-K tokens table."""
     path = runs.path(name)
+    step = inputs.whole(step, "step")
     if step is None:
         return error_box("pick a step"), [], []
-    by = by if by in data.RANK_BY else "kl"
-    k = max(1, min(500, as_int(k) or 50))
+    by = inputs.choice(by, data.RANK_BY, "kl")
+    k = inputs.clamped(k, "top", 50)
     t = data.step_tokens(path, step)
     if t.height == 0:
         steps = fmt.list_steps(path, fmt.TOKENS)
@@ -346,17 +347,19 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
     """One completion: its sample row, prompt and completion text (as text), and every token
     coloured by ``color_by`` with the token's numbers on hover."""
     path = runs.path(name)
+    step, sample_id = inputs.whole(step, "step"), inputs.whole(sample_id, "sample")
+    focus_pos = inputs.whole_or_none(focus_pos, "pos")
     if step is None:
         return [error_box("pick a step")]
     if sample_id is None:
-        top = data.top_tokens(path, step, by if by in data.RANK_BY else "kl", 1)
+        top = data.top_tokens(path, step, inputs.choice(by, data.RANK_BY, "kl"), 1)
         if top.height == 0:
             return [error_box(f"{name}: no tokens at step {step}")]
         sample_id, focus_pos = int(top["sample_id"][0]), int(top["pos"][0])
     c = data.completion(path, step, sample_id)
     if c is None:
         return [error_box(f"{name}: sample {sample_id} is not in step {step}; pick one from the table above")]
-    color_by = color_by if color_by in data.COLOR_BY else "kl"
+    color_by = inputs.choice(color_by, data.COLOR_BY, "kl")
     s, toks = c["sample"], c["tokens"]
     info = [f"sample {sample_id}"] + [f"{k} {_fmt(s[k])}" for k in
                                       ("group_id", "rank", "reward", "advantage", "completion_len", "truncated")
@@ -409,7 +412,7 @@ def completion_view(runs: RunSet, name: str, step: int | None, sample_id: int | 
 # ---------------------------------------------------------------------------------------------
 
 def _yes_no(v: str | None) -> bool | None:
-    return {"yes": True, "no": False}.get(v or "any")
+    return {"yes": True, "no": False}.get(inputs.choice(v, urlstate.YES_NO, "any"))
 
 
 def completions_table(runs: RunSet, name: str, step: int | None, page: int, page_size: int,
@@ -417,18 +420,23 @@ def completions_table(runs: RunSet, name: str, step: int | None, page: int, page
                       truncated: str | None = "any", vetoed: str | None = "any"):
     """``(rows, columns, page_count, summary)`` for one page of the completions table."""
     path = runs.path(name)
+    step = inputs.whole(step, "step")
     if step is None:
         return [], [], 1, error_box("pick a step")
-    page_size = max(1, min(200, as_int(page_size) or 20))
-    rows, total = data.completions_page(path, step, as_int(page) or 0, page_size, sort_by, filter_query,
-                                        group=as_int(group), truncated=_yes_no(truncated), vetoed=_yes_no(vetoed),
-                                        max_rank=as_int(max_rank))
+    page_size = inputs.clamped(page_size, "page size", 20)
+    page = inputs.whole(page, "page") or 0
+    group, max_rank = inputs.whole(group, "group"), inputs.whole(max_rank, "rank")
+    sort_by, filter_query = inputs.sort_by(sort_by), inputs.filter_query(filter_query)
+    truncated, vetoed = inputs.choice(truncated, urlstate.YES_NO, "any"), inputs.choice(vetoed, urlstate.YES_NO, "any")
+    rows, total = data.completions_page(path, step, page, page_size, sort_by, filter_query,
+                                        group=group, truncated=_yes_no(truncated), vetoed=_yes_no(vetoed),
+                                        max_rank=max_rank)
     if rows.height == 0 and total == 0 and data.sequence_table(path, step).height == 0:
         return [], [], 1, error_box(f"{name}: no completions at step {step}")
     rows = rows.with_columns(pl.col("sample_id").alias("id")) if "sample_id" in rows.columns else rows
     pages = max(1, math.ceil(total / page_size))
-    every = completions_search(name, step, as_int(group), as_int(max_rank), truncated, vetoed, 0, sort_by, filter_query)
-    summary = html.Span([f"{name}, step {step}: {total} completion(s) match; page {(as_int(page) or 0) + 1} of {pages} ",
+    every = completions_search(name, step, group, max_rank, truncated, vetoed, 0, sort_by, filter_query)
+    summary = html.Span([f"{name}, step {step}: {total} completion(s) match; page {page + 1} of {pages} ",
                          csv_anchor(downloads.PREFIX + "completions" + every, "CSV of all matching rows")])
     return rows_json(rows), table_columns(rows), pages, summary
 
@@ -446,6 +454,7 @@ def compare_view(runs: RunSet, a: str, b: str, metrics: list[str] | None, rng=No
     and B (the defaults are the page's delta curves when none are chosen; the URL leaves them out)."""
     pa_, pb = runs.path(a), runs.path(b)
     lo, hi = _range(rng)
+    metrics = inputs.metric_names(metrics, "delta curves")
     fa, fb = data.series(pa_), data.series(pb)
     table = data.compare(fa, fb, lo, hi)
     options = [{"label": m, "value": m} for m in table["metric"].to_list()]
@@ -473,29 +482,41 @@ def click_target(runs: RunSet, names: list[str] | None, click: dict | None, by: 
     """Where a click on a curve point leads: the Tokens page for that run and step (the point's
     ``customdata`` is its run's index; a delta curve of the Compare page carries run B's), ranked
     and coloured as the Tokens page last was."""
-    if not click or not click.get("points"):
+    if not isinstance(click, dict) or not click.get("points"):
         return None
-    pts = click["points"]
+    pts = [p for p in inputs.items(click["points"], "clicked points") if isinstance(p, dict)]
+    if not pts:
+        return None
     pt = next((p for p in pts if isinstance(p.get("customdata"), (int, float)) and p["customdata"] >= 0), pts[0])
-    step = as_int(pt.get("x"))
+    step = inputs.whole_or_none(pt.get("x"), "step")
     if step is None:
         return None
-    idx = pt.get("customdata")
-    if isinstance(idx, (int, float)) and 0 <= int(idx) < len(runs.names):
-        name = runs.names[int(idx)]
+    names = inputs.run_names(runs, names)
+    idx = inputs.index(pt.get("customdata"), len(runs.names))
+    if idx is not None:
+        name = runs.names[idx]
     else:
         name = (names or runs.names)[0]
     runs.path(name)
     name = runs.run_of(name)  # a what-if variant's tokens are its run's
     from grpolens.serve.layout import default_runs
 
-    return "/tokens", tokens_search(name, step, by=by, k=as_int(k), color=color, header_runs=names,
+    return "/tokens", tokens_search(name, step, by=inputs.choice(by, data.RANK_BY, "kl"), k=inputs.clamped(k, "top", 50),
+                                    color=inputs.choice(color, data.COLOR_BY, "kl"), header_runs=names,
                                     default_header=default_runs(runs))
 
 
 # ---------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------
+
+def _header_runs(runs: RunSet, value) -> list[str] | None:
+    """The header's runs for a link (None, the default, when they are not valid)."""
+    try:
+        return inputs.run_names(runs, value) or None
+    except UserError:
+        return None
+
 
 def _guard(fn, n_out: int):
     """Run ``fn``; turn a user/run-format error into an error box in the first output."""
@@ -520,7 +541,8 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
                   + [Output("curve-controls", "style")],
                   Input("url", "pathname"))
     def show_page(pathname):
-        path = pathname if pathname in page_paths else "/"
+        path = inputs.pathname(pathname)
+        path = path if path in page_paths else "/"
         styles = [{} if p == path else {"display": "none"} for p in page_paths]
         navs = ["nav-link active" if p == path else "nav-link" for p in page_paths]
         return [*styles, *navs, {} if path in CURVE_PAGES or path == "/compare" else {"display": "none"}]
@@ -534,12 +556,12 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
                           Input("range", "value"), Input("show-baseline", "value"), Input("metric-filter", "value"),
                           Input("y-scale", "value"), Input("version", "data"), State("url", "search"))
             def render(pathname, names, smoothing, rng, baseline, pattern, y_scale, _version, search):
-                if (pathname or "/") != path:
+                if inputs.pathname(pathname) != path:
                     return no_update
                 # the panels' own log y boxes, from the URL (sync_panel_log writes them there)
                 q = urlstate.decode("curves", search, runs.names)
                 panels = {**{m: True for m in q.get("log", [])}, **{m: False for m in q.get("lin", [])}}
-                return _guard(curve_page_children, 1)(runs, page, names, float(smoothing or 0), rng,
+                return _guard(curve_page_children, 1)(runs, page, names, smoothing, rng,
                                                       bool(baseline), pattern, y_scale, panels)
         make()
 
@@ -549,12 +571,12 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         if pathname != "/mismatch":
             return no_update
         try:
-            names = runs.check(names)
+            names = inputs.run_names(runs, names)
         except UserError as e:
             return [error_box(e.message)]
         if not names:
             return []
-        return _guard(mismatch_step_panel, 1)(runs, names[0], as_int(step))
+        return _guard(mismatch_step_panel, 1)(runs, names[0], step)
 
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
                   Input({"type": "curve", "key": ALL}, "clickData"), State("runs", "value"),
@@ -580,7 +602,7 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
     def render_top(pathname, name, step, by, k):
         if pathname != "/tokens":
             return no_update, no_update, no_update
-        out = _guard(top_tokens_view, 3)(runs, name, as_int(step), by, k)
+        out = _guard(top_tokens_view, 3)(runs, name, step, by, k)
         return (out[0], [], []) if out[1] is no_update else out
 
     @app.callback(Output("tok-completion", "children"),
@@ -590,18 +612,21 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
     def render_completion(pathname, name, step, sample, color_by, focus, by):
         if pathname != "/tokens":
             return no_update
-        return _guard(completion_view, 1)(runs, name, as_int(step), as_int(sample), color_by, as_int(focus), by)
+        return _guard(completion_view, 1)(runs, name, step, sample, color_by, focus, by)
 
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Input("tok-table", "active_cell"), State("tok-run", "value"), State("tok-step", "value"),
                   State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"), State("runs", "value"),
                   prevent_initial_call=True)
     def on_token_row(cell, name, step, by, k, color, header_runs):
-        if not cell or cell.get("row_id") is None or name not in runs.runs:
+        row = inputs.short(cell.get("row_id"), "row") if isinstance(cell, dict) else None
+        if row is None or not isinstance(name, str) or name not in runs.runs:
             raise PreventUpdate
-        sample, _, pos = str(cell["row_id"]).partition(":")
-        return tokens_search(name, as_int(step), as_int(sample), as_int(pos), by, as_int(k), color,
-                             header_runs, default_runs(runs))
+        sample, _, pos = row.partition(":")
+        return tokens_search(name, inputs.whole_or_none(step, "step"), inputs.whole_or_none(sample, "sample"),
+                             inputs.whole_or_none(pos, "pos"), inputs.choice(by, data.RANK_BY, "kl"),
+                             inputs.clamped(k, "top", 50), inputs.choice(color, data.COLOR_BY, "kl"),
+                             _header_runs(runs, header_runs), default_runs(runs))
 
     # -- Completions page -------------------------------------------------------------------------
     @app.callback(Output("comp-table", "data"), Output("comp-table", "columns"), Output("comp-table", "page_count"),
@@ -615,7 +640,7 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
         if pathname != "/completions":
             raise PreventUpdate
         try:
-            return completions_table(runs, name, as_int(step), page, size, sort_by, fq, group, rank, trunc, veto)
+            return completions_table(runs, name, step, page, size, sort_by, fq, group, rank, trunc, veto)
         except (UserError, RunFormatError) as e:
             return no_update, no_update, no_update, error_box(e.message if isinstance(e, UserError) else str(e))
 
@@ -624,10 +649,13 @@ def register_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one place wir
                   State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"), State("runs", "value"),
                   prevent_initial_call=True)
     def on_completion_row(cell, name, step, by, k, color, header_runs):
-        if not cell or cell.get("row_id") is None or name not in runs.runs:
+        sample = inputs.whole_or_none(cell.get("row_id"), "sample") if isinstance(cell, dict) else None
+        if sample is None or not isinstance(name, str) or name not in runs.runs:
             raise PreventUpdate
-        return "/tokens", tokens_search(name, as_int(step), as_int(cell["row_id"]), None, by, as_int(k), color,
-                                        header_runs, default_runs(runs))
+        return "/tokens", tokens_search(name, inputs.whole_or_none(step, "step"), sample, None,
+                                        inputs.choice(by, data.RANK_BY, "kl"), inputs.clamped(k, "top", 50),
+                                        inputs.choice(color, data.COLOR_BY, "kl"), _header_runs(runs, header_runs),
+                                        default_runs(runs))
 
     # -- Compare page -------------------------------------------------------------------------------
     @app.callback(Output("cmp-summary", "children"), Output("cmp-table", "data"), Output("cmp-table", "columns"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, no_update
 
-from grpolens.serve import downloads, urlstate
+from grpolens.serve import downloads, inputs, urlstate
 from grpolens.serve.components import csv_anchor
 from grpolens.serve.layout import CURVE_PAGES, PAGES, runs_table_rows
 from grpolens.serve.runs import RunSet
@@ -40,8 +40,8 @@ def register(app, runs: RunSet) -> None:
     @app.callback(Output("runs-summary", "children"), Input("runs-table", "selected_rows"),
                   Input("url", "pathname"))
     def summary(selected, pathname):
-        if pathname != "/runs":
+        if inputs.pathname(pathname) != "/runs":
             return no_update
-        names = [runs.names[i] for i in sorted(selected or []) if isinstance(i, int) and 0 <= i < len(runs.names)]
+        names = [runs.names[i] for i in inputs.row_indices(selected, len(runs.names))]
         return [f"{len(runs.names)} run(s). ", *overlay_links(runs, names), " ",
                 csv_anchor(downloads.link("runs"), "CSV of the table")]

@@ -26,11 +26,10 @@ import numpy as np
 from dash import ALL, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from grpolens.serve import data, urlstate
+from grpolens.serve import data, inputs, urlstate
 from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, default_runs
 from grpolens.errors import UserError
 from grpolens.serve.runs import RunSet, default_step
-from grpolens.serve.urlstate import as_int
 
 TOKENS_DEFAULTS = {"by": "kl", "k": 50, "color": "kl"}
 COMPLETIONS_DEFAULTS = {"truncated": "any", "vetoed": "any", "page": 0}
@@ -40,6 +39,21 @@ TOKEN_CHOICES = {"by": data.RANK_BY, "color": data.COLOR_BY}
 def _url_triggered() -> bool:
     """True on the first call and when the URL (path or query) changed, not a control."""
     return not ctx.triggered_id or ctx.triggered_id == "url"
+
+
+def _lenient(check, value, default):
+    """``check(value)``, or ``default`` when the value is out of bounds (see :mod:`grpolens.serve.inputs`)."""
+    try:
+        return check(value)
+    except UserError:
+        return default
+
+
+def _range_list(value) -> list[int]:
+    lo, hi = inputs.step_range(value)
+    if lo is None or hi is None:
+        raise inputs.BadInput("step range: two steps")
+    return [lo, hi]
 
 
 def _same(new, old):
@@ -130,6 +144,12 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
     cmp_a0, cmp_b0 = names[0], names[1] if len(names) > 1 else names[0]
     header_default = default_runs(runs)
 
+    def _runs_or(value, default):
+        return _lenient(lambda v: inputs.run_names(runs, v), value, default)
+
+    def _run_or(value, default):
+        return value if isinstance(value, str) and value in runs.runs else default
+
     # -- The header's controls, on every page ------------------------------------------------------
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Output("runs", "value"), Output("smoothing", "value"), Output("metric-filter", "value"),
@@ -148,8 +168,19 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                     cmp_a, cmp_b, cmp_metrics, cmp_default):
         """The header's controls <-> the URL of whichever page is on screen, and the step slider's
         bounds (the selected runs' steps) and value (the URL's ``from``/``to`` where the page has them)."""
-        path = pathname or "/"
+        path = inputs.pathname(pathname)
         group = urlstate.GROUP_OF_PATH.get(path)
+        # what the controls say, each bounded (a bad value is left out of the URLs: the page says why)
+        sel = _runs_or(sel, None)
+        smoothing = _lenient(inputs.smoothing, smoothing, 0.0)
+        pattern = _lenient(lambda v: inputs.text(v, "metric filter"), pattern, None)
+        y_scale = _lenient(lambda v: inputs.choices(v, urlstate.Y_OPTIONS, "y scale"), y_scale, [])
+        baseline = _lenient(lambda v: inputs.choices(v, ("on",), "baseline"), baseline, [])
+        rng = _lenient(_range_list, rng, None)
+        old_lo, old_hi = inputs.whole_or_none(old_lo, "step"), inputs.whole_or_none(old_hi, "step")
+        cmp_a, cmp_b = _run_or(cmp_a, cmp_a0), _run_or(cmp_b, cmp_b0)
+        cmp_metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), cmp_metrics, [])
+        cmp_default = _lenient(lambda v: inputs.metric_names(v, "delta curves"), cmp_default, [])
         fired = {t["prop_id"] for t in ctx.triggered}
         # (on the first call every input counts as fired, the URL among them)
         from_url = _url_triggered() or bool(fired & {"url.pathname", "url.search"})
@@ -169,10 +200,7 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                 sel = q["runs"]
 
         # the step slider: its bounds follow the selected runs; its value the URL, the user, or a clamp
-        try:
-            checked = runs.check(sel)
-        except UserError:
-            checked = None
+        checked = sel
         slider: list[Any] = [no_update] * 4
         if checked is not None:
             lo, hi, marks = step_slider(runs, checked)
@@ -222,9 +250,14 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   prevent_initial_call=True)
     def sync_panel_log(values, ids, pathname, search, y_scale):
         """A panel's log y box ticked against the header's choice goes into the URL (``log``/``lin``)."""
-        page = CURVE_PAGES.get(pathname or "/")
-        if page is None:
+        page = CURVE_PAGES.get(inputs.pathname(pathname))
+        values, ids = _lenient(lambda v: inputs.items(v, "log y boxes"), values, None), \
+            _lenient(lambda v: inputs.items(v, "log y boxes"), ids, None)
+        if page is None or values is None or ids is None:
             raise PreventUpdate
+        values = [v if isinstance(v, list) else [] for v in values]
+        ids = [i if isinstance(i, dict) else {} for i in ids]
+        y_scale = _lenient(lambda v: inputs.choices(v, urlstate.Y_OPTIONS, "y scale"), y_scale, [])
         q = urlstate.decode("curves", search, names)
         flips = panel_flips(values, ids, page, "log" in (y_scale or []), q)
         q.pop("log", None), q.pop("lin", None)
@@ -245,6 +278,12 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   prevent_initial_call="initial_duplicate")
     def sync_tokens(pathname, search, run, step, sample, by, k, color, focus, header_runs):
         on_page = pathname == "/tokens"
+        run = _run_or(run, None)
+        step, sample = inputs.whole_or_none(step, "step"), inputs.whole_or_none(sample, "sample")
+        focus = inputs.whole_or_none(focus, "pos")
+        by, color = inputs.choice(by, data.RANK_BY, by), inputs.choice(color, data.COLOR_BY, color)
+        k = inputs.clamped(k, "top", 50) if k is not None else None
+        header_runs = _runs_or(header_runs, None)
         cur = (run, step, sample, focus, by, k, color)
         outs: list[Any] = [no_update] * 7
         if _url_triggered():
@@ -259,8 +298,8 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
         elif ctx.triggered_id in ("tok-run", "tok-step", "tok-sample") and focus is not None:
             focus = None  # the outlined token belonged to the completion shown before
             outs[3] = None
-        query = tokens_search(run, as_int(step), as_int(sample), as_int(focus), by, as_int(k), color,
-                              header_runs, header_default)
+        query = tokens_search(run, step, sample, focus, inputs.choice(by, data.RANK_BY, "kl"), k,
+                              inputs.choice(color, data.COLOR_BY, "kl"), header_runs, header_default)
         new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
         return (new_search, *outs, "/tokens" + query)
 
@@ -278,6 +317,13 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   prevent_initial_call="initial_duplicate")
     def sync_completions(pathname, search, run, step, group, rank, trunc, veto, page, sort_by, where, header_runs):
         on_page = pathname == "/completions"
+        run = _run_or(run, None)
+        step, group = inputs.whole_or_none(step, "step"), inputs.whole_or_none(group, "group")
+        rank, page = inputs.whole_or_none(rank, "rank"), inputs.whole_or_none(page, "page")
+        trunc, veto = inputs.choice(trunc, urlstate.YES_NO, "any"), inputs.choice(veto, urlstate.YES_NO, "any")
+        sort_by = _lenient(inputs.sort_by, sort_by, [])
+        where = _lenient(inputs.filter_query, where, None)
+        header_runs = _runs_or(header_runs, None)
         cur = (run, step, group, rank, trunc, veto, page, sort_by or [], where or "")
         outs: list[Any] = [no_update] * 9
         if _url_triggered():
@@ -294,8 +340,8 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                 any(t["prop_id"] == "comp-table.filter_query" for t in ctx.triggered):
             if page:  # a new selection starts at its first page
                 page, outs[6] = 0, 0
-        query = completions_search(run, as_int(step), as_int(group), as_int(rank), trunc, veto, as_int(page) or 0,
-                                   sort_by, where, header_runs, header_default)
+        query = completions_search(run, step, group, rank, trunc, veto, page or 0, sort_by, where, header_runs,
+                                   header_default)
         new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
         return (new_search, *outs, "/completions" + query)
 
@@ -311,6 +357,11 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   prevent_initial_call="initial_duplicate")
     def sync_compare(pathname, search, a, b, metrics, rng, lo, hi, default_metrics):
         on_page = pathname == "/compare"
+        a, b = _run_or(a, cmp_a0), _run_or(b, cmp_b0)
+        metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), metrics, [])
+        default_metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), default_metrics, [])
+        rng = _lenient(_range_list, rng, None)
+        lo, hi = inputs.whole_or_none(lo, "step"), inputs.whole_or_none(hi, "step")
         outs: list[Any] = [no_update] * 3
         bounds = range_state(rng, lo, hi)
         if _url_triggered() and on_page:
@@ -337,7 +388,11 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
         """Sort, filter and the ticked rows; ticked by default: the runs the header has selected."""
         on_page = pathname == "/runs"
         outs: list[Any] = [no_update] * 3
-        ticked = [names[i] for i in sorted(selected or []) if isinstance(i, int) and 0 <= i < len(names)]
+        selected = inputs.row_indices(selected, len(names))
+        sort_by = _lenient(inputs.sort_by, sort_by, [])
+        where = _lenient(lambda v: inputs.text(v, "table filter"), where, None)
+        header_runs = _runs_or(header_runs, None)
+        ticked = [names[int(i)] for i in selected]
         if _url_triggered() and on_page:
             q = urlstate.decode("runs", search, names)
             want = (q.get("sort", []), q.get("where", ""),

@@ -49,13 +49,20 @@ MAX_TOP_K = 500
 SMOOTH_MAX = 0.99
 Y_OPTIONS = ("log", "robust")
 YES_NO = ("any", "yes", "no")
-_METRIC = re.compile(r"^[\w/.:@+\-]{1,160}$")  # metric and column names: no spaces, quotes or markup
+#: Metric and column names: no spaces, quotes or markup.
+METRIC_NAME = re.compile(r"^[\w/.:@+\-]{1,160}$")
+_METRIC = METRIC_NAME
+#: Characters of a query read at all (a longer one is ignored whole: no view needs 16 kB).
+MAX_QUERY = 16384
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def parse_query(search: str | None) -> dict[str, list[str]]:
     """``?a=1&a=2&b=`` -> ``{"a": ["1", "2"]}`` (blank values dropped); a query of more fields
-    than any view has (200) is ignored whole, the page opens on its defaults."""
+    than any view has (200), or longer than :data:`MAX_QUERY`, or not text, is ignored whole: the
+    page opens on its defaults."""
+    if search is not None and (not isinstance(search, str) or len(search) > MAX_QUERY):
+        return {}
     try:
         return parse_qs((search or "").lstrip("?"), keep_blank_values=False, max_num_fields=200)
     except ValueError:

@@ -1,10 +1,9 @@
-"""The entry point, :func:`recompute`, and the lock a writing recompute holds."""
+"""The entry point, :func:`recompute`: a plan (:mod:`.plan`: every decision, once), then its steps
+in order: reuse the written outputs if nothing changed, compute the steps the cache lacks, tabulate,
+write. And the lock a writing recompute holds."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -14,17 +13,13 @@ from typing import Any, Callable, Iterable
 import polars as pl
 
 from grpolens.run import format as fmt
-from grpolens.metrics.engine import READ_COLUMNS, ThreadEngine
-from grpolens import plugins
-from grpolens.run.reader import RunReader
 from grpolens.run.step_table import StepSpill
-from grpolens.run.variants import Variant, effective_overrides
-from grpolens.analysis import fresh, step_workers
+from grpolens.run.variants import Variant
 from grpolens.analysis.fresh import output_files
-from grpolens.analysis.recompute.cache import _config_hash, _fingerprint, _key
-from grpolens.analysis.recompute.outputs import (_absent_notes, _cumulative_offsets, _output_dirs, _rejection_notes,
-                                                 _upload, finalize, key_columns, to_jsonl)
-from grpolens.analysis.recompute.steps import StepWork, WorkerSpec, _serial_steps, metrics_for, select_metrics, step_visitors
+from grpolens.analysis.recompute.compute import Computed, compute_steps, tabulate
+from grpolens.analysis.recompute.outputs import absent_notes, rejection_notes, to_jsonl, upload
+from grpolens.analysis.recompute.plan import Plan, Request, plan_recompute
+from grpolens.analysis.recompute.steps import StepWork, step_visitors
 
 
 @dataclass
@@ -35,7 +30,6 @@ class RecomputeResult:
     reused_steps: list[int]
     notes: list[str] = field(default_factory=list)
     variant: Variant | None = None  # the what-if this recompute was (config overrides), else None
-
 
 
 def recompute_lock(run: Path):
@@ -125,212 +119,90 @@ def recompute(
     per log of the trainer; ``per_step=True`` keeps one row per optimizer step (for TRL: what it
     would log with ``logging_steps=1``).
     """
-    given = getattr(run, "variant", None)  # a VariantRun (the dashboard's): recompute that variant
-    if given is not None and overrides is None and config_file is None:
-        overrides = given.overrides
-    reader = RunReader(run, storage_options)
-    run = reader.path
-    what_if = effective_overrides(overrides, config_file)
-    variant = Variant.of(run, what_if) if what_if else None
-    prof = plugins.get(profile)
-    # what `grpolens recompute RUN` checks, before importing the engine, to find its outputs fresh
-    # (grpolens.analysis.fresh): recorded for the plain request, as the run is before it is read
-    stamped = (write and incremental and only is None and not extra_visitors and variant is None and not overrides
-               and config_file is None and not fmt.is_remote_run(run) and (out is None or "://" not in str(out)))
-    out_for_stamp = Path(out) if out is not None else reader.out_dir(profile)
-    stamp = fresh.stamp(run, fresh.request_key(profile, steps, out_for_stamp, per_step, None)) if stamped else None
-    # refuse what `grpolens validate` would reject, from the Parquet footers; a recompute that keeps
-    # its cache remembers the files that passed, so a re-run opens only new or changed ones
-    memo_path = fmt.derived_dir(run) / "cache" / "checked.json" \
-        if write and incremental and only is None and not fmt.is_remote_run(run) else None
-    # one walk of the run serves both the stamp and the check memo
-    reader.check(memo_path, stamp["tree"] if stamp is not None else None)
-    cfg = reader.config(overrides, config_file)
-    schedule = None
-    if prof.log_schedule is not None:  # the trainer's logging schedule and release rules, from the run
-        schedule, cfg = prof.log_schedule(reader, cfg, overrides, config_file)
-    sel, lo, hi = reader.select_steps(steps)
-    token_steps = reader.steps(fmt.TOKENS)
-    sample_steps = reader.steps(fmt.SAMPLES)
-    all_steps = reader.steps()
-
-    # a what-if reads (and writes) its own cache even when not writing, unless staged from object storage
-    if write or fmt.is_remote_run(run) or (variant is not None and (out is None or not fmt.is_remote_run(out))):
-        out_dir, cache_root, remote_out = _output_dirs(reader, out, profile, variant)
-    else:
-        out_dir, cache_root, remote_out = Path(out) if out is not None else reader.out_dir(profile), fmt.derived_dir(run), None
-    chash = _config_hash({**cfg, "_trainer": reader.manifest.trainer}, profile)
-
-    # -- incremental: reuse rows whose shards and config are unchanged ----------------------------
-    cache_path = cache_root / "cache" / f"steps-{profile}.parquet"
-    state_path = cache_root / "cache" / f"state-{profile}.json"
-    # one listing per table (not one per step: a 1,000-step run would list 2,000 directories)
-    token_shards, sample_shards = fmt.list_shards(run, fmt.TOKENS), fmt.list_shards(run, fmt.SAMPLES)
-    fingerprints: dict[int, list] = {s: [] for s in all_steps}
-    for sh in token_shards + sample_shards:
-        if sh.step in fingerprints:
-            fingerprints[sh.step].append(sh.fingerprint())
-    samples_fp = _fingerprint(sample_shards)
-    state: dict = {}
-    if incremental and state_path.is_file():
-        try:
-            state = json.loads(state_path.read_text())
-        except Exception:  # noqa: BLE001 - a damaged cache is simply rebuilt
-            state = {}
-    # the sample columns come from every samples shard's footer: reused while no shard changed
-    # (on object storage that is one GET per shard saved on every run)
-    if state.get("samples") == samples_fp and isinstance(state.get("sample_columns"), list):
-        sample_cols = set(state["sample_columns"])
-    else:
-        sample_cols = reader.sample_columns()
-    metrics = metrics_for(profile, cfg, sample_cols)
-    families: frozenset[str] | None = None
-    if only is not None:
-        metrics = select_metrics(metrics, only, profile)
-        families = frozenset(m.family for m in metrics)
-        incremental = False
-        if out is None:  # beside the full outputs, never over them
-            out_dir = out_dir / "only"
-    need_samples = families is None or any(m.needs_samples(prof) for m in metrics)
-    # token_id feeds only diversity (and the top-tokens output): a restricted run may skip it
-    columns = READ_COLUMNS if families is None or "diversity" in families else tuple(c for c in READ_COLUMNS if c != "token_id")
-    # the outputs of exactly this recompute (config, selection, shards, destination) are already
-    # there, untouched since they were written: a re-run with nothing new writes nothing
-    manifest = None if fmt.is_remote_run(run) else output_files(Path(run)).get(fmt.MANIFEST_NAME)
-    outputs_key = _key([chash, sel, lo, hi, str(out_dir.resolve()), fingerprints, manifest, per_step])
-    if (write and incremental and only is None and not extra_visitors and remote_out is None
-            and state.get("outputs") == {"key": outputs_key, "files": output_files(out_dir)}):
-        # ... and nothing to compute: the written metrics are the answer (a 1,000-step re-run
-        # would otherwise rebuild every row from the cache to find it has nothing to do)
-        try:
-            final = pl.read_parquet(out_dir / "metrics.parquet")
-        except Exception:  # noqa: BLE001 - unreadable after all: the ordinary path rewrites it
-            final = None
+    plan = plan_recompute(run, Request(
+        out=out, profile=profile, steps=steps, overrides=overrides, config_file=config_file, write=write,
+        incremental=incremental, progress=progress, extra_visitors=extra_visitors, on_step=on_step, result=result,
+        engine=engine, storage_options=storage_options, only=only, per_step=per_step, workers=workers))
+    # 1. nothing new since this request last wrote its outputs: they are the answer (a 1,000-step
+    #    re-run would otherwise rebuild every row from the cache to find it has nothing to do)
+    if plan.decide.skips_when_fresh and plan.outputs_unchanged():
+        final = _written_metrics(plan.out_dir)
         if final is not None:
-            _save_memo(reader, memo_path)
-            fresh_state = None if stamp is None else {**stamp, "reused": sorted(sel), "key_columns": key_columns(final.columns, profile)}
-            if fresh_state is not None and state.get("fresh") != fresh_state:  # a state from before stamps
-                fmt.atomic_write_bytes(state_path, json.dumps({**state, "fresh": fresh_state}).encode())
-            if result:
-                return RecomputeResult(final, out_dir, [], list(sel), list(state.get("notes") or []), variant)
-            return final
-    # every step of the run whose cached row is still valid (not only the selected ones: the
-    # cache is rewritten whole, and cumulative metrics need the steps before --steps)
-    valid_cache: dict[int, dict] = {}
-    if incremental and not extra_visitors and cache_path.is_file() and state:
-        try:
-            if state.get("config_hash") == chash:
-                old = pl.read_parquet(cache_path)
-                for row in old.iter_rows(named=True):
-                    s = row["step"]
-                    if s in fingerprints and state.get("steps", {}).get(str(s)) == fingerprints[s]:
-                        valid_cache[s] = row
-        except Exception:  # noqa: BLE001 - a damaged cache is simply rebuilt
-            valid_cache = {}
-    cached_rows = {s: valid_cache[s] for s in sel if s in valid_cache}
-    todo = [s for s in sel if s not in cached_rows]
-
-    work = StepWork(run, cfg, prof, metrics, step_visitors(cfg, families, extra_visitors), columns, need_samples,
-                    bool(sample_steps), schedule)
-    rows: dict[int, dict] = dict(cached_rows)
-    present_any: set[str] = set()
-    done = 0
-
-    def tick(_step: int) -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(done, len(todo))
-
-    computed: set[int] = set()
+            plan.save_memo()
+            plan.cache.restamp(plan.fresh_state(final.columns))  # a state from before stamps
+            return _answer(plan, final, plan.out_dir, [], list(plan.selected), list(plan.cache.state.get("notes") or []))
+    # 2. the rows still valid in the cache; the selected steps without one are computed
+    valid = plan.cache.valid_rows(plan.config_hash) if plan.decide.reuses_rows else {}
+    cached = {s: valid[s] for s in plan.selected if s in valid}
+    todo = [s for s in plan.selected if s not in cached]
+    work = StepWork(plan.run, plan.cfg, plan.profile, plan.metrics,
+                    step_visitors(plan.cfg, plan.families, plan.request.extra_visitors), plan.columns,
+                    plan.need_samples, bool(plan.sample_steps), plan.schedule)
     # the step outputs of visitors with collect=True (completions, top tokens, IS histograms) go to
     # disk as each step is done (grpolens.run.step_table), so memory does not grow with the steps
-    spill = StepSpill(cache_root / "cache") if write and only is None else None
+    spill = StepSpill(plan.cache_root / "cache") if plan.decide.keeps_step_outputs else None
     try:
-        # worker processes when there is enough to do (grpolens.analysis.step_workers); this
-        # process alone for other engines, extra visitors and on_step (their pieces are here)
-        # and a run on object storage
-        n_workers = 1
-        if (engine is None or isinstance(engine, ThreadEngine)) and not extra_visitors and on_step is None \
-                and not fmt.is_remote_run(run):
-            n_workers = step_workers.count(workers, len(todo), sum(f[1] for s in todo for f in fingerprints[s]))
-        if n_workers > 1:
-            spec = WorkerSpec(run, cfg, prof.name, [m.name for m in metrics], sorted(sample_cols), families, columns,
-                              need_samples, bool(sample_steps), schedule, frozenset(token_steps),
-                              spill.folder() if spill is not None else None)
-            here = functools.partial(work.one_step, token_steps=spec.token_steps, spill=spill,
-                                     engine=step_workers.engine())
-            # closed (its workers stopped) before the spill is removed, whatever happens here
-            with contextlib.closing(step_workers.map_steps(spec, todo, n_workers, here)) as results:
-                for step, row, present, spilled in results:
-                    rows[step] = row
-                    if present is not None:  # a step with token shards
-                        present_any |= present
-                        computed.add(step)
-                    for name, schema in spilled.items():  # the files a worker process wrote
-                        spill.table(name).adopt(step, schema)
-                    tick(step)
-        else:
-            _serial_steps(work, todo, set(token_steps), engine, rows, present_any, computed, spill, tick, on_step)
-
-        names = ["step"] + [m.name for m in metrics]
-        schema = {"step": pl.Int64, **{m.name: pl.Float64 for m in metrics}}
-        if schedule is not None:  # the hidden counts of appended values
-            counts = [m.name + suffix for m in metrics for suffix in schedule.hidden]
-            names += counts
-            schema.update({c: pl.Int64 for c in counts})
-        records = [{k: rows[s].get(k) for k in names} for s in sorted(rows)]
-        raw = pl.DataFrame(records, schema=schema, orient="row")
-        final = finalize(raw, metrics, profile, _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof))
-        if schedule is not None and not per_step:
-            final = schedule.log_view(final, raw, metrics)
-
-        notes = _absent_notes(run, metrics, raw, present_any, computed) + _rejection_notes(cfg, present_any, computed)
-        from grpolens.metrics.rollout_is.offset import offset_notes  # constant train-rollout offset diagnosis
+        # 3. the steps computed, here or in worker processes
+        done = compute_steps(plan, work, cached, todo, spill)
+        # 4. one row per step under the profile's names
+        raw, final, names, schema = tabulate(plan, done.rows, valid)
+        # 5. what the run lacks for some metrics, and a constant train-rollout offset
+        from grpolens.metrics.rollout_is.offset import offset_notes
 
         run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
-        notes += run_notes
-        unchanged = (only is None and not computed and not (set(todo) - computed) and bool(valid_cache)
-                     and state.get("outputs") == {"key": outputs_key, "files": output_files(out_dir)})
-        if write and not unchanged:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
-            fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
-        if write and only is None and variant is not None and out is None:
-            variant.write_record()  # what this directory is: the overrides and their label (serve lists it)
-        if write and only is None and not unchanged:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            kept = set(cached_rows)
-            for v in work.visitors:
-                if getattr(v, "collect", False) and hasattr(v, "finish"):
-                    v.finish(run, out_dir, spill.table(v.name), kept)
-            spill.close()  # before an upload of the staged outputs, which must not carry it
-            # the state goes last: if anything above fails, the next run recomputes these steps
-            keep = {s: r for s, r in valid_cache.items() if s not in rows}
-            cache = pl.DataFrame([{k: r.get(k) for k in names} for _, r in sorted({**keep, **rows}.items())],
-                                 schema=schema, orient="row")
-            fmt.atomic_write_table(cache_path, cache.to_arrow())
-            state = {"config_hash": chash, "steps": {str(s): fingerprints[s] for s in sorted({*keep, *rows})},
-                     "samples": samples_fp, "sample_columns": sorted(sample_cols),
-                     "outputs": {"key": outputs_key, "files": output_files(out_dir)}, "notes": run_notes}
-            if stamp is not None:
-                state["fresh"] = {**stamp, "reused": sorted(sel), "key_columns": key_columns(final.columns, profile)}
-            fmt.atomic_write_bytes(state_path, json.dumps(state).encode())
-            if remote_out is not None:
-                _upload(out_dir, remote_out)
-                out_dir = remote_out
+        notes = (absent_notes(plan.run, plan.metrics, raw, done.present, done.computed)
+                 + rejection_notes(plan.cfg, done.present, done.computed) + run_notes)
+        # 6. the outputs, each atomically, the cache's state last
+        out_dir = _write(plan, work, done, valid, final, names, schema, run_notes, spill)
     finally:
         if spill is not None:
             spill.close()
-    _save_memo(reader, memo_path)  # last: this recompute succeeded
-    if result:
-        return RecomputeResult(final, out_dir if write else None, sorted(computed | (set(todo) - computed)),
-                               sorted(cached_rows), notes, variant)
+        if plan.staging is not None:  # uploaded by now, or not to be: nothing staged stays behind
+            shutil.rmtree(plan.staging, ignore_errors=True)
+    plan.save_memo()  # last: this recompute succeeded
+    return _answer(plan, final, out_dir if write else None, sorted(set(todo)), sorted(cached), notes)
+
+
+def _written_metrics(out_dir: Path) -> pl.DataFrame | None:
+    try:
+        return pl.read_parquet(out_dir / "metrics.parquet")
+    except Exception:  # noqa: BLE001 - unreadable after all: the ordinary path rewrites it
+        return None
+
+
+def _answer(plan: Plan, final: pl.DataFrame, out_dir, computed: list[int], reused: list[int], notes: list[str]):
+    if plan.request.result:
+        return RecomputeResult(final, out_dir, computed, reused, notes, plan.variant)
     return final
 
 
-def _save_memo(reader: RunReader, memo_path: Path | None) -> None:
-    """Remember the files that passed the checks (see :func:`grpolens.run.validate.check_before_reading`)."""
-    memo = reader.check_report.memo if reader.check_report is not None else None
-    if memo_path is not None and memo is not None and memo.changed:
-        memo.save(memo_path)
+def _write(plan: Plan, work: StepWork, done: Computed, valid: dict[int, dict], final: pl.DataFrame,
+           names: list[str], schema: dict, run_notes: list[str], spill: StepSpill | None):
+    """The outputs a writing recompute leaves, each atomically: the metrics (unless those of this
+    very request are there, untouched), a what-if's record, the visitors' step outputs, the cache
+    and, last, its state; then the upload of staged outputs. Returns where the metrics are."""
+    decide, out_dir = plan.decide, plan.out_dir
+    if not decide.writes:
+        return out_dir
+    unchanged = not decide.selective and not done.todo and bool(valid) and plan.outputs_unchanged()
+    if not unchanged:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fmt.atomic_write_table(out_dir / "metrics.parquet", final.to_arrow())
+        fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
+    if decide.records_variant:
+        plan.variant.write_record()  # what this directory is: the overrides and their label (serve lists it)
+    if decide.keeps_step_outputs and not unchanged:
+        plan.cache.rows_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = {s for s in plan.selected if s in valid}
+        for v in work.visitors:
+            if getattr(v, "collect", False) and hasattr(v, "finish"):
+                v.finish(plan.run, out_dir, spill.table(v.name), kept)
+        spill.close()  # before an upload of the staged outputs, which must not carry it
+        # the state goes last: if anything above fails, the next run recomputes these steps
+        plan.cache.write(done.rows, valid, names, schema, plan.config_hash, plan.sample_columns,
+                         {"key": plan.outputs_key, "files": output_files(out_dir)}, run_notes,
+                         plan.fresh_state(final.columns))
+    if plan.remote_out is not None:  # --only's metrics too (they were left in the staging folder)
+        upload(out_dir, plan.remote_out)
+        return plan.remote_out
+    return out_dir

@@ -19,10 +19,12 @@ from grpolens.run.variants import Variant
 from grpolens.analysis.recompute.steps import step_values
 
 
-def _output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = None) -> tuple[Path, Path, Any]:
+def output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = None,
+                fetch: bool = True) -> tuple[Path, Path, Any]:
     """``(out_dir, cache_root, remote_out)``: where outputs and the per-step cache go. A local run
     keeps both under ``RUN/grpolens/`` unless ``--out``; a run on object storage writes locally by
-    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end.
+    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally (copying what is there
+    first, unless not ``fetch``) and uploads at the end.
     A what-if (``variant``) keeps both in its own directory, ``RUN/grpolens/variants/<key>/``, or
     in ``--out`` when given: never in the run's own, whose metrics and cache it would replace."""
     from grpolens.run.storage import is_remote, location
@@ -33,7 +35,7 @@ def _output_dirs(reader: RunReader, out, profile: str, variant: Variant | None =
         remote_out = location(out, reader.path.settings.storage_options() if fmt.is_remote_run(reader.path) else None) \
             if isinstance(out, str) else out
         staging = Path(tempfile.mkdtemp(prefix="grpolens-out-"))
-        for rel, _ in remote_out.walk():  # earlier outputs and the cache: kept steps are reused
+        for rel, _ in remote_out.walk() if fetch else ():  # earlier outputs and the cache: kept steps are reused
             if rel.split("/", 1)[0] == "is_weights":
                 # written in place by recompute --is-weights (ISWeightWriter), not staged: a staged copy
                 # would go back up at the end over the new weights and restore the stale parts removed
@@ -50,7 +52,7 @@ def _output_dirs(reader: RunReader, out, profile: str, variant: Variant | None =
     return (Path(out) if out is not None else reader.out_dir(profile)), fmt.derived_dir(reader.path), None
 
 
-def _upload(staging: Path, remote_out) -> None:
+def upload(staging: Path, remote_out) -> None:
     """Every staged file to its key under ``remote_out``, each atomically (temporary key, copy)."""
     import shutil
 
@@ -79,7 +81,7 @@ def key_columns(columns, profile: str = "grpolens") -> list[str]:
 
 
 
-def _cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof) -> dict[str, float]:
+def cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof) -> dict[str, float]:
     """Totals of cumulative metrics over the steps before ``--steps`` starts (samples only:
     cumulative metrics count generated tokens, so no token shard is read)."""
     cum = [m for m in metrics if m.cumulative]
@@ -121,7 +123,7 @@ def to_jsonl(df: pl.DataFrame) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
+def rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
     """A verl run with rejection filters but no ``rollout_rejected``: its stored mask is the one after
     verl's rejection, so the rollout-correction values cannot be verl's (said once). Bypass mode
     has no rejection before the loss (the loss rejects per call, which the profile replays)."""
@@ -137,7 +139,7 @@ def _rejection_notes(cfg: dict, present: set[str], computed) -> list[str]:
             "rejection: docs/integrations/verl.md)"]
 
 
-def _absent_notes(run, metrics, raw, present, computed) -> list[str]:
+def absent_notes(run, metrics, raw, present, computed) -> list[str]:
     """One line per optional column the run lacks, naming the metrics that are therefore empty."""
     if not computed:
         return []

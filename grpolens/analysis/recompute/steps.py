@@ -163,8 +163,8 @@ class WorkerSpec:
                         self.run_has_samples, self.schedule)
 
 
-def _serial_steps(work: StepWork, todo: list[int], token_steps: set[int], engine, rows: dict, present_any: set,
-                  computed: set, spill: StepSpill | None, tick, on_step) -> None:
+def serial_steps(work: StepWork, todo: list[int], token_steps: set[int], engine, rows: dict, present_any: set,
+                 computed: set, spill: StepSpill | None, tick, on_step) -> None:
     """The steps ``todo`` in this process, one after another (the per-shard work on ``engine``)."""
     for res in iter_steps(work.run, [s for s in todo if s in token_steps], work.visitors, columns=work.columns,
                           on_step=tick, engine=engine):
