@@ -61,11 +61,13 @@ PROFILE = register_profile(Profile(
     reference="OpenRLHF 0.11.2 (its own code, tests/reference)",
     token_mean="pooled", extrema="—", empty="0.0 for a one-sample reward std",
     names=NAMES,
-    settings={"clip_low": "--eps_clip_low_high", "clip_high": "--eps_clip_low_high", "kl_coef": "--init_kl_coef",
-              "entropy_coef": "--entropy_loss_coef", "learning_rate": "--actor_learning_rate", "max_grad_norm": "--max_norm",
-              "num_iterations": "--max_epochs", "num_generations": "--n_samples_per_prompt",
-              "max_completion_length": "--generate_max_len", "temperature": "--temperature",
-              "dynamic_sampling": "--dynamic_filtering"},
+    # OpenRLHF 0.11.2's command-line flags (cli/train_ppo_ray.py)
+    settings={"clip_low": "--actor.eps_clip_low_high", "clip_high": "--actor.eps_clip_low_high",
+              "kl_coef": "--algo.kl.init_coef", "entropy_coef": "--actor.entropy_coef",
+              "learning_rate": "--actor.adam.lr", "max_grad_norm": "--actor.max_norm",
+              "num_iterations": "--train.max_epochs", "num_generations": "--rollout.n_samples_per_prompt",
+              "max_completion_length": "--rollout.max_new_tokens", "temperature": "--rollout.temperature",
+              "dynamic_sampling": "--algo.dynamic_filtering_enable"},
     reductions={
         "clip/region": _with_settings("ppo_clip_ratio", _token_level_clip_ratio),
         "policy/k1": _with_settings("ppo_kl", "policy/k1"),
