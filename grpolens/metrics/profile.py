@@ -69,12 +69,6 @@ class Profile:
         if self.token_mean not in TOKEN_MEAN_RULES:
             raise ValueError(f"profile {self.name}: unknown token_mean {self.token_mean!r}")
 
-    def name_of(self, metric_name: str) -> str | None:
-        """The name this profile logs ``metric_name`` under (None: it does not log it)."""
-        if self.canonical:
-            return metric_name
-        return self.names.get(metric_name)
-
 
 #: name -> profile, in registration order (built-ins first; see :mod:`grpolens.plugins`)
 PROFILES: dict[str, Profile] = {}
