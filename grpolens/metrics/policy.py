@@ -26,11 +26,9 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.ratios import count, k3_of, log_ratio, ratio_valid, seq_max_of_nonneg
+from grpolens.functional import estimators as est
+from grpolens.metrics.ratios import count, log_ratio, ratio_valid, seq_max_of_nonneg
 from grpolens.metrics.registry import Family, Metric, register, register_family
-
-#: xtuner's (and verl's, Twinkle's loss') clamp of log-ratios before exp.
-XTUNER_CLAMP = 20.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,11 +52,11 @@ def _policy(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     d = log_ratio(b)  # 0 off the valid tokens, so sums of functions of d that vanish at 0 need no mask
     with np.errstate(over="ignore", invalid="ignore"):
         rm1 = np.expm1(d)  # r - 1
-        k3 = rm1 - d
+        k3 = est.k3(d, em1=rm1)
     dmax, dmin = b.seq_max(d, v), b.seq_min(d, v)
-    if b.n_seq and (dmax.max() > XTUNER_CLAMP or dmin.min() < -XTUNER_CLAMP):
-        dc = log_ratio(b, XTUNER_CLAMP)
-        k3c_sum, absdev = b.seq_sum(k3_of(dc)), np.abs(np.expm1(dc))
+    if b.n_seq and (dmax.max() > est.LOG_RATIO_BOUND or dmin.min() < -est.LOG_RATIO_BOUND):
+        dc = log_ratio(b, est.LOG_RATIO_BOUND)
+        k3c_sum, absdev = b.seq_sum(est.k3(dc)), np.abs(np.expm1(dc))
     else:
         k3c_sum, absdev = None, np.abs(rm1)
     k3_sum = b.seq_sum(k3)

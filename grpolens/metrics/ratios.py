@@ -98,12 +98,6 @@ def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
     return memo(b, f"coef:{is_level(cfg) == 'token'}:{clamp}", make)
 
 
-def k3_of(x: np.ndarray) -> np.ndarray:
-    """e^x − x − 1 (Schulman's K3), accurate for small x."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.expm1(x) - x
-
-
 def seq_max_of_nonneg(b: TokenBatch, x: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Per-sequence max of ``x`` that is >= 0 on valid tokens and 0 elsewhere; -inf without a
     valid token (what :meth:`TokenBatch.seq_max` gives, one pass cheaper)."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.functional import rollout_is as ris
-from grpolens.functional.rollout_is import ISConfig, SAFETY_BOUND
+from grpolens.functional.estimators import LOG_RATIO_BOUND
+from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.rollout_is import RS_VISITOR, mismatch_summary, step_rows, sub_rows
 
 
@@ -55,7 +56,7 @@ def verl_batch_summary(p: dict, c: ISConfig, rs: dict | None) -> dict[str, float
     else:
         X = sv.X
         a1, a2 = (n * sv.a).sum(), (n * sv.a * sv.a).sum()
-        o["applied/max"], o["applied/min"] = f(np.exp(min(X.max(), SAFETY_BOUND))), f(np.exp(X.min()))
+        o["applied/max"], o["applied/min"] = f(np.exp(min(X.max(), LOG_RATIO_BOUND))), f(np.exp(X.min()))
         with np.errstate(divide="ignore"):
             o["raw/fraction_high"] = f(np.mean(X > np.log(U)))
             o["raw/fraction_low"] = f(np.mean(X < np.log(Lo))) if Lo is not None else 0.0

@@ -48,6 +48,11 @@ PROFILE = register_profile(Profile(
     reference="OpenRLHF main (2026-08, `ppo_actor.ppo_train`)",
     token_mean="pooled", extrema="—", empty="0.0 for a one-sample reward std",
     names=NAMES,
+    settings={"clip_low": "--eps_clip_low_high", "clip_high": "--eps_clip_low_high", "kl_coef": "--init_kl_coef",
+              "entropy_coef": "--entropy_loss_coef", "learning_rate": "--actor_learning_rate", "max_grad_norm": "--max_norm",
+              "num_iterations": "--max_epochs", "num_generations": "--n_samples_per_prompt",
+              "max_completion_length": "--generate_max_len", "temperature": "--temperature",
+              "dynamic_sampling": "--dynamic_filtering"},
     reductions={
         "clip/region": _token_level_clip_ratio,
         # torch.std (÷(n−1)) over the step's rewards, 0.0 for a single one

@@ -57,6 +57,13 @@ PROFILE = register_profile(Profile(
     "verl", "verl's rollout_corr and actor keys", reference="verl 0.9.1 (its own code, tests/reference)",
     token_mean="pooled", extrema="over the batch", empty="null",
     names=NAMES, rollout_is_summary=verl_summary,
+    settings={"clip_low": "actor_rollout_ref.actor.clip_ratio_low", "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
+              "kl_coef": "actor_rollout_ref.actor.kl_loss_coef", "entropy_coef": "actor_rollout_ref.actor.entropy_coeff",
+              "learning_rate": "actor_rollout_ref.actor.optim.lr", "max_grad_norm": "actor_rollout_ref.actor.grad_clip",
+              "num_iterations": "actor_rollout_ref.actor.ppo_epochs", "num_generations": "actor_rollout_ref.rollout.n",
+              "max_completion_length": "data.max_response_length", "temperature": "actor_rollout_ref.rollout.temperature",
+              "rollout_is": "algorithm.rollout_correction.rollout_is", "overlong": "reward_model.overlong_buffer.enable",
+              "dynamic_sampling": "algorithm.filter_groups.enable"},
     # verl's IS-weight std is sqrt(E[w²] − E[w]²) in float32 (compute_is_metrics): the difference
     # cancels, ~1e-6 absolute on the variance with weights up to the threshold, a few 1e-6 on the
     # std (grpolens, in float64, agrees with verl's code run in float64 to 1e-13)

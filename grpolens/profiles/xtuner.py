@@ -5,7 +5,8 @@ is valid; its rollout-IS module's ``mismatch/`` keys, merged over packs."""
 import numpy as np
 
 from grpolens.functional import rollout_is as ris
-from grpolens.functional.rollout_is import ISConfig, SAFETY_BOUND
+from grpolens.functional.estimators import LOG_RATIO_BOUND
+from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics import policy
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.rollout_is import step_rows, sub_rows
@@ -102,7 +103,7 @@ def xtuner_pack(p: dict, c: ISConfig) -> tuple[dict, dict]:
     else:
         X = sv.X  # every row of the pack, empty ones included (their X is 0)
         w_sum = (n * sv.w).sum()
-        o["raw/max"], o["raw/min"] = f(np.exp(min(X.max(), SAFETY_BOUND))), f(np.exp(X.min()))
+        o["raw/max"], o["raw/min"] = f(np.exp(min(X.max(), LOG_RATIO_BOUND))), f(np.exp(X.min()))
         if c.level == "sequence":
             o["raw/fraction_high"], o["raw/fraction_low"] = f(np.mean(X > logU)), f(np.mean(X < logLo))
         else:
@@ -162,8 +163,8 @@ PROFILE = register_profile(Profile(
     reductions={
         # log-ratio clamped to ±20 before k3 and before the ratio extremes
         "policy/approx_kl": policy.token_mean("policy.k3_c20.sum", "policy.n"),
-        "policy/ratio_max": policy.ratio_extreme("max", clamp=policy.XTUNER_CLAMP),
-        "policy/ratio_min": policy.ratio_extreme("min", clamp=policy.XTUNER_CLAMP),
+        "policy/ratio_max": policy.ratio_extreme("max", clamp=LOG_RATIO_BOUND),
+        "policy/ratio_min": policy.ratio_extreme("min", clamp=LOG_RATIO_BOUND),
     },
     # its train-policy values are 0.0 when no token of the step is valid
     zero_when_empty=frozenset(_POLICY), zero_needs_sequences=True,

@@ -12,9 +12,9 @@ from typing import Any
 
 from grpolens.errors import UserError
 from grpolens.functional.rollout_is.config import MODES as IS_MODES, RS_OPTIONS
-from grpolens.functional.rollout_is.weights import SAFETY_BOUND
+from grpolens.functional.estimators import LOG_RATIO_BOUND
 
-_SMALLEST_WEIGHT = math.exp(-SAFETY_BOUND)
+_SMALLEST_WEIGHT = math.exp(-LOG_RATIO_BOUND)
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo")
 IS_LEVELS = ("token", "sequence", "sequence_token")
@@ -316,8 +316,8 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
         # A smaller bound caps or zeroes every weight; below ~1.6e-162 its square would also underflow
         # in the Σw² partials and leave the ESS undefined.
         raise _bad(k(sources[0][1]),
-                   f"the upper IS bound must be at least exp(-{SAFETY_BOUND:g}) = {_SMALLEST_WEIGHT:.3g}, the "
-                   f"smallest weight there is (log-ratios are clipped to ±{SAFETY_BOUND:g} before exp)", upper)
+                   f"the upper IS bound must be at least exp(-{LOG_RATIO_BOUND:g}) = {_SMALLEST_WEIGHT:.3g}, the "
+                   f"smallest weight there is (log-ratios are clipped to ±{LOG_RATIO_BOUND:g} before exp)", upper)
 
     mask_lower, mask_upper = lower, upper
     for name, conv in (("mask_threshold", "lower_upper"), ("rollout_is_mask_threshold", "upper_lower")):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpolens.functional.rollout_is.config import ISConfig, RSFilter
-from grpolens.functional.rollout_is.weights import (SAFETY_BOUND, Inputs, TokenDecisions, apply_mode, bounded_exp,
+from grpolens.functional.rollout_is.weights import (LOG_RATIO_BOUND, Inputs, TokenDecisions, apply_mode, bounded_exp,
                                                     in_band, rs_stat, token_decisions)
 
 #: Partial columns and their merge rules (``ris.t*``: token-level sums over valid tokens).
@@ -32,7 +32,7 @@ def sequence_partials(b, x: Inputs, c: ISConfig, t: TokenDecisions | None = None
     zeros = np.zeros(len(s.n))
     out = {
         "ris.n": s.n, "ris.undef": b.count(b.pre_rejection_mask) - s.n, "ris.L": s.sum(d),
-        "ris.bound": s.sum(np.abs(d) > SAFETY_BOUND), "ris.cat": s.sum(t.cat) if c.veto else zeros,
+        "ris.bound": s.sum(np.abs(d) > LOG_RATIO_BOUND), "ris.cat": s.sum(t.cat) if c.veto else zeros,
         "ris.adv": s.sum(x.av),
         "ris.tw": s.sum(t.w), "ris.tw2": s.sum(t.w * t.w), "ris.twmax": s.max(t.w), "ris.twmin": s.min(t.w),
         "ris.thi": zeros, "ris.tlo": zeros, "ris.tc": zeros, "ris.tc2": zeros,

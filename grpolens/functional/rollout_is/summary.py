@@ -6,7 +6,7 @@ import numpy as np
 
 from grpolens.functional.rollout_is.config import ISConfig
 from grpolens.functional.rollout_is.partials import SeqView, _col, seq_view
-from grpolens.functional.rollout_is.weights import SAFETY_BOUND
+from grpolens.functional.estimators import LOG_RATIO_BOUND
 
 
 def _f(x) -> float | None:
@@ -73,7 +73,7 @@ def summarize(p: dict, c: ISConfig, view: SeqView | None = None) -> dict[str, fl
         raw_max, raw_min = sv.w[ok].max(), sv.w[ok].min()
         app1, app2 = (n * sv.a).sum(), (n * sv.a * sv.a).sum()
         app_max, app_min = sv.a[ok].max(), sv.a[ok].min()
-        bound = (n * (np.abs(sv.X) > SAFETY_BOUND)).sum()
+        bound = (n * (np.abs(sv.X) > LOG_RATIO_BOUND)).sum()
     out["raw/mean"], out["raw/std"], out["raw/ess"] = _moments(raw1, raw2, N)
     out["raw/max"], out["raw/min"] = _f(raw_max), _f(raw_min)
     out["applied/mean"], out["applied/std"], out["applied/ess"] = _moments(app1, app2, N)

@@ -7,14 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from grpolens.functional.estimators import LOG_RATIO_BOUND, bounded_exp, clip_log_ratio, k1, k2, k3
 from grpolens.functional.rollout_is.config import ISConfig
-
-SAFETY_BOUND = 20.0
-
-
-def bounded_exp(x: np.ndarray) -> np.ndarray:
-    """exp(clip(x, −20, 20)): the reference's overflow guard (NaN stays NaN)."""
-    return np.exp(np.clip(x, -SAFETY_BOUND, SAFETY_BOUND))
 
 
 def in_band(w: np.ndarray, lower: float | None, upper: float | None) -> np.ndarray:
@@ -52,12 +46,12 @@ def catastrophic(delta: np.ndarray, c: ISConfig) -> np.ndarray:
 
 def rs_stat(k: int, delta: np.ndarray) -> np.ndarray:
     """verl's per-token divergence statistic k1/k2/k3 of the bounded log-ratio."""
-    ds = np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND)
+    ds = clip_log_ratio(delta)
     if k == 1:
-        return -ds
+        return k1(ds)
     if k == 2:
-        return 0.5 * ds * ds
-    return np.expm1(ds) - ds
+        return k2(ds)
+    return k3(ds)
 
 
 class Segments:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.functional import rollout_is as ris
-from grpolens.functional.rollout_is import ISConfig, SAFETY_BOUND
+from grpolens.functional import estimators as est
+from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.rollout_is.inputs import FAMILY, REQ, batch_partials
@@ -29,11 +30,10 @@ def _mismatch_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     o, r = old[s.idx], roll[s.idx]
     d = o - r
     ad = np.abs(d)
-    with np.errstate(over="ignore"):
-        k3 = np.expm1(d) - d
+    k3 = est.k3(d)
     return {"mm.n": s.n, "mm.old": s.sum(o), "mm.roll": s.sum(r), "mm.d": s.sum(d), "mm.absd": s.sum(ad),
             "mm.absdmax": s.max(ad), "mm.k3": s.sum(k3),
-            "mm.chi": s.sum(np.exp(2.0 * np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)))}
+            "mm.chi": s.sum(est.bounded_exp2(d))}
 
 
 # Registered by a call, not as a decorator: mutmut skips decorated functions (docs/mutation-testing.md).

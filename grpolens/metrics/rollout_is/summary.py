@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.functional import rollout_is as ris
-from grpolens.functional.rollout_is import ISConfig, SAFETY_BOUND
+from grpolens.functional import estimators as est
+from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, RS_VISITOR
 
 
@@ -46,7 +47,7 @@ def mismatch_summary(p: dict, all_rows: bool = False) -> dict[str, float | None]
             "mismatch/log_ppl_diff_max": f(d.max()), "mismatch/log_ppl_diff_min": f(d.min()),
             "mismatch/ppl_ratio": f(np.exp(d).mean()),
             "mismatch/chi2_token": f(ris._col(p, "mm.chi").sum() / N - 1.0),
-            "mismatch/chi2_seq": f(np.exp(2.0 * np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0),
+            "mismatch/chi2_seq": f(est.bounded_exp2(seq_d).mean() - 1.0),
         }
 
 

@@ -18,7 +18,8 @@ import polars as pl
 
 from grpolens.functional import rollout_is as ris
 from grpolens.functional.histogram import LogHistogram
-from grpolens.functional.rollout_is import ISConfig, SAFETY_BOUND
+from grpolens.functional.estimators import LOG_RATIO_BOUND, clip_log_ratio
+from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import visitor
 from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs, batch_valid_weights
@@ -64,12 +65,12 @@ def _delta_visitor(cfg: dict) -> DeltaQuantiles:
 
 #: Histogram bins on δ = ln w: 0.1-decade log-spaced |δ| from 1e-6 to the ±20 safety bound, both
 #: signs, plus one centre bin (−1e-6, 1e-6): bf16 noise (~1e-3) and catastrophic tails both resolve.
-_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(SAFETY_BOUND), 0.1), SAFETY_BOUND))
+_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(LOG_RATIO_BOUND), 0.1), LOG_RATIO_BOUND))
 HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
 
 
 def histogram(log_w: np.ndarray) -> np.ndarray:
-    x = np.clip(log_w, -SAFETY_BOUND, SAFETY_BOUND)
+    x = clip_log_ratio(log_w)
     return np.histogram(x, bins=HIST_EDGES)[0].astype(np.int64)
 
 
