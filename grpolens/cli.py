@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "metrics",
     "tokens",
     "completions",
+    "explain",
     "sidecars",
     "check",
     "doctor",
