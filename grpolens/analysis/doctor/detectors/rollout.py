@@ -44,6 +44,7 @@ def rollout_drift(ctx) -> list[Finding]:
         how = f"rose from {before:.3g} to {after:.3g} (Theil–Sen {d.slope.slope:+.3g}/step, Mann–Kendall p={d.trend.p:.2g})"
     else:
         onset = None
+        ctx.checked(f"{METRIC} {d.early:.3g} → {d.late:.3g} over {len(y)} steps")
     if onset is not None:
         out.append(Finding(
             "rollout-drift", "critical" if after >= CRITICAL else "warning", signals.steps_from(x, onset), METRIC,
@@ -53,6 +54,7 @@ def rollout_drift(ctx) -> list[Finding]:
             _suggestion(ctx), worst_step=onset))
     if ctx.has(ESS):
         xe, e = ctx.series(ESS)
+        ctx.checked(f"IS-weight ESS ≥ {e.min():.3g}")
         for band, severity in zip(ESS_BANDS[::-1], ("critical", "warning")):
             low = e < band
             if low.sum() >= ESS_MIN_STEPS:
