@@ -279,3 +279,24 @@ def test_every_family_lives_where_the_readme_says():
     unnamed = [f"{f} (in {home.get(f)})" for f in elsewhere if f not in named or f"`{home.get(f)}`" not in section]
     assert not unnamed, ("README's How it is built says where a family's formula and reference live; these "
                          f"live elsewhere, and it does not say where: {unnamed}")
+
+
+def test_every_argument_of_the_hooks_methods_is_documented():
+    """docs/hook.md names, in code spans, every argument of the writer hook's public methods (a new
+    keyword of log_samples that no page mentions is a feature nobody finds)."""
+    import inspect
+
+    from grpolens.hook import GRPOLensHook
+
+    prose = re.sub(r"^```.*?^```", "", (DOCS / "hook.md").read_text(encoding="utf-8"), flags=re.M | re.S)
+    text = " ".join(re.findall(r"`([^`]+)`", prose))  # named as code, not a word of the prose or an example's
+    missing = []
+    for name, method in inspect.getmembers(GRPOLensHook, inspect.isfunction):
+        if name.startswith("_") and name != "__init__":
+            continue
+        for p in list(inspect.signature(method).parameters.values())[1:]:
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            if not re.search(rf"(?<![\w.]){re.escape(p.name)}(?![\w])", text):
+                missing.append(f"{name}({p.name})")
+    assert not missing, f"docs/hook.md does not mention these arguments of GRPOLensHook: {missing}"

@@ -157,6 +157,8 @@ def recompute(
     finally:
         if spill is not None:
             spill.close()
+        if plan.staging is not None:  # uploaded by now, or not to be: nothing staged stays behind
+            shutil.rmtree(plan.staging, ignore_errors=True)
     plan.save_memo()  # last: this recompute succeeded
     return _answer(plan, final, out_dir if write else None, sorted(set(todo)), sorted(cached), notes)
 
@@ -189,19 +191,18 @@ def _write(plan: Plan, work: StepWork, done: Computed, valid: dict[int, dict], f
         fmt.atomic_write_bytes(out_dir / "metrics.jsonl", to_jsonl(final).encode())
     if decide.records_variant:
         plan.variant.write_record()  # what this directory is: the overrides and their label (serve lists it)
-    if not decide.keeps_step_outputs or unchanged:
-        return out_dir
-    plan.cache.rows_path.parent.mkdir(parents=True, exist_ok=True)
-    kept = {s for s in plan.selected if s in valid}
-    for v in work.visitors:
-        if getattr(v, "collect", False) and hasattr(v, "finish"):
-            v.finish(plan.run, out_dir, spill.table(v.name), kept)
-    spill.close()  # before an upload of the staged outputs, which must not carry it
-    # the state goes last: if anything above fails, the next run recomputes these steps
-    plan.cache.write(done.rows, valid, names, schema, plan.config_hash, plan.sample_columns,
-                     {"key": plan.outputs_key, "files": output_files(out_dir)}, run_notes,
-                     plan.fresh_state(final.columns))
-    if plan.remote_out is not None:
+    if decide.keeps_step_outputs and not unchanged:
+        plan.cache.rows_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = {s for s in plan.selected if s in valid}
+        for v in work.visitors:
+            if getattr(v, "collect", False) and hasattr(v, "finish"):
+                v.finish(plan.run, out_dir, spill.table(v.name), kept)
+        spill.close()  # before an upload of the staged outputs, which must not carry it
+        # the state goes last: if anything above fails, the next run recomputes these steps
+        plan.cache.write(done.rows, valid, names, schema, plan.config_hash, plan.sample_columns,
+                         {"key": plan.outputs_key, "files": output_files(out_dir)}, run_notes,
+                         plan.fresh_state(final.columns))
+    if plan.remote_out is not None:  # --only's metrics too (they were left in the staging folder)
         upload(out_dir, plan.remote_out)
         return plan.remote_out
     return out_dir

@@ -19,10 +19,12 @@ from grpolens.run.variants import Variant
 from grpolens.analysis.recompute.steps import step_values
 
 
-def output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = None) -> tuple[Path, Path, Any]:
+def output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = None,
+                fetch: bool = True) -> tuple[Path, Path, Any]:
     """``(out_dir, cache_root, remote_out)``: where outputs and the per-step cache go. A local run
     keeps both under ``RUN/grpolens/`` unless ``--out``; a run on object storage writes locally by
-    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally and uploads at the end.
+    default (``./<run name>.grpolens/``); ``--out s3://...`` stages locally (copying what is there
+    first, unless not ``fetch``) and uploads at the end.
     A what-if (``variant``) keeps both in its own directory, ``RUN/grpolens/variants/<key>/``, or
     in ``--out`` when given: never in the run's own, whose metrics and cache it would replace."""
     from grpolens.run.storage import is_remote, location
@@ -33,7 +35,7 @@ def output_dirs(reader: RunReader, out, profile: str, variant: Variant | None = 
         remote_out = location(out, reader.path.settings.storage_options() if fmt.is_remote_run(reader.path) else None) \
             if isinstance(out, str) else out
         staging = Path(tempfile.mkdtemp(prefix="grpolens-out-"))
-        for rel, _ in remote_out.walk():  # earlier outputs and the cache: kept steps are reused
+        for rel, _ in remote_out.walk() if fetch else ():  # earlier outputs and the cache: kept steps are reused
             if rel.split("/", 1)[0] == "is_weights":
                 # written in place by recompute --is-weights (ISWeightWriter), not staged: a staged copy
                 # would go back up at the end over the new weights and restore the stale parts removed

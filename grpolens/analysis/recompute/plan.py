@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -146,6 +147,11 @@ class Plan:
             return None
         return {**self.stamp, "reused": sorted(self.selected), "key_columns": key_columns(columns, self.name)}
 
+    @property
+    def staging(self) -> Path | None:
+        """The local folder staging the outputs for ``--out s3://...`` (removed at the end), else None."""
+        return self.cache_root if self.remote_out is not None else None
+
     def save_memo(self) -> None:
         """Remember the files that passed the checks (see :func:`grpolens.run.validate.check_before_reading`)."""
         memo = self.reader.check_report.memo if self.reader.check_report is not None else None
@@ -186,25 +192,34 @@ def plan_recompute(run, req: Request) -> Plan:
         # nothing is written: the remote outputs are not staged, the run's own cache is read
         out_dir, cache_root, remote_out = Path(req.out), fmt.derived_dir(run), None
     else:
-        out_dir, cache_root, remote_out = output_dirs(reader, req.out, req.profile, variant)
-    chash = config_hash({**cfg, "_trainer": reader.manifest.trainer}, req.profile)
-    cache = StepCache.open(cache_root, req.profile, run, all_steps, decide.reads_state)
+        # --only reuses nothing of what is there: its two files are the only ones staged and uploaded
+        out_dir, cache_root, remote_out = output_dirs(reader, req.out, req.profile, variant, fetch=not decide.selective)
+    try:
+        chash = config_hash({**cfg, "_trainer": reader.manifest.trainer}, req.profile)
+        cache = StepCache.open(cache_root, req.profile, run, all_steps, decide.reads_state)
 
-    sample_columns = cache.sample_columns(reader)
-    metrics = metrics_for(req.profile, cfg, sample_columns)
-    families: frozenset[str] | None = None
-    if decide.selective:
-        metrics = select_metrics(metrics, req.only, req.profile)
-        families = frozenset(m.family for m in metrics)
-        if req.out is None:  # beside the full outputs, never over them
-            out_dir = out_dir / "only"
-    # token_id feeds only diversity (and the top-tokens output): a restricted run may skip it
-    columns = READ_COLUMNS if families is None or "diversity" in families else tuple(c for c in READ_COLUMNS if c != "token_id")
-    # the outputs of exactly this recompute (config, selection, shards, destination): a re-run with
-    # nothing new finds them in the cache's state and writes nothing
-    manifest = None if fmt.is_remote_run(run) else output_files(Path(run)).get(fmt.MANIFEST_NAME)
-    outputs_key = key([chash, selected, lo, hi, str(out_dir.resolve()), cache.fingerprints, manifest, req.per_step])
-    return Plan(req, decide, reader, prof, variant, stamp, memo_path, cfg, schedule, selected, lo, hi,
-                token_steps, sample_steps, all_steps, out_dir, cache_root, remote_out,
-                chash, cache, sample_columns, metrics, families, families is None or any(m.needs_samples(prof) for m in metrics),
-                columns, outputs_key)
+        sample_columns = cache.sample_columns(reader)
+        metrics = metrics_for(req.profile, cfg, sample_columns)
+        families: frozenset[str] | None = None
+        if decide.selective:
+            metrics = select_metrics(metrics, req.only, req.profile)
+            families = frozenset(m.family for m in metrics)
+            if req.out is None:  # beside the full outputs, never over them
+                out_dir = out_dir / "only"
+        # token_id feeds only diversity (and the top-tokens output): a restricted run may skip it
+        columns = READ_COLUMNS if families is None or "diversity" in families else tuple(c for c in READ_COLUMNS if c != "token_id")
+        # the outputs of exactly this recompute (config, selection, shards, destination): a re-run with
+        # nothing new finds them in the cache's state and writes nothing
+        manifest = None if fmt.is_remote_run(run) else output_files(Path(run)).get(fmt.MANIFEST_NAME)
+        outputs_key = key([chash, selected, lo, hi, str(out_dir.resolve()), cache.fingerprints, manifest, req.per_step])
+    except BaseException:
+        if remote_out is not None:  # the staging folder goes with the failed plan
+            shutil.rmtree(cache_root, ignore_errors=True)
+        raise
+    return Plan(request=req, decide=decide, reader=reader, profile=prof, variant=variant, stamp=stamp,
+                memo_path=memo_path, cfg=cfg, schedule=schedule, selected=selected, lo=lo, hi=hi,
+                token_steps=token_steps, sample_steps=sample_steps, all_steps=all_steps, out_dir=out_dir,
+                cache_root=cache_root, remote_out=remote_out, config_hash=chash, cache=cache,
+                sample_columns=sample_columns, metrics=metrics, families=families,
+                need_samples=families is None or any(m.needs_samples(prof) for m in metrics), columns=columns,
+                outputs_key=outputs_key)
