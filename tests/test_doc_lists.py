@@ -5,6 +5,7 @@ live in prose: a value the code accepts but no page mentions, or a page naming a
 longer has, fails here.)
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -162,44 +163,61 @@ SOURCE = DOCS.parent / "grpolens"
 
 
 def _modules():
-    import ast
-
     for path in sorted(SOURCE.rglob("*.py")):
         yield path, ast.parse(path.read_text(encoding="utf-8"))
 
 
-def environment_read(tree) -> set[str]:
-    """Names the module reads from the environment: ``os.environ.get(X)``, ``os.getenv(X)``,
-    ``os.environ[X]``, ``X in os.environ``, and the same on a name bound to ``os.environ`` or a
-    copy of it; ``X`` a string or a module constant holding one."""
-    import ast
-
-    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-              and isinstance(n.value.value, str) for t in n.targets if isinstance(t, ast.Name)}
+def _environ_names(tree) -> set[str]:
     aliases = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and "os.environ" in ast.unparse(n.value)
                for t in n.targets if isinstance(t, ast.Name)}
-    environ = {"os.environ", "environ", *aliases}
+    return {"os.environ", "environ", *aliases}
+
+
+def _reads(tree, environ: set[str]):
+    """(node, the expression naming the variable) of each read of the environment in ``tree``."""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and n.args and isinstance(n.func, ast.Attribute) and (
+                (n.func.attr == "get" and ast.unparse(n.func.value) in environ) or ast.unparse(n.func) == "os.getenv"):
+            yield n, n.args[0]
+        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) in environ:
+            yield n, n.slice
+        elif isinstance(n, ast.Compare) and any(ast.unparse(c) in environ for c in n.comparators):
+            yield n, n.left
+
+
+def environment_readers(tree) -> set[str]:
+    """Functions of the module that read the variable their first parameter names
+    (``def env_int(name): ... os.environ.get(name)``): a call ``env_int("X")`` reads ``X``."""
+    out = set()
+    for f in ast.walk(tree):
+        if isinstance(f, ast.FunctionDef) and f.args.args:
+            first = f.args.args[0].arg
+            if any(isinstance(arg, ast.Name) and arg.id == first for _, arg in _reads(f, _environ_names(tree))):
+                out.add(f.name)
+    return out
+
+
+def environment_read(tree, readers: frozenset[str] = frozenset()) -> set[str]:
+    """Names the module reads from the environment: ``os.environ.get(X)``, ``os.getenv(X)``,
+    ``os.environ[X]``, ``X in os.environ``, the same on a name bound to ``os.environ`` or a copy of
+    it, and ``reader(X)`` for a function of ``readers``; ``X`` a string or a module constant
+    holding one."""
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+              and isinstance(n.value.value, str) for t in n.targets if isinstance(t, ast.Name)}
 
     def name(node) -> str | None:
         v = node.value if isinstance(node, ast.Constant) else consts.get(getattr(node, "id", None))
         return v if isinstance(v, str) and re.fullmatch(r"[A-Z][A-Z0-9_]+", v) else None
 
-    found = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Call) and n.args and isinstance(n.func, ast.Attribute) and (
-                (n.func.attr == "get" and ast.unparse(n.func.value) in environ) or ast.unparse(n.func) == "os.getenv"):
-            found.add(name(n.args[0]))
-        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) in environ:
-            found.add(name(n.slice))
-        elif isinstance(n, ast.Compare) and any(ast.unparse(c) in environ for c in n.comparators):
-            found.add(name(n.left))
+    found = {name(arg) for _, arg in _reads(tree, _environ_names(tree))}
+    found |= {name(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
+              and ast.unparse(n.func).rsplit(".", 1)[-1] in readers}
     return found - {None}
 
 
 def exit_statuses(tree) -> set[int]:
     """Exit statuses written in the module: ``sys.exit(N)``, ``SystemExit(N)``, ``typer.Exit(N)``
     (or ``code=N``), ``exit_code=N`` given to anything, and what an ``exit_code`` property returns."""
-    import ast
 
     def ints(nodes):
         return {n.value for n in nodes if isinstance(n, ast.Constant) and type(n.value) is int}
@@ -228,9 +246,10 @@ def _cli_table(heading: str) -> list[str]:
 
 
 def test_every_environment_variable_the_code_reads_is_documented():
-    read = {}
-    for path, tree in _modules():
-        for var in environment_read(tree):
+    read, modules = {}, list(_modules())
+    readers = frozenset().union(*(environment_readers(tree) for _, tree in modules))
+    for path, tree in modules:
+        for var in environment_read(tree, readers):
             read.setdefault(var, path.relative_to(SOURCE.parent).as_posix())
     documented = {v for row in _cli_table("Environment variables") for v in re.findall(r"`(\w+)`", row.split(" | ")[0])}
     missing = sorted(f"{v} (read in {p})" for v, p in read.items() if v not in documented)
@@ -247,9 +266,20 @@ def test_every_exit_status_the_cli_can_return_is_documented():
     assert returned == documented, f"the code returns exit statuses {sorted(returned)}; docs/cli.md lists {sorted(documented)}"
 
 
-def test_the_scans_see_what_they_look_for():
-    import ast
+def test_every_command_that_exits_1_is_named_in_that_row():
+    """A command whose module exits 1 ("found problems") is named in docs/cli.md's row for 1."""
 
+    row = next(r for r in _cli_table("Exit status") if r.startswith("| 1 |"))
+    missing = []
+    for path in sorted((SOURCE / "commands").glob("*.py")):
+        if 1 in exit_statuses(ast.parse(path.read_text(encoding="utf-8"))):
+            name = path.stem.rstrip("_")
+            if f"`{name}`" not in row and f"`{name} " not in row:
+                missing.append(name)
+    assert not missing, f"docs/cli.md's exit status 1 row (cli_docs.EXIT_STATUS) does not name {missing}"
+
+
+def test_the_scans_see_what_they_look_for():
     src = ('import os, sys\nENV = "A_VAR"\ndef f():\n    env = os.environ\n    x = env.get("B_VAR") or os.getenv("C_VAR")\n'
            '    y = os.environ["D_VAR"], os.environ.get(ENV), "E_VAR" in os.environ\n    os.environ["NOT_READ"] = "1"\n'
            '    raise SystemExit(3)\n'
@@ -257,6 +287,10 @@ def test_the_scans_see_what_they_look_for():
            'class R:\n    @property\n    def exit_code(self):\n        return 6 if self else 0\n')
     tree = ast.parse(src)
     assert environment_read(tree) == {"A_VAR", "B_VAR", "C_VAR", "D_VAR", "E_VAR"}
+    helper = ast.parse('import os\ndef env_int(name, lo=1):\n    raw = os.environ.get(name)\n')
+    assert environment_readers(helper) == {"env_int"} and environment_read(helper) == set()
+    assert environment_read(ast.parse('from x import env_int\nn = errors.env_int("F_VAR", 2)\n'),
+                            frozenset({"env_int"})) == {"F_VAR"}
     assert exit_statuses(tree) == {0, 3, 4, 5, 6, 7, 130}
 
 

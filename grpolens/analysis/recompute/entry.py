@@ -160,7 +160,7 @@ def recompute(
         if plan.staging is not None:  # uploaded by now, or not to be: nothing staged stays behind
             shutil.rmtree(plan.staging, ignore_errors=True)
     plan.save_memo()  # last: this recompute succeeded
-    return _answer(plan, final, out_dir if write else None, sorted(set(todo)), sorted(cached), notes)
+    return _answer(plan, final, out_dir if plan.decide.writes else None, sorted(set(todo)), sorted(cached), notes)
 
 
 def _written_metrics(out_dir: Path) -> pl.DataFrame | None:
@@ -195,7 +195,7 @@ def _write(plan: Plan, work: StepWork, done: Computed, valid: dict[int, dict], f
         plan.cache.rows_path.parent.mkdir(parents=True, exist_ok=True)
         kept = {s for s in plan.selected if s in valid}
         for v in work.visitors:
-            if getattr(v, "collect", False) and hasattr(v, "finish"):
+            if v.collect:
                 v.finish(plan.run, out_dir, spill.table(v.name), kept)
         spill.close()  # before an upload of the staged outputs, which must not carry it
         # the state goes last: if anything above fails, the next run recomputes these steps

@@ -216,7 +216,10 @@ def plan_recompute(run, req: Request) -> Plan:
         if remote_out is not None:  # the staging folder goes with the failed plan
             shutil.rmtree(cache_root, ignore_errors=True)
         raise
-    return Plan(req, decide, reader, prof, variant, stamp, memo_path, cfg, schedule, selected, lo, hi,
-                token_steps, sample_steps, all_steps, out_dir, cache_root, remote_out,
-                chash, cache, sample_columns, metrics, families, families is None or any(m.needs_samples(prof) for m in metrics),
-                columns, outputs_key)
+    return Plan(request=req, decide=decide, reader=reader, profile=prof, variant=variant, stamp=stamp,
+                memo_path=memo_path, cfg=cfg, schedule=schedule, selected=selected, lo=lo, hi=hi,
+                token_steps=token_steps, sample_steps=sample_steps, all_steps=all_steps, out_dir=out_dir,
+                cache_root=cache_root, remote_out=remote_out, config_hash=chash, cache=cache,
+                sample_columns=sample_columns, metrics=metrics, families=families,
+                need_samples=families is None or any(m.needs_samples(prof) for m in metrics), columns=columns,
+                outputs_key=outputs_key)
