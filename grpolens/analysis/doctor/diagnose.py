@@ -86,6 +86,7 @@ def diagnose(run: os.PathLike | str, *, profile: str | None = None, steps: str |
     for det in detectors.values():
         if only and det.id not in only:
             continue
+        ctx.checks = []
         try:
             got = det.fn(ctx)
         except Skip as e:
@@ -93,7 +94,7 @@ def diagnose(run: os.PathLike | str, *, profile: str | None = None, steps: str |
             continue
         findings.extend(got)
         statuses.append(DetectorStatus(det.id, "fired", f"{len(got)} finding(s)") if got else
-                        DetectorStatus(det.id, "passed", det.title.join(("no sign of ", ""))))
+                        DetectorStatus(det.id, "passed", "; ".join(ctx.checks) or det.title.join(("no sign of ", ""))))
     findings.sort(key=lambda f: (-severity_rank(f.severity), f.steps[0] if f.steps else 0, f.id))
     report = Report(str(run), findings, statuses, prof.name, [int(s) for s in sel["step"].to_list()])
     if explain:
@@ -111,17 +112,18 @@ def _trainer_profile(reader) -> str:
 def load_metrics(run, storage_options: dict | None = None, progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
     """The run's canonical per-step metrics: recompute's outputs when they are up to date (a read of
     one Parquet file), else a recompute (incremental: only new or changed steps are computed; a run
-    that may not be written is recomputed in memory)."""
+    that may not be written, or on object storage, is recomputed in memory)."""
     import errno
 
     from grpolens.analysis import fresh
     from grpolens.analysis.recompute import recompute
     from grpolens.run import format as fmt
 
-    if not fmt.is_remote_run(run):
-        up = fresh.fresh_outputs(run, None, "grpolens", None, False)
-        if up is not None:
-            return pl.read_parquet(Path(up.out_dir) / "metrics.parquet")
+    if fmt.is_remote_run(run):  # computed in memory: a diagnosis writes nothing beside the bucket or here
+        return recompute(run, write=False, progress=progress, storage_options=storage_options)
+    up = fresh.fresh_outputs(run, None, "grpolens", None, False)
+    if up is not None:
+        return pl.read_parquet(Path(up.out_dir) / "metrics.parquet")
     try:
         return recompute(run, write=True, progress=progress, storage_options=storage_options)
     except OSError as e:  # a read-only run (EACCES, EPERM, EROFS): computed, not kept

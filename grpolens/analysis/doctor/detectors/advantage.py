@@ -30,6 +30,7 @@ def advantage_collapse(ctx) -> list[Finding]:
     elif d.significant(+1) and d.late >= LEVEL and d.late - d.early >= RISE:
         onset, before, after = int(x[np.argmax(y >= (d.early + d.late) / 2)]), d.early, d.late
     else:
+        ctx.checked(f"groups with zero reward spread {d.early:.0%} → {d.late:.0%} over {len(y)} steps")
         return []
     steps = signals.steps_from(x, onset)
     split = _split(ctx, steps)
@@ -47,8 +48,8 @@ def advantage_collapse(ctx) -> list[Finding]:
         "advantage-collapse", "critical" if after >= CRITICAL else "warning", steps, METRIC,
         f"groups with zero reward spread rose from {before:.0%} to {after:.0%} at step {onset}{kind}",
         evidence,
-        f"Those groups' advantages are 0 and teach nothing; {hint} ({ctx.setting('dynamic_sampling')}) or "
-        f"raise {ctx.setting('num_generations')}.",
+        f"Those groups' advantages are 0 and teach nothing; {hint}, or drop them with "
+        f"{ctx.setting('dynamic_sampling')}, or raise {ctx.setting('num_generations')}.",
         worst_step=onset)]
 
 
