@@ -227,11 +227,11 @@ def cmd_pieces(args) -> None:
     """Partial-state bytes per shard and per step (pickled, as Ray ships them) and driver merge time."""
     from grpolens.analysis.recompute import recompute  # noqa: F401  (loads the registry)
     from grpolens.metrics.engine import VISITORS, SequencePartials, shard_pieces
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
     from grpolens.run import format as fmt
     from grpolens.run.reader import RunReader
 
-    load_builtins()
+    load_families()
     base = Path(args.dir or tempfile.mkdtemp(prefix="grpolens-bench-"))
     run = synth(args.tokens, base)
     cfg = RunReader(run).config()

@@ -13,8 +13,10 @@ entry point in the ``grpolens.plugins`` group, e.g. in its ``pyproject.toml``::
     openrlhf_extra = "my_package.grpolens_profile"
 
 The module registers metrics with :func:`grpolens.metrics.registry.register`, producers with
-:func:`grpolens.metrics.partials.producer`, visitors with :func:`grpolens.metrics.engine.visitor`
-and profiles with :func:`grpolens.metrics.profile.register_profile`.
+:func:`grpolens.metrics.partials.producer`, visitors (subclasses of
+:class:`grpolens.metrics.engine.Visitor`) with :func:`grpolens.metrics.engine.visitor`, profiles
+with :func:`grpolens.metrics.profile.register_profile` and tracker exporters (``grpolens export
+--to``) with :func:`grpolens.export.base.register_exporter`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import importlib
 
 from grpolens.errors import UserError
 from grpolens.metrics.profile import PROFILES, Profile
-from grpolens.metrics.registry import REGISTRY, Metric, apply_profiles, load_builtins as load_families
+from grpolens.metrics.registry import REGISTRY, Metric, apply_profiles, load_families
 
 ENTRY_POINT_GROUP = "grpolens.plugins"
 
@@ -64,10 +66,6 @@ def load_plugins() -> dict[str, Metric]:
         _loaded = True
     apply_profiles()
     return REGISTRY
-
-
-#: The name most callers know it by: everything registered, ready to use.
-load_builtins = load_plugins
 
 
 def profiles() -> dict[str, Profile]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows
 from grpolens.metrics.registry import PLACEHOLDER, PROFILES
-from grpolens.plugins import load_builtins
+from grpolens.plugins import load_plugins
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
 
 def test_every_metric_is_documented():
-    reg = load_builtins()
+    reg = load_plugins()
     assert reg, "no metric registered"
     undocumented = [m.name for m in reg.values() if len((m.doc or "").strip()) < 10]
     assert not undocumented, f"metrics without a doc: {undocumented}"
@@ -28,7 +28,7 @@ def test_every_metric_is_documented():
 
 
 def test_catalogue_lists_every_metric_once():
-    reg = load_builtins()
+    reg = load_plugins()
     rows = catalogue_rows()
     assert sorted(r["name"] for r in rows) == sorted(reg)
     md = catalogue_markdown(rows)
@@ -51,11 +51,11 @@ def test_docs_metrics_md_is_generated():
 _ORDER = """
 import importlib, json, sys
 from grpolens.metrics import FAMILY_MODULES
-from grpolens.metrics.registry import Metric, load_builtins, register
+from grpolens.metrics.registry import Metric, load_families, register
 for m in FAMILY_MODULES[::int(sys.argv[1])]:
     importlib.import_module(f"grpolens.metrics.{m}")
 register(Metric("tests/plugin", "health", "a metric registered outside the built-in modules", kind="sum", num="x"))
-print(json.dumps(list(load_builtins())))
+print(json.dumps(list(load_families())))
 """
 
 

@@ -11,7 +11,7 @@ import pytest
 from grpolens.check.rules import Early, Rule, Sustained, Window, default_rules, load_rules, parse_rules
 from grpolens.errors import UserError
 from grpolens.metrics.registry import REGISTRY
-from grpolens.plugins import load_builtins
+from grpolens.plugins import load_plugins
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
@@ -136,7 +136,7 @@ def test_load_rules_missing_file(tmp_path):
 
 
 def test_default_rules_parse_and_name_registered_metrics():
-    load_builtins()
+    load_plugins()
     rs = default_rules()
     assert len(rs.rules) >= 3
     for r in rs.rules:

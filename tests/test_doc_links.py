@@ -122,3 +122,23 @@ def test_every_page_is_linked_from_another():
                 linked.add((page.parent / target).resolve())
     orphans = [_ids(p) for p in PAGES if p != ROOT / "README.md" and p.resolve() not in linked]
     assert not orphans, f"no page links to {orphans}: link each from README.md or a page that covers its topic"
+
+
+def _test_names() -> dict[str, set[str]]:
+    """tests/<path>.py -> the test functions it defines."""
+    return {p.relative_to(ROOT).as_posix(): set(re.findall(r"^\s*(?:async )?def (test_\w+)\(", p.read_text(encoding="utf-8"), re.M))
+            for p in (ROOT / "tests").rglob("test_*.py")}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids)
+def test_named_tests_exist(page):
+    """A test the prose names is defined: `tests/f.py::test_x` in that file, a bare `test_x` (or
+    `test_x[param]`) somewhere under tests/."""
+    defined = _test_names()
+    everywhere = set().union(*defined.values())
+    bad = []
+    for span in CODE_SPAN.findall(_prose(page.read_text(encoding="utf-8"))):
+        m = re.fullmatch(r"(?:(tests/[\w/]+\.py)::)?(test_\w+)(?:\[[^\]]*\])?(?:\(\))?", span)
+        if m and m.group(2) not in (defined.get(m.group(1), set()) if m.group(1) else everywhere):
+            bad.append(span)
+    assert not bad, f"{_ids(page)} names tests that do not exist: {bad}"

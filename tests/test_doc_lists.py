@@ -5,6 +5,7 @@ live in prose: a value the code accepts but no page mentions, or a page naming a
 longer has, fails here.)
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -123,9 +124,9 @@ def test_every_export_target_is_documented_with_its_extra():
 
 
 def test_families_token_metrics_names_exist():
-    from grpolens.metrics.registry import FAMILIES, load_builtins
+    from grpolens.metrics.registry import FAMILIES, load_families
 
-    load_builtins()
+    load_families()
     first = (DOCS / "token-metrics.md").read_text(encoding="utf-8").split("metric families are recomputed", 1)[0]
     named = re.findall(r"`(\w+)`", first.rsplit("\n\n", 1)[-1])
     assert named and not set(named) - set(FAMILIES), \
@@ -137,7 +138,7 @@ def test_trl_versions_the_docs_name_are_the_ones_recorded_and_trained():
     runs under tests/data/ plus the release the dev extra pins (the one the suite trains)."""
     import tomllib
 
-    from grpolens.metrics.registry import PROFILES, load_builtins
+    from grpolens.metrics.registry import PROFILES, load_families
 
     recorded = sorted((p.name.split("-", 1)[1] for p in (DOCS.parent / "tests" / "data").glob("trl-*")),
                       key=lambda v: tuple(map(int, v.split("."))))
@@ -149,6 +150,187 @@ def test_trl_versions_the_docs_name_are_the_ones_recorded_and_trained():
     assert m and re.findall(r"\d+\.\d+\.\d+", m.group(1)) == recorded, \
         f"trl.md names {m and m.group(1)}; tests/data has {recorded}"
     assert f"the suite trains TRL **{trained}**" in text, f"the dev extra pins trl=={trained}"
-    load_builtins()
+    load_families()
     ran = re.search(r"\(run on ([\d., ]+)\)", PROFILES["trl"].reference)
     assert ran and ran.group(1).split(", ") == [*recorded, trained], PROFILES["trl"].reference
+
+
+# ---------------------------------------------------------------------------------------------------
+# The environment variables and exit statuses the code has, found in its source, against the two
+# tables docs/cli.md has (grpolens/cli_docs.py writes them from ENVIRONMENT and EXIT_STATUS).
+
+SOURCE = DOCS.parent / "grpolens"
+
+
+def _modules():
+    for path in sorted(SOURCE.rglob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _environ_names(tree) -> set[str]:
+    aliases = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and "os.environ" in ast.unparse(n.value)
+               for t in n.targets if isinstance(t, ast.Name)}
+    return {"os.environ", "environ", *aliases}
+
+
+def _reads(tree, environ: set[str]):
+    """(node, the expression naming the variable) of each read of the environment in ``tree``."""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and n.args and isinstance(n.func, ast.Attribute) and (
+                (n.func.attr == "get" and ast.unparse(n.func.value) in environ) or ast.unparse(n.func) == "os.getenv"):
+            yield n, n.args[0]
+        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and ast.unparse(n.value) in environ:
+            yield n, n.slice
+        elif isinstance(n, ast.Compare) and any(ast.unparse(c) in environ for c in n.comparators):
+            yield n, n.left
+
+
+def environment_readers(tree) -> set[str]:
+    """Functions of the module that read the variable their first parameter names
+    (``def env_int(name): ... os.environ.get(name)``): a call ``env_int("X")`` reads ``X``."""
+    out = set()
+    for f in ast.walk(tree):
+        if isinstance(f, ast.FunctionDef) and f.args.args:
+            first = f.args.args[0].arg
+            if any(isinstance(arg, ast.Name) and arg.id == first for _, arg in _reads(f, _environ_names(tree))):
+                out.add(f.name)
+    return out
+
+
+def environment_read(tree, readers: frozenset[str] = frozenset()) -> set[str]:
+    """Names the module reads from the environment: ``os.environ.get(X)``, ``os.getenv(X)``,
+    ``os.environ[X]``, ``X in os.environ``, the same on a name bound to ``os.environ`` or a copy of
+    it, and ``reader(X)`` for a function of ``readers``; ``X`` a string or a module constant
+    holding one."""
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+              and isinstance(n.value.value, str) for t in n.targets if isinstance(t, ast.Name)}
+
+    def name(node) -> str | None:
+        v = node.value if isinstance(node, ast.Constant) else consts.get(getattr(node, "id", None))
+        return v if isinstance(v, str) and re.fullmatch(r"[A-Z][A-Z0-9_]+", v) else None
+
+    found = {name(arg) for _, arg in _reads(tree, _environ_names(tree))}
+    found |= {name(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
+              and ast.unparse(n.func).rsplit(".", 1)[-1] in readers}
+    return found - {None}
+
+
+def exit_statuses(tree) -> set[int]:
+    """Exit statuses written in the module: ``sys.exit(N)``, ``SystemExit(N)``, ``typer.Exit(N)``
+    (or ``code=N``), ``exit_code=N`` given to anything, and what an ``exit_code`` property returns."""
+
+    def ints(nodes):
+        return {n.value for n in nodes if isinstance(n, ast.Constant) and type(n.value) is int}
+
+    found = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            callee = ast.unparse(n.func).rsplit(".", 1)[-1]
+            if callee in ("exit", "SystemExit", "Exit"):
+                found |= ints(n.args[:1]) | ints(k.value for k in n.keywords if k.arg == "code")
+            found |= ints(k.value for k in n.keywords if k.arg == "exit_code")
+        elif isinstance(n, ast.FunctionDef) and n.name == "exit_code":
+            found |= ints(c for r in ast.walk(n) if isinstance(r, ast.Return) and r.value for c in ast.walk(r.value))
+        elif isinstance(n, ast.arguments):
+            names = [a.arg for a in n.args[len(n.args) - len(n.defaults):]]
+            found |= ints(d for a, d in zip(names, n.defaults) if a == "exit_code")
+    return found
+
+
+def _cli_table(heading: str) -> list[str]:
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    assert f"## {heading}\n" in text, f"docs/cli.md has no {heading} table"
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| variable")
+            and not line.startswith("| status")]
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    read, modules = {}, list(_modules())
+    readers = frozenset().union(*(environment_readers(tree) for _, tree in modules))
+    for path, tree in modules:
+        for var in environment_read(tree, readers):
+            read.setdefault(var, path.relative_to(SOURCE.parent).as_posix())
+    documented = {v for row in _cli_table("Environment variables") for v in re.findall(r"`(\w+)`", row.split(" | ")[0])}
+    missing = sorted(f"{v} (read in {p})" for v, p in read.items() if v not in documented)
+    assert not missing, f"docs/cli.md's Environment variables table (grpolens/cli_docs.py) lacks {missing}"
+    stale = sorted(documented - set(read))
+    assert not stale, f"docs/cli.md documents variables no code reads: {stale}"
+
+
+def test_every_exit_status_the_cli_can_return_is_documented():
+    returned = {0}  # success
+    for _, tree in _modules():
+        returned |= exit_statuses(tree)
+    documented = {int(row.split(" | ")[0].strip("| ")) for row in _cli_table("Exit status")}
+    assert returned == documented, f"the code returns exit statuses {sorted(returned)}; docs/cli.md lists {sorted(documented)}"
+
+
+def test_every_command_that_exits_1_is_named_in_that_row():
+    """A command whose module exits 1 ("found problems") is named in docs/cli.md's row for 1."""
+
+    row = next(r for r in _cli_table("Exit status") if r.startswith("| 1 |"))
+    missing = []
+    for path in sorted((SOURCE / "commands").glob("*.py")):
+        if 1 in exit_statuses(ast.parse(path.read_text(encoding="utf-8"))):
+            name = path.stem.rstrip("_")
+            if f"`{name}`" not in row and f"`{name} " not in row:
+                missing.append(name)
+    assert not missing, f"docs/cli.md's exit status 1 row (cli_docs.EXIT_STATUS) does not name {missing}"
+
+
+def test_the_scans_see_what_they_look_for():
+    src = ('import os, sys\nENV = "A_VAR"\ndef f():\n    env = os.environ\n    x = env.get("B_VAR") or os.getenv("C_VAR")\n'
+           '    y = os.environ["D_VAR"], os.environ.get(ENV), "E_VAR" in os.environ\n    os.environ["NOT_READ"] = "1"\n'
+           '    raise SystemExit(3)\n'
+           'def g(exit_code: int = 7):\n    sys.exit(130); typer.Exit(code=4); UserError("x", exit_code=5)\n'
+           'class R:\n    @property\n    def exit_code(self):\n        return 6 if self else 0\n')
+    tree = ast.parse(src)
+    assert environment_read(tree) == {"A_VAR", "B_VAR", "C_VAR", "D_VAR", "E_VAR"}
+    helper = ast.parse('import os\ndef env_int(name, lo=1):\n    raw = os.environ.get(name)\n')
+    assert environment_readers(helper) == {"env_int"} and environment_read(helper) == set()
+    assert environment_read(ast.parse('from x import env_int\nn = errors.env_int("F_VAR", 2)\n'),
+                            frozenset({"env_int"})) == {"F_VAR"}
+    assert exit_statuses(tree) == {0, 3, 4, 5, 6, 7, 130}
+
+
+def test_every_family_lives_where_the_readme_says():
+    """README's "How it is built": a family's formula is in grpolens/metrics/<family>.py (or the
+    package <family>/ it grew into) and its reference in tests/metrics/test_<family>.py; a family
+    that lives elsewhere is named there."""
+    from grpolens.metrics.registry import FAMILIES, load_families
+
+    load_families()
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## How it is built", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(\w+)`", section))
+    root = DOCS.parent
+    metrics = root / "grpolens" / "metrics"
+    elsewhere = [f for f in FAMILIES if not (((metrics / f"{f}.py").is_file() or (metrics / f / "__init__.py").is_file())
+                                             and (root / "tests" / "metrics" / f"test_{f}.py").is_file())]
+    home = {m.group(1): path.name for path in (root / "grpolens" / "metrics").glob("*.py")
+            for m in re.finditer(r'Family\(\s*"(\w+)"', path.read_text(encoding="utf-8"))}
+    unnamed = [f"{f} (in {home.get(f)})" for f in elsewhere if f not in named or f"`{home.get(f)}`" not in section]
+    assert not unnamed, ("README's How it is built says where a family's formula and reference live; these "
+                         f"live elsewhere, and it does not say where: {unnamed}")
+
+
+def test_every_argument_of_the_hooks_methods_is_documented():
+    """docs/hook.md names, in code spans, every argument of the writer hook's public methods (a new
+    keyword of log_samples that no page mentions is a feature nobody finds)."""
+    import inspect
+
+    from grpolens.hook import GRPOLensHook
+
+    prose = re.sub(r"^```.*?^```", "", (DOCS / "hook.md").read_text(encoding="utf-8"), flags=re.M | re.S)
+    text = " ".join(re.findall(r"`([^`]+)`", prose))  # named as code, not a word of the prose or an example's
+    missing = []
+    for name, method in inspect.getmembers(GRPOLensHook, inspect.isfunction):
+        if name.startswith("_") and name != "__init__":
+            continue
+        for p in list(inspect.signature(method).parameters.values())[1:]:
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            if not re.search(rf"(?<![\w.]){re.escape(p.name)}(?![\w])", text):
+                missing.append(f"{name}({p.name})")
+    assert not missing, f"docs/hook.md does not mention these arguments of GRPOLensHook: {missing}"

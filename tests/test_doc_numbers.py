@@ -137,6 +137,14 @@ ALLOWED_NUMBERS = {
         "what pip installed for the trackers, beside the `/usr/bin/time -v pip install` command that shows it",
     ("docs/synth.md", "(time constant 300 steps)"): "a parameter of the generator (grpolens/adapters/synth.py), described",
     ("docs/synth.md", "≈1 % of each loss call's tokens"): "a parameter of the `nan@S` pathology (grpolens/adapters/synth.py), described",
+    ("docs/synth.md", "(70 % of groups all right"):
+        "a parameter of the `advantage-collapse@S` pathology (grpolens/adapters/synth.py), described",
+    ("docs/synth.md", "completions 1.5× longer at S"): "a parameter of the `length-growth@S` pathology (grpolens/adapters/synth.py), described",
+    ("docs/synth.md", "then 5 % more per step"): "a parameter of the `length-growth@S` pathology (grpolens/adapters/synth.py), described",
+    ("docs/synth.md", "shrink to 30 % of their length"):
+        "a parameter of the `reward-hacking@S` pathology (grpolens/adapters/synth.py), described",
+    ("docs/synth.md", "judged right 70 % of the time"):
+        "a parameter of the `reward-hacking@S` pathology (grpolens/adapters/synth.py), described",
     ("docs/mutation-testing.md", "### Seventh run, 2026-11-25 (small hours): the functions changed since the sixth, and its eleven open ones"):
         "mutmut's results, dated, with the commands that reproduce them; a run takes days, so no test re-runs it",
     ("docs/mutation-testing.md", "### Sixth run, 2026-11-24 (late night): the functions changed since, the modules the fifth run did not reach"):

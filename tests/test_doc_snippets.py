@@ -1,4 +1,4 @@
-"""Every shell and Python snippet in README.md and docs/ runs, and prints what the page shows.
+"""Every shell and Python snippet in README.md, docs/ and sample_runs/README.md runs, and prints what the page shows.
 
 A fenced block is a *snippet* when its language is a shell (``bash``, ``sh``, ``shell``,
 ``console``) or Python. Each one is, in this order:
@@ -9,11 +9,17 @@ A fenced block is a *snippet* when its language is a shell (``bash``, ``sh``, ``
   ``docs/examples/`` and the inputs its page names (``PREPARE``); each command must exit 0 unless
   its comment says ``exit N``, and where a ``console`` block shows output after a ``$`` line the
   command's output must be exactly that (a line ``...`` stands for any number of lines);
-* except the commands listed in ``NOT_RUN``, each with the reason it cannot run here.
+* except the commands the page itself marks as not run, each with its reason, by a comment line
+  directly above the block (one per command; a Python snippet is named by its first line)::
 
-A new snippet or command that is none of these fails ``test_every_snippet_is_run_or_listed``;
-an entry of ``NOT_RUN`` or ``PREPARE`` that no longer names anything in the docs fails too.
-"""
+      <!-- not run: `grpolens serve RUN`: starts a server until stopped -->
+
+  Every command of the block that starts with the quoted text is left out. The marker sits in the
+  page, beside the command, so that whoever edits the block sees that no test runs it and why.
+
+A new snippet or command that is none of these fails ``test_every_snippet_is_run_or_marked``; a
+marker that names no command of its block, or stands above no block, fails too, and so does an
+entry of ``PREPARE`` that no longer names a page with snippets."""
 
 from __future__ import annotations
 
@@ -29,62 +35,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
+#: the pages whose snippets and commands are checked
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "sample_runs" / "README.md"]
 SHELLS = {"bash", "sh", "shell", "console"}
 PYTHONS = {"python", "py", "pycon"}
-
-#: commands the docs show and this test does not run: (page, how the command starts) -> why
-NOT_RUN = {
-    ("README.md", "pip install -e ."): "installs grpolens; the test runs the checkout itself",
-    ("README.md", 'pip install -e ".[dev]"'): "installs grpolens; the test runs the checkout itself",
-    ("README.md", "python -m pytest"): "runs the test suite itself (`.ci/run` does, in a fresh clone)",
-    ("README.md", "grpolens serve RUN"): "starts a server until stopped: docs/examples/serve.sh is "
-                                         "started and answered by tests/test_docs_examples.py",
-    ("docs/serve.md", "grpolens serve"): "starts a server until stopped: docs/examples/serve.sh is "
-                                         "started and answered by tests/test_docs_examples.py, tests/serve/ "
-                                         "drive the dashboard in a browser",
-    ("docs/serve.md", "curl "): "asks a dashboard that is running on runs named a and b; "
-                                "tests/serve/test_downloads.py fetches the same /csv/ URLs from a served run",
-    ("docs/distributed.md", 'pip install "grpolens[ray]"'): "installs an extra (the dev environment has it)",
-    ("docs/distributed.md", "grpolens recompute RUN --engine ray"): "starts or joins a Ray cluster; "
-                                         "tests/distributed/ run --engine ray on a real local Ray",
-    ("docs/distributed.md", "grpolens check RUN --engine ray"): "joins a remote Ray cluster (ray://head)",
-    ("docs/distributed.md", "grpolens sweep RUN --engine ray"): "starts Ray; tests/distributed/ run "
-                                         "--engine ray on a real local Ray",
-    ("docs/distributed.md", "export AWS_ACCESS_KEY_ID"): "credentials for a real bucket",
-    ("docs/distributed.md", "grpolens recompute s3://"): "a real S3 bucket; tests/distributed/ run the "
-                                         "same commands against a local S3 server (moto)",
-    ("docs/distributed.md", "python benchmarks/bench_distributed.py"): "benchmarks of minutes; "
-                                         "tests/test_bench_scripts.py runs each on a small input",
-    ("docs/distributed.md", "python benchmarks/bench_s3_layers.py"): "a benchmark of minutes; "
-                                         "tests/test_bench_scripts.py runs it on a small input",
-    ("docs/export.md", "wandb sync"): "uploads to wandb.ai",
-    ("docs/export.md", "grpolens export RUN --to wandb --online"): "needs a W&B account and the network",
-    ("docs/export.md", "tensorboard --logdir"): "starts TensorBoard's server",
-    ("docs/export.md", "mlflow ui"): "starts MLflow's server",
-    ("docs/export.md", "grpolens export RUN --to mlflow --tracking-uri http://"): "needs an MLflow server",
-    ("docs/export.md", "trackio show"): "starts trackio's dashboard server",
-    ("docs/integrations/trl.md", "from grpolens.integrations.trl import GRPOLensTrainer"):
-        "a fragment of the user's training script (model, dataset, config are theirs); "
-        "tests/integration/ train TRL on CPU through GRPOLensTrainer",
-    ("docs/integrations/verl.md", "from grpolens.integrations.verl import VerlCapture"):
-        "lines inside verl's actor class (needs verl and a GPU); tests/test_verl_adapter.py "
-        "drives VerlCapture with verl-shaped batches",
-    ("docs/integrations/verl.md", "batch.batch[VerlCapture.PRE_REJECTION_MASK_KEY]"):
-        "a line inside verl's driver (RayPPOTrainer.fit: verl, Ray, GPUs); tests/test_verl_adapter.py "
-        "sets the key on verl-shaped batches",
-    ("docs/integrations/verl.md", "batch.batch[VerlCapture.OLD_ENTROPY_KEY]"):
-        "a line inside verl's driver (RayPPOTrainer.fit: verl, Ray, GPUs); tests/test_verl_adapter.py "
-        "sets the key on verl-shaped batches",
-    ("docs/mutation-testing.md", 'pip install -e ".[dev,mutation]"'): "installs an extra",
-    ("docs/mutation-testing.md", "mutmut"): "a mutation run takes hours",
-    ("docs/mutation-testing.md", "python tools/mutation_fast_pass.py"): "runs the mutants `mutmut run` "
-                                         "generated: hours",
-    ("docs/profiles.md", "python -m pytest tests/reference"): "runs part of the test suite itself "
-                                         "(it builds the trainers' reference venvs)",
-    ("docs/sidecars.md", "grpolens completions path/to/maxent/output_dir"): "a MaxEnt-GRPO output "
-                                         "directory of the reader's own; docs/examples/completions.sh "
-                                         "reads generated sidecars the same way",
-}
 
 #: what a page's snippets expect to find in the directory they run in (run with bash, before)
 PREPARE = {
@@ -100,7 +54,7 @@ ENV = {"docs/check.md": {"GITHUB_STEP_SUMMARY": "step-summary.md"}}
 
 #: pages whose snippets run in a few seconds; the others run several commands each (10-70 s on a
 #: loaded 2-core machine) and are marked slow
-QUICK_PAGES = {"docs/run-format.md"}
+QUICK_PAGES = {"docs/run-format.md", "sample_runs/README.md"}
 
 
 @dataclass
@@ -116,30 +70,62 @@ class Snippet:
     line: int
     lang: str
     body: str
+    not_run: dict[str, str] = field(default_factory=dict)  # marked above the block: prefix -> why
 
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
 
 
+#: a fenced block, at the margin or indented inside a list item: (indent, language, body)
+FENCED = re.compile(r"^( {0,4})```([\w-]*)[^\n]*\n(.*?)^\1```", re.M | re.S)
+#: the marker of a command not run, on its own line(s) directly above the block
+MARKER = re.compile(r"^ {0,4}<!-- not run: `([^`]+)`: (.*?) -->[ \t]*\n", re.M | re.S)
+
+
+def _marker_chain(text: str, start: int) -> list[re.Match]:
+    """The not-run markers on the lines directly above offset ``start`` (a block's fence)."""
+    chain, end = [], start
+    while (m := next((m for m in MARKER.finditer(text, 0, end) if m.end() == end), None)) is not None:
+        chain.append(m)
+        end = m.start()
+    return chain
+
+
+def markers_above(text: str, start: int) -> dict[str, str]:
+    return {m.group(1): " ".join(m.group(2).split()) for m in _marker_chain(text, start)}
+
+
+def orphan_markers() -> list[str]:
+    """Markers that stand directly above no fenced block."""
+    out = []
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        attached = {m.start() for f in FENCED.finditer(text) for m in _marker_chain(text, f.start())}
+        out += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}"
+                for m in MARKER.finditer(text) if m.start() not in attached]
+    return out
+
+
 def snippets() -> list[Snippet]:
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    for path in PAGES:
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^```([\w-]*)[^\n]*\n(.*?)^```", text, re.M | re.S):
-            lang = m.group(1).lower()
+        for m in FENCED.finditer(text):
+            lang = m.group(2).lower()
             if lang in SHELLS | PYTHONS:
-                found.append(Snippet(str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1,
-                                     lang, m.group(2)))
+                body = re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)  # a block inside a list item
+                found.append(Snippet(str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1, lang, body,
+                                     markers_above(text, m.start())))
     return found
 
 
 def untagged_blocks() -> list[str]:
     out = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    for path in PAGES:
         text = path.read_text(encoding="utf-8")
-        for m in re.finditer(r"^```([\w-]*)[^\n]*\n.*?^```", text, re.M | re.S):
-            if not m.group(1):
+        for m in FENCED.finditer(text):
+            if not m.group(2):
                 out.append(f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}")
     return out
 
@@ -171,6 +157,10 @@ def commands(snippet: Snippet) -> list[Command]:
         while line.endswith("\\") and i + 1 < len(lines):
             i += 1
             line = line[:-1] + " " + lines[i].strip()
+        if heredoc := re.search(r"<<-?\s*'?(\w+)'?", line):  # the here-document is part of the command
+            while i + 1 < len(lines) and lines[i].strip() != heredoc.group(1):
+                i += 1
+                line += "\n" + lines[i]
         i += 1
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -182,16 +172,13 @@ def commands(snippet: Snippet) -> list[Command]:
     return cmds
 
 
-def not_run_reason(page: str, command: str) -> str | None:
-    for (p, start), why in NOT_RUN.items():
-        if p == page and command.startswith(start):
-            return why
-    return None
+def not_run_reason(snippet: Snippet, command: str) -> str | None:
+    return next((why for start, why in snippet.not_run.items() if command.startswith(start)), None)
 
 
 def is_python_not_run(snippet: Snippet) -> str | None:
     first = next((ln for ln in snippet.body.splitlines() if ln.strip()), "")
-    return not_run_reason(snippet.page, first)
+    return not_run_reason(snippet, first)
 
 
 def expected_status(command: str) -> int:
@@ -220,66 +207,126 @@ def _params():
     out = []
     for s in snippets():
         if s.lang in SHELLS and example_shown(s) is None and any(
-                not not_run_reason(s.page, c.text) for c in commands(s)):
+                not not_run_reason(s, c.text) for c in commands(s)):
             marks = [] if s.page in QUICK_PAGES else [pytest.mark.slow]
             out.append(pytest.param(s, id=s.id, marks=marks))
     return out
 
 
-def test_every_snippet_is_run_or_listed():
-    unaccounted, used_not_run = [], set()
+def test_every_snippet_is_run_or_marked():
+    unaccounted, stale = [], []
     for s in snippets():
         if example_shown(s) is not None:
+            stale += [f"{s.id}: {start} (the block is a docs/examples file, which is run)" for start in s.not_run]
             continue
         if s.lang in PYTHONS:
-            why = is_python_not_run(s)
-            if why is None:
-                unaccounted.append(f"{s.id}: a Python snippet that is no docs/examples/*.py file")
-            else:
-                used_not_run.update(k for k in NOT_RUN if k[0] == s.page and s.body.lstrip().startswith(k[1]))
-            continue
-        for c in commands(s):
-            for key in NOT_RUN:
-                if key[0] == s.page and c.text.startswith(key[1]):
-                    used_not_run.add(key)
-    stale = sorted(set(NOT_RUN) - used_not_run)
+            if is_python_not_run(s) is None:
+                unaccounted.append(f"{s.id}: a Python snippet that is no docs/examples/*.py file and is not marked")
+            shown = [next((ln for ln in s.body.splitlines() if ln.strip()), "")]
+        else:
+            shown = [c.text for c in commands(s)]
+        stale += [f"{s.id}: {start}" for start in s.not_run if not any(c.startswith(start) for c in shown)]
     assert not unaccounted, unaccounted
-    assert not stale, f"NOT_RUN names commands no page shows any more: {stale}"
+    assert not stale, f"not-run markers that name no command of their block: {stale}"
+    assert not orphan_markers(), f"not-run markers above no block: {orphan_markers()}"
     pages = {s.page for s in snippets()}
     for name, table in (("PREPARE", PREPARE), ("ENV", ENV), ("QUICK_PAGES", QUICK_PAGES)):
         assert not set(table) - pages, f"{name} names pages without snippets: {set(table) - pages}"
 
 
-def test_every_grpolens_command_shown_names_real_commands_and_options():
-    """Fast, and for the commands that are not run too: a renamed option fails here at once."""
+def test_markers_are_read_from_above_the_block():
+    text = ("Intro:\n\n<!-- not run: `grpolens serve RUN`: starts a\n  server -->\n<!-- not run: `curl `: asks it -->\n"
+            "```bash\ngrpolens serve RUN\n```\n\n<!-- not run: `x`: far -->\n\ntext\n```bash\nx\n```\n")
+    blocks = list(FENCED.finditer(text))
+    assert markers_above(text, blocks[0].start()) == {"grpolens serve RUN": "starts a server", "curl ": "asks it"}
+    assert markers_above(text, blocks[1].start()) == {}
+    page = ROOT / "docs" / "__probe__.md"
+    try:
+        page.write_text(text)
+        PAGES.append(page)
+        assert orphan_markers() == ["docs/__probe__.md:10: x"]
+    finally:
+        PAGES.remove(page)
+        page.unlink()
+
+
+def inline_commands() -> list[tuple[str, str]]:
+    """(page, command) for every code span in prose that starts with ``grpolens ``."""
+    out = []
+    for path in PAGES:
+        text = re.sub(r"^(```|~~~).*?^\1", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+        out += [(str(path.relative_to(ROOT)), m.group(1)) for m in re.finditer(r"`(grpolens [^`\n]+)`", text)]
+    return out
+
+
+#: placeholders of a synopsis, not words of the command line
+SYNOPSIS = re.compile(r"\[[^\]]*\]|(?<!\S)(?:\.\.\.|…)(?!\S)")
+
+
+def command_line_problem(code: str) -> str | None:
+    """What is wrong with a ``grpolens ...`` line as the CLI would parse it: no such command, no
+    such option, or more arguments than the command takes. A fragment (``--only`` without its
+    value, a command without its RUN) is fine: the docs name options in passing."""
     import shlex
 
     from grpolens.cli import command
 
+    code = code.replace("\\|", "|")  # a pipe in a table cell is written \|
+    code = re.split(r"\s[>|]\s", SYNOPSIS.sub(" ", code), maxsplit=1)[0]
+    try:
+        words = shlex.split(code)
+    except ValueError:
+        words = code.split()
+    cmd, rest, ctx = command(), words[1:], None
+    while hasattr(cmd, "commands"):
+        ctx = type(cmd.context_class(cmd))(cmd, info_name=cmd.name, parent=ctx)
+        parsed, rest, _ = cmd.make_parser(ctx).parse_args(rest) if rest and rest[0].startswith("-") \
+            else ({}, rest, None)
+        if not rest or rest[0] == "COMMAND":
+            return None
+        sub = cmd.commands.get(rest[0])
+        if sub is None:
+            return f"no command {rest[0]!r}"
+        cmd, rest = sub, rest[1:]
+    ctx = type(cmd.context_class(cmd))(cmd, info_name=cmd.name, parent=ctx)
+    try:
+        _, args, _ = cmd.make_parser(ctx).parse_args(rest)
+    except Exception as e:  # noqa: BLE001 - the CLI's own parser, vendored by typer
+        if "requires an argument" in str(e) or "requires" in str(e) and "argument" in str(e):
+            return None  # an option named without its value
+        return f"{cmd.name}: {e}"
+    # the parser gives each argument its words; what is left over, click refuses
+    return f"{cmd.name}: unexpected extra argument(s) {args}" if args else None
+
+
+def test_every_grpolens_command_shown_parses():
+    """Fast, and for the commands that are not run too: each ``grpolens ...`` line of a snippet and
+    each one in a code span of the prose names a real command, real options and no more arguments
+    than the command takes (``grpolens metrics entropy`` fails: ``--family entropy``)."""
     wrong = []
     for s in snippets():
         if s.lang not in SHELLS:
             continue
         for c in commands(s):
             code = c.text.split(" #", 1)[0]
-            try:
-                words = shlex.split(code)
-            except ValueError:
-                words = code.split()
-            if not words or words[0] != "grpolens":
-                continue
-            cmd, rest = command(), words[1:]
-            while hasattr(cmd, "commands") and rest and not rest[0].startswith("-"):
-                sub = cmd.commands.get(rest[0])
-                if sub is None:
-                    if rest[0] not in ("RUN", "RUN/"):
-                        wrong.append(f"{s.id}: `{code}`: no command {rest[0]!r}")
-                    break
-                cmd, rest = sub, rest[1:]
-            known = {o for prm in cmd.params for o in (*prm.opts, *prm.secondary_opts)} | {"--help"}
-            wrong += [f"{s.id}: `{code}`: {cmd.name} has no option {w.split('=')[0]}" for w in rest
-                      if w.startswith("--") and w.split("=")[0] not in known]
+            if code.split()[:1] == ["grpolens"] and (why := command_line_problem(code)):
+                wrong.append(f"{s.id}: `{code}`: {why}")
+    for page, code in inline_commands():
+        if why := command_line_problem(code):
+            wrong.append(f"{page}: `{code}`: {why}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_command_line_problem():
+    assert command_line_problem("grpolens metrics entropy")
+    assert command_line_problem("grpolens metrics --nope")
+    assert command_line_problem("grpolens nope RUN")
+    assert command_line_problem("grpolens validate RUN more")
+    for fine in ("grpolens metrics --family entropy", "grpolens recompute --only", "grpolens serve RUN [RUN ...]",
+                 "grpolens tokens RUN --step N --by …", "grpolens metrics --markdown > docs/metrics.md",
+                 "grpolens [GLOBAL OPTIONS] COMMAND ...", "grpolens --version", "grpolens check",
+                 "grpolens tokens ... \\| head"):
+        assert command_line_problem(fine) is None, fine
 
 
 def test_every_code_block_says_its_language():
@@ -299,6 +346,8 @@ def test_snippet_parsing():
     assert not matches(cs[0].output, "out 1\nout 2\nextra\n")
     assert not matches(["only"], "only\nand more\n")
     assert normalise("/x/s/a in 1.93s, 208 ms", Path("/x/s")) == "a in <time>, <time>"
+    here = Snippet("docs/x.md", 1, "bash", "python - <<'PY'\nimport os # x\nPY\nb\n")
+    assert [c.text for c in commands(here)] == ["python - <<'PY'\nimport os # x\nPY", "b"]
 
 
 @pytest.fixture(scope="session")
@@ -330,7 +379,7 @@ def test_shell_snippet_runs_and_prints_what_it_shows(snippet, tmp_path, syntheti
                            env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
     for c in commands(snippet):
-        if not_run_reason(snippet.page, c.text):
+        if not_run_reason(snippet, c.text):
             continue
         r = subprocess.run(["bash", "-c", c.text], cwd=scratch, env=env, capture_output=True, text=True,
                            timeout=300)

@@ -66,7 +66,7 @@ def test_example_runs(script, tmp_path):
 PY_EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 #: the page that shows each Python example verbatim
 SHOWN_IN = {"readme_hook.py": "README.md", "hook_loop.py": "docs/hook.md",
-            "token_metrics.py": "docs/token-metrics.md"}
+            "token_metrics.py": "docs/token-metrics.md", "explain_api.py": "docs/explain.md"}
 #: examples whose page also shows what they print (a ```text block right after the snippet)
 SHOWS_OUTPUT = {"token_metrics.py"}
 

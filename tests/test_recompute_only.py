@@ -13,7 +13,7 @@ import pytest
 
 from grpolens.analysis.recompute import recompute
 from grpolens.errors import UserError
-from grpolens.metrics.registry import PLACEHOLDER, PROFILES, REGISTRY, load_builtins
+from grpolens.metrics.registry import PLACEHOLDER, PROFILES, REGISTRY, load_families
 from grpolens.adapters.synth import synth_run
 
 SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
@@ -29,7 +29,7 @@ def synth(tmp_path_factory):
 
 
 def _families(df: pl.DataFrame, profile: str) -> dict[str, list[str]]:
-    load_builtins()
+    load_families()
     by_name, templates = {}, []
     for m in REGISTRY.values():
         name = m.name_in(profile)
@@ -70,7 +70,7 @@ def test_every_producer_and_visitor_names_registered_families():
     from grpolens.metrics.engine import VISITOR_FAMILIES
     from grpolens.metrics.partials import PRODUCERS
 
-    load_builtins()
+    load_families()
     families = {m.family for m in REGISTRY.values()}
     for name, p in PRODUCERS.items():
         assert p.families and set(p.families) <= families, f"producer {name}: {p.families}"

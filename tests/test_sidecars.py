@@ -59,7 +59,7 @@ def hand_run(tmp_path):
     return run
 
 
-# Worked by hand from the rules in grpolens/analysis/sidecars.py (gather order 10, 11, 12, 13, 1, 2, 3):
+# Worked by hand from the rules in grpolens/analysis/sidecars/ (gather order 10, 11, 12, 13, 1, 2, 3):
 # group 7 -> prompt_index 0: q finite, Σq = 1 -> weight = mass = q.
 # group 9 -> 1: rewards 1, NaN, 1, null -> ranks 1, 3, 2 (tie: lower completion_index first), 4;
 #   q has a NaN -> weight = advantage (1, -2, 1, -1); mass = max(A,0)/Σ = (.5, 0, .5, 0).

@@ -319,7 +319,7 @@ def test_bypass_mode_logs_the_loss_side_rollout_correction(tmp_path, loss_type):
 
 
 def test_batch_normalize_reaches_the_config_and_a_bad_value_is_one_line():
-    from grpolens.functional.is_weights import ISConfig
+    from grpolens.functional.rollout_is import ISConfig
     from grpolens.errors import UserError
     from grpolens.run.config import check_config as _check
     from grpolens.run.format import CONFIG_DEFAULTS

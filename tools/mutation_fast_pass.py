@@ -231,8 +231,10 @@ def run_chunk(chunk: list[tuple[Path, str, list[str]]], tests_of: dict[str, list
 # Test files that pin a module although their names do not say so (by default a test file pins
 # the module whose name it carries: tests/metrics/test_kl.py -> grpolens.metrics.kl).
 HOME_TESTS = {
-    "is_weights": ("test_rollout_is", "test_merge"),
-    "rollout_is_visitors": ("test_rollout_is", "test_merge"),
+    "rollout_is": ("test_rollout_is", "test_merge"),
+    "weights": ("test_rollout_is", "test_merge"),
+    "per_token": ("test_rollout_is", "test_merge"),
+    "visitors": ("test_rollout_is", "test_merge"),
     "verl_actor": ("test_verl_reference",),
     "twinkle": ("test_twinkle_reference",),
     "validate": ("test_validate", "test_reading_refuses_invalid_runs"),

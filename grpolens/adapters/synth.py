@@ -27,9 +27,13 @@ import numpy as np
 
 from grpolens.errors import UserError
 
-PATHOLOGIES = ("kl-spike", "rollout-drift", "entropy-collapse", "nan", "clip-drift")
+PATHOLOGIES = ("kl-spike", "rollout-drift", "entropy-collapse", "nan", "clip-drift", "advantage-collapse",
+               "length-growth", "reward-hacking", "clip-inactive")
 #: Pathologies that last from their step on; the others hit one step only.
-_PERSISTENT = {"rollout-drift", "entropy-collapse", "clip-drift"}
+_PERSISTENT = {"rollout-drift", "entropy-collapse", "clip-drift", "advantage-collapse", "length-growth",
+               "reward-hacking", "clip-inactive"}
+#: Pathologies of the samples (rewards, lengths); the tokens follow from them.
+_SAMPLE_KINDS = {"advantage-collapse", "length-growth", "reward-hacking"}
 REWARD_WEIGHTS = {"accuracy": 1.0, "format": 0.5}
 
 # Stream ids for SeedSequence spawn keys: one per kind of draw, so that adding a draw to one kind
@@ -162,6 +166,10 @@ def generate_samples(spec: SynthSpec, step: int, rank: int) -> dict[str, np.ndar
     accuracy = ((rng.random(n) < np.repeat(p_correct, K)) & ~truncated).astype(np.float64)
     fmt = np.round(rng.beta(5.0, 2.0, n) * 4) / 4
     fmt[truncated] = 0.0
+    for inj in spec.inject:
+        if inj.kind in _SAMPLE_KINDS and inj.hits(step):
+            lens, truncated, accuracy, fmt = _inject_samples(
+                inj, step, G, K, L, lens, raw_len, truncated, accuracy, fmt, _rng(spec.seed, _INJECT[inj.kind], step, rank))
     reward = REWARD_WEIGHTS["accuracy"] * accuracy + REWARD_WEIGHTS["format"] * fmt
     grouped = reward.reshape(G, K)
     adv = (grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, ddof=1, keepdims=True) + 1e-4)
@@ -178,6 +186,34 @@ def generate_samples(spec: SynthSpec, step: int, rank: int) -> dict[str, np.ndar
         "reward/format": fmt,
         "advantage": adv.reshape(n).astype(np.float32),
     }
+
+
+def _inject_samples(inj: Injection, step: int, G: int, K: int, L: int, lens, raw_len, truncated, accuracy, fmt,
+                    rng: np.random.Generator):
+    """A pathology of the completions themselves: ``(lens, truncated, accuracy, format)`` after it."""
+    n = G * K
+    if inj.kind == "advantage-collapse":
+        # every group's completions end alike: 70 % of the groups all right, the rest all wrong, one
+        # format score per group, nothing truncated; the rewards have no spread, the advantages are 0
+        right = np.repeat(rng.random(G) < 0.7, K)
+        accuracy = right.astype(np.float64)
+        fmt = np.repeat(np.round(rng.beta(5.0, 2.0, G) * 4) / 4, K)
+        truncated = np.zeros(n, bool)
+    elif inj.kind == "length-growth":
+        # completions 1.5× longer at once, then 5 % more each step; more of them hit the limit
+        grown = raw_len * (1.5 + 0.05 * (step - inj.step))
+        truncated = grown > L
+        lens = np.clip(np.ceil(grown), 1, L).astype(np.int32)
+        accuracy = np.where(truncated, 0.0, accuracy)
+        fmt = np.where(truncated, 0.0, fmt)
+    elif inj.kind == "reward-hacking":
+        # a shortcut the reward functions accept: short boilerplate answers (30 % of the length)
+        # judged right 70 % of the time and almost always well formatted
+        lens = np.maximum(np.ceil(raw_len * 0.3), 1).clip(max=L).astype(np.int32)
+        truncated = np.zeros(n, bool)
+        accuracy = (rng.random(n) < 0.7).astype(np.float64)
+        fmt = np.where(rng.random(n) < 0.8, 1.0, 0.75)
+    return lens, truncated, accuracy, fmt
 
 
 def micro_batch_slices(spec: SynthSpec) -> list[slice]:
@@ -255,6 +291,10 @@ def _inject(cols: dict[str, np.ndarray], inj: Injection, step: int, rng: np.rand
         moved = np.minimum(moved, f32(0))
         cols["ref_logp"] = np.minimum(cols["ref_logp"] + (moved - cols["logp"]), f32(0))
         cols["logp"] = moved
+    elif inj.kind == "clip-inactive":
+        # the old log-probs are taken from the current policy (recomputed after the update): every
+        # ratio is exactly 1, so the clip band cannot act
+        cols["old_logp"] = cols["logp"].copy()
     elif inj.kind == "nan":
         k = max(3, T // 100)  # at least one NaN, one -inf and one +inf per loss call
         where = rng.choice(T, size=min(k, T), replace=False)

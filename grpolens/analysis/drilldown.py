@@ -22,10 +22,10 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
+from grpolens.functional import estimators as est
 from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
-from grpolens.metrics.engine import visitor
-from grpolens.metrics.policy import k3_of
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.run.reader import RunReader
 from grpolens.run.step_table import write_step_table
 
@@ -60,7 +60,7 @@ def _scores(b: TokenBatch, by: str, masked_only: bool = True) -> tuple[np.ndarra
     c = b.cols
     with np.errstate(all="ignore"):
         if by == "kl":
-            s = k3_of(c["ref_logp"] - b.logp)  # the kl family's formula (accurate for small x)
+            s = est.k3(c["ref_logp"] - b.logp)  # the kl family's formula (accurate for small x)
         elif by == "mismatch":
             s = np.abs(b.old - c["rollout_logp"])
         elif by == "ratio":
@@ -133,7 +133,7 @@ def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
 
 
 @dataclass
-class TopTokens:
+class TopTokens(Visitor):
     """Visitor collecting the top-K tokens of each step for every available score."""
 
     k: int = DEFAULT_TOP_K

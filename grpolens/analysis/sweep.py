@@ -1,9 +1,9 @@
 """``grpolens sweep``: rollout-IS thresholds over a grid, every grid point in one pass over the tokens.
 
 Each token shard is read once; for every grid point the per-sequence partials of
-:func:`grpolens.functional.is_weights.sequence_partials` are taken on that shard's batch (δ and the valid
+:func:`grpolens.functional.rollout_is.sequence_partials` are taken on that shard's batch (δ and the valid
 tokens are computed once per shard), merged per step and summarised by
-:func:`grpolens.functional.is_weights.summarize` -- the same functions ``recompute`` uses, so a grid point's
+:func:`grpolens.functional.rollout_is.summarize` -- the same functions ``recompute`` uses, so a grid point's
 row equals the ``rollout_is/*`` metrics of a recompute with that config.
 
 Loss mass removed (``loss_mass_removed``): Σ|A| over valid tokens that leave the loss (mask band,
@@ -20,11 +20,12 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from grpolens.metrics.engine import Visitor
 from grpolens.run import format as fmt
-from grpolens.functional import is_weights as ris
+from grpolens.functional import rollout_is as ris
 from grpolens.errors import UserError
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.functional.is_weights import ISConfig
+from grpolens.functional.rollout_is import ISConfig
 
 #: ``rollout_is`` keys a sweep may vary (``--param rollout_is.<key>=v1,v2,...``).
 SWEEPABLE = ("level", "mode", "lower", "upper", "mask_lower", "mask_upper", "veto_lower", "veto_upper")
@@ -100,7 +101,7 @@ def grid(base: dict | None, params: dict[str, list[Any]], fixed: dict[str, Any] 
     return out
 
 
-class SweepVisitor:
+class SweepVisitor(Visitor):
     """Per shard: the IS partials of every grid point; per step: one summary row per point."""
 
     name = "sweep"

@@ -39,9 +39,9 @@ why = """No recomputed metric may be NaN or infinite at any step."""
 
 def _assemble() -> str:
     """The header, each family's rules (declared next to its formulas), then the general rules."""
-    from grpolens.metrics.registry import FAMILIES, load_builtins
+    from grpolens.metrics.registry import FAMILIES, load_families
 
-    load_builtins()
+    load_families()
     parts = [HEADER] + [f.rules for f in FAMILIES.values() if f.rules] + [GENERAL_RULES]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 

@@ -110,6 +110,9 @@ def print_report(report: CheckReport, console) -> None:
         if o.status in (FAIL, NO_DATA, ERROR, SKIP):
             # assembled, not appended: a Text's own style would colour the whole line, message included
             console.print(Text.assemble((f"{o.status} ", _STYLE[o.status]), (f"{o.rule.name}: ", "bold"), o.message))
+            why = report.why(o)
+            if why:
+                console.print(Text(f"  why: {why}"))
             cmd = report.drilldown(o)
             if cmd:
                 console.print(Text(f"  drill down: {cmd}", style="cyan"))
@@ -148,7 +151,8 @@ def junit_xml(report: CheckReport) -> bytes:
         })
         text = _xml_text(detail(o))
         cmd = report.drilldown(o)
-        body = text + (f"\ndrill down: {_xml_text(cmd)}" if cmd else "") + \
+        why = report.why(o)
+        body = text + (f"\nwhy: {_xml_text(why)}" if why else "") + (f"\ndrill down: {_xml_text(cmd)}" if cmd else "") + \
             (f"\nwhy this rule: {_xml_text(o.rule.why)}" if o.rule.why else "")
         if o.status == FAIL:
             ET.SubElement(case, "failure", {"message": text, "type": "regression"}).text = body
@@ -193,6 +197,9 @@ def github_lines(report: CheckReport) -> list[str]:
         if o.status not in (FAIL, NO_DATA, ERROR):
             continue
         msg = f"{o.metric}: {detail(o)}"
+        why = report.why(o)
+        if why:
+            msg += f"\nwhy: {why}"
         cmd = report.drilldown(o)
         if cmd:
             msg += f"\ndrill down: {cmd}"
@@ -230,6 +237,9 @@ def markdown_summary(report: CheckReport) -> str:
         out.append("")
         for o in problems:
             out.append(f"- **{_md(o.rule.name)}**: {_md(o.message)}")
+            why = report.why(o)
+            if why:
+                out.append(f"  - why: {_md(why)}")
         cmds = [cmd for o in problems if (cmd := report.drilldown(o))]
         if cmds:
             # a run path may hold backticks and newlines: a fence longer than any run of backticks in the

@@ -30,6 +30,15 @@ class CheckReport:
     golden_written: Path | None = None
     notes: list[str] = field(default_factory=list)
     no_data_steps: list[int] = field(default_factory=list)  # steps without a token in the loss
+    #: index in ``outcomes`` -> the failing step's explanation headline (``grpolens explain``)
+    explanations: dict[int, str] = field(default_factory=dict)
+
+    def why(self, o: Outcome) -> str | None:
+        """The one-line explanation of a failure at its first failing step (None: not explained)."""
+        for i, x in enumerate(self.outcomes):
+            if x is o:
+                return self.explanations.get(i)
+        return None
 
     @property
     def exit_code(self) -> int:
@@ -77,9 +86,12 @@ def check(
     overrides: dict | None = None,
     write_golden_to: Path | str | None = None,
     engine=None,
+    explain: bool = True,
 ) -> CheckReport:
     """Check ``run`` against ``rules`` (built-in defaults when None), optionally against a baseline
-    run or golden file; with ``write_golden_to``, also write this run's values as a golden file."""
+    run or golden file; with ``write_golden_to``, also write this run's values as a golden file.
+    ``explain``: each failing rule's first failing step is explained (its top three contributors,
+    :func:`grpolens.analysis.explain.explain`)."""
     t0 = time.perf_counter()
     run = fmt.as_run(run)  # a local Path, or an s3:// run
     ruleset = resolve_rules(rules)
@@ -108,8 +120,33 @@ def check(
         write_golden(Path(write_golden_to), golden_json(df, names, run=run, overrides=overrides,
                                                         rules_source=ruleset.source))
         report.golden_written = Path(write_golden_to)
+    if explain:
+        explain_failures(report, overrides)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def explain_failures(report: CheckReport, overrides: dict | None) -> None:
+    """Each failed rule's headline at its first failing step, against the step before it. A
+    failure that cannot be explained (a metric of the samples, a what-if --set the explanation
+    does not apply) says why in its place; nothing here changes the verdict."""
+    from grpolens.analysis.explain import explain
+    from grpolens.errors import RunFormatError, UserError
+
+    for i, o in enumerate(report.outcomes):
+        if o.status != FAIL or o.step is None or o.metric == "step":
+            continue
+        if overrides:
+            report.explanations[i] = "not explained: the check recomputed the run with --set, explain reads it as recorded"
+            continue
+        try:
+            report.explanations[i] = explain(report.run, o.metric, int(o.step), by=EXPLAIN_DIMS).headline(k=3)
+        except (UserError, RunFormatError) as e:
+            report.explanations[i] = f"not explained: {getattr(e, 'message', str(e))}"
+
+
+#: The dimensions a check failure is explained along (the headline names the first that applies).
+EXPLAIN_DIMS = ("token_id", "group", "completion")
 
 
 def _coverage(cand_steps: list[int], base: Baseline) -> Outcome:

@@ -34,6 +34,7 @@ def check_cmd(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --engine ray: 'auto' or ray://HOST:PORT joins an existing cluster [default: a local Ray instance]."),
     storage_option: List[str] = STORAGE_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table; the verdict line only."),
+    explain: bool = typer.Option(True, "--explain/--no-explain", help="Explain each failing rule at its first failing step: its top three contributors (token ids, prompts or completions; grpolens explain), in every report."),
     as_json: bool = JSON_OPTION,
     as_csv: bool = CSV_OPTION,
 ) -> None:
@@ -73,7 +74,7 @@ def check_cmd(
     from grpolens.metrics.engine import make_engine
 
     report = check(run, baseline=baseline, rules=rules, overrides=overrides, write_golden_to=write_golden,
-                   engine=make_engine(engine, ray_address))
+                   engine=make_engine(engine, ray_address), explain=explain)
 
     from grpolens.check import report as rep
     from grpolens.run.format import atomic_write_bytes
@@ -90,9 +91,10 @@ def check_cmd(
         write_records(({"rule": o.rule.name, "metric": o.metric, "status": o.status, "value": o.value,
                         "baseline": o.baseline, "lower": o.lower, "upper": o.upper, "step": o.step,
                         "failing_steps": o.failing, "checked_steps": o.checked, "message": o.message,
-                        "drilldown": report.drilldown(o) if o.failed else None} for o in report.outcomes), out_fmt,
+                        "drilldown": report.drilldown(o) if o.failed else None, "why": report.why(o)}
+                       for o in report.outcomes), out_fmt,
                       columns=["rule", "metric", "status", "value", "baseline", "lower", "upper", "step",
-                               "failing_steps", "checked_steps", "message", "drilldown"])
+                               "failing_steps", "checked_steps", "message", "drilldown", "why"])
     elif quiet:
         from rich.text import Text
 

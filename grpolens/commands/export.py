@@ -11,6 +11,11 @@ from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remot
 from grpolens.commands.variant_option import VARIANT_OPTION
 
 
+#: the tracker-specific options, checked in this order, and what the refusal adds
+_OWNED = {"resume": "", "online": " (the other trackers are local unless given a server)", "logdir": "",
+          "tracking_uri": ""}
+
+
 def export_cmd(
     run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (local files go to ./<run name>.grpolens/)."),
     to: str = typer.Option(..., "--to", metavar="TRACKER", help="Tracker: wandb, tensorboard, mlflow or trackio."),
@@ -25,10 +30,13 @@ def export_cmd(
     online: bool = typer.Option(False, "--online", help="W&B: send to the W&B server (default: an offline run "
                                                          "directory, unless WANDB_MODE is set)."),
     logdir: Optional[Path] = typer.Option(None, "--logdir", metavar="DIR",
-                                          help="TensorBoard: log directory [default: RUN/grpolens/tensorboard]."),
+                                          help="TensorBoard: log directory [default: tensorboard/ in the profile's output "
+                                               "folder: RUN/grpolens/, RUN/grpolens/PROFILE/, the variant's]."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", metavar="URI",
                                                help="MLflow: tracking store or server [default: MLFLOW_TRACKING_URI, "
-                                                    "else sqlite:///RUN/grpolens/mlflow.db]."),
+                                                    "else mlflow.db in the profile's output folder: "
+                                                    "sqlite:///RUN/grpolens/mlflow.db, RUN/grpolens/PROFILE/, "
+                                                    "the variant's]."),
     tables: bool = typer.Option(True, "--tables/--no-tables",
                                 help="Also export the completions and top-token tables (where the tracker has a table type)."),
     variant: Optional[str] = VARIANT_OPTION,
@@ -39,9 +47,11 @@ def export_cmd(
     as grpolens/<metric> at each training step, with grpolens/step as the x-axis.
 
     Nothing leaves the machine unless asked: W&B writes an offline run (--online to send), MLflow a
-    local SQLite store, TensorBoard and trackio local files. Re-exporting adds only the steps the
-    destination lacks. --variant exports a what-if variant of the run (recompute --set) as a
-    tracker run of its own, named RUN @ LABEL. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
+    local SQLite store, TensorBoard and trackio local files, in the folder of the profile's outputs
+    (RUN/grpolens/, RUN/grpolens/PROFILE/, or the variant's RUN/grpolens/variants/KEY/). Re-exporting
+    never logs a step twice: W&B, MLflow and trackio add only the steps the destination lacks,
+    TensorBoard rewrites the whole run and removes its earlier export. --variant exports a what-if
+    variant of the run (recompute --set) as a tracker run of its own, named RUN @ LABEL. Each tracker's client is an extra: pip install "grpolens[wandb]" (or
     tensorboard, mlflow, trackio). See docs/export.md.
     """
     refuse_unless_remote(storage_option, {"RUN": run})
@@ -49,17 +59,16 @@ def export_cmd(
 
     from grpolens.commands.ui import progress_bar
     from grpolens.errors import UserError
-    from grpolens.export import ExportOptions, ExportSource, export_run, exporter_class
+    from grpolens.export import ExportOptions, ExportSource, export_run, exporter_class, exporters
 
     cls = exporter_class(to)
-    if resume is not None and to != "wandb":
-        raise UserError("--resume applies to --to wandb only")
-    if online and to != "wandb":
-        raise UserError("--online applies to --to wandb only (the other trackers are local unless given a server)")
-    if logdir is not None and to != "tensorboard":
-        raise UserError("--logdir applies to --to tensorboard only")
-    if tracking_uri is not None and to != "mlflow":
-        raise UserError("--tracking-uri applies to --to mlflow only")
+    # a tracker's own options (Exporter.owns), refused for the others
+    given = {"resume": resume is not None, "online": online, "logdir": logdir is not None,
+             "tracking_uri": tracking_uri is not None}
+    for option, note in _OWNED.items():
+        if given[option] and option not in cls.owns:
+            owners = " or ".join(n for n, c in exporters().items() if option in c.owns)
+            raise UserError(f"--{option.replace('_', '-')} applies to --to {owners} only{note}")
     console = Console(stderr=True)
     what_if = None
     if variant is not None:

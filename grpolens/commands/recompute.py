@@ -59,7 +59,7 @@ def recompute_cmd(
         overrides = parse_overrides(set_)
         runner = make_engine(engine, ray_address)
         if is_weights:
-            from grpolens.metrics.rollout_is_visitors import is_weight_writer
+            from grpolens.analysis.is_weights import is_weight_writer
 
             extra = [is_weight_writer(run, overrides, config, out)]
         with progress_bar(console, "recompute", enabled=not quiet) as tick:

@@ -18,7 +18,8 @@ def synth_cmd(
     max_len: int = typer.Option(256, "--max-len", help="Max completion length; longer completions are truncated."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same data."),
     inject: List[str] = typer.Option([], "--inject", help="KIND@STEP with KIND kl-spike, rollout-drift, "
-                                                          "entropy-collapse, nan or clip-drift. Repeatable."),
+                                                          "entropy-collapse, nan, clip-drift, advantage-collapse, "
+                                                          "length-growth, reward-hacking or clip-inactive. Repeatable."),
     texts: bool = typer.Option(False, "--texts/--no-texts", help="Write fake prompt/completion texts (with hostile markup)."),
     vocab: int = typer.Option(32_000, "--vocab", help="Vocabulary size for token ids."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it is an existing grpolens run."),

@@ -15,14 +15,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpolens.export.base import Exporter, needs, tracker_name
+from grpolens.export.base import Exporter, needs, register_exporter, tracker_name
 from grpolens.run.names import child
 
 SUFFIX = ".grpolens"
 
 
+@register_exporter
 class TensorBoardExporter(Exporter):
     tracker = "tensorboard"
+    owns = ("logdir",)
 
     def __init__(self, source, options):
         super().__init__(source, options)
@@ -56,5 +58,3 @@ class TensorBoardExporter(Exporter):
             old.unlink(missing_ok=True)
         return f"event files in {self.dir} (tensorboard --logdir {self.dir.parent})"
 
-
-EXPORTER = TensorBoardExporter

@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import io
 
-from grpolens.export.base import PREFIX, Exporter, needs
+from grpolens.export.base import PREFIX, Exporter, needs, register_exporter
 from grpolens.run.names import path_component
 
 
+@register_exporter
 class TrackioExporter(Exporter):
     tracker = "trackio"
     has_tables = True
@@ -51,5 +52,3 @@ class TrackioExporter(Exporter):
 
         return f"trackio project {self.options.project!r}, run {self.name!r} in {TRACKIO_DIR}"
 
-
-EXPORTER = TrackioExporter

@@ -8,19 +8,19 @@ This package is closed: nothing in it imports anything above it (profiles, analy
 by import or importlib. What extends it is loaded by :func:`grpolens.plugins.load_plugins`.
 """
 
-#: Built-in family modules, imported by :func:`grpolens.metrics.registry.load_builtins`.
+#: Built-in family modules, imported by :func:`grpolens.metrics.registry.load_families`.
 FAMILY_MODULES = [
     "health",
     "entropy",
     "rewards",
-    "lengths",
+    "completions",
     "diversity",
     "policy",
     "kl",
     "clip",
     "loss",
     "rollout_is",
-    "rollout_is_visitors",  # not a family: the visitors its metrics read (and its output writers)
     "verl_actor",
+    "openrlhf_actor",
     "twinkle",
 ]

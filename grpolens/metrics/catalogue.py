@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from grpolens.metrics.registry import PROFILES, REGISTRY, load_builtins  # families; profile names: load the plugins first
+from grpolens.metrics.registry import PROFILES, REGISTRY, load_families  # families; profile names: load the plugins first
 
 
 def catalogue_rows(family: str | None = None, profile: str | None = None) -> list[dict]:
-    load_builtins()
+    load_families()
     rows = []
     for m in REGISTRY.values():
         if family is not None and m.family != family:

@@ -29,7 +29,7 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import (adv_masked, adv_valid, coef, count, is_level, ratio, ratio_valid,
+from grpolens.metrics.ratios import (adv_masked, adv_valid, coef, count, is_level, ratio, ratio_valid,
                                      seq_log_ratio)
 from grpolens.metrics.registry import Family, Metric, register, register_family
 

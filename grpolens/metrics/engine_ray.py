@@ -50,10 +50,10 @@ class ShardFailure:
 
 
 def _run_group(work: Callable, shards: list) -> list[dict[str, Any]] | ShardFailure:
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
     from grpolens.run.storage import StorageError
 
-    load_builtins()  # a fresh worker has only the modules unpickling imported: register every producer
+    load_families()  # a fresh worker has only the modules unpickling imported: register every producer
     out = []
     for sh in shards:
         try:

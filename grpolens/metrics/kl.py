@@ -23,7 +23,8 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import coef, is_level, k3_of, memo, ratio_valid, seq_max_of_nonneg
+from grpolens.functional import estimators as est
+from grpolens.metrics.ratios import coef, is_level, ratio_valid, seq_max_of_nonneg
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.
@@ -43,7 +44,7 @@ _MERGE = {
 
 def kl_valid(b: TokenBatch) -> np.ndarray:
     """Masked tokens with finite logp and ref_logp."""
-    return memo(b, "kl_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.cols["ref_logp"]))
+    return b.cached("kl_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.cols["ref_logp"]))
 
 
 def kl_x(b: TokenBatch) -> np.ndarray:
@@ -51,12 +52,12 @@ def kl_x(b: TokenBatch) -> np.ndarray:
     def make():
         with np.errstate(invalid="ignore"):
             return np.where(kl_valid(b), b.cols["ref_logp"] - b.logp, 0.0)
-    return memo(b, "kl_x", make)
+    return b.cached("kl_x", make)
 
 
 def kl_k3(b: TokenBatch) -> np.ndarray:
     """Per-token k3 = e^x − x − 1 (0 off the valid tokens)."""
-    return memo(b, "kl_k3", lambda: k3_of(kl_x(b)))
+    return b.cached("kl_k3", lambda: est.k3(kl_x(b)))
 
 
 def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
@@ -67,7 +68,7 @@ def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     k3_sum = b.seq_sum(k3)
     # MaxEnt's ±60 clamp changes nothing unless some |x| exceeds it: skip the second exp then
     big = b.n_seq and (x.max() > MAXENT_CLAMP or x.min() < -MAXENT_CLAMP)
-    k3m_sum = b.seq_sum(k3_of(np.clip(x, -MAXENT_CLAMP, MAXENT_CLAMP))) if big else k3_sum
+    k3m_sum = b.seq_sum(est.k3(est.clip_log_ratio(x, MAXENT_CLAMP))) if big else k3_sum
     # bias correction: × π_θ/π_old per token (tokens whose ratio is defined), or × the sequence ratio
     with np.errstate(over="ignore", invalid="ignore"):
         k3c = k3 * coef(b, cfg)
@@ -80,8 +81,8 @@ def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     return {
         "kl.n": n,
         "kl.masked": b.count(b.mask),
-        "kl.k1.sum": -b.seq_sum(x),
-        "kl.k2.sum": b.seq_sum(0.5 * x * x),
+        "kl.k1.sum": est.k1(b.seq_sum(x)),
+        "kl.k2.sum": b.seq_sum(est.k2(x)),
         "kl.k3.sum": k3_sum,
         "kl.k3.max": seq_max_of_nonneg(b, k3, n),
         "kl.k3_c60.sum": k3m_sum,

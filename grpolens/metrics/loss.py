@@ -12,7 +12,7 @@ when that is set, as Twinkle, verl and xtuner do with 20):
     all, when β ≠ 0                          L += β·k3,  k3 = e^x − x − 1, x = ref − logp
                                              (× c when use_bias_correction_kl, c before delta)
 
-``a`` is the applied rollout importance-sampling weight of :func:`grpolens.functional.is_weights.loss_weights`
+``a`` is the applied rollout importance-sampling weight of :func:`grpolens.functional.rollout_is.loss_weights`
 (the same weights and rejections the ``rollout_is/*`` metrics count): TRL's vLLM correction
 (``per_token_loss *= importance_sampling_ratio`` before ``+ β·kl``; token or sequence level, Σδ,
 ``*_truncate`` clamps, ``*_mask`` zeroes), verl's TIS/IcePop and xtuner's modes alike. It applies
@@ -53,11 +53,11 @@ from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.clip import PPO_CLIP_LOSSES
 from grpolens.metrics.partials import producer
 from grpolens.metrics.kl import kl_k3, kl_valid
-from grpolens.metrics.policy import adv_masked, adv_valid, coef
+from grpolens.metrics.ratios import adv_masked, adv_valid, coef
 from grpolens.metrics.reduce import SEQ_MEAN_LOSSES, normalise_like_loss
 from grpolens.metrics.registry import Family, Metric, register, register_family
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials
-from grpolens.functional.is_weights import ISConfig, loss_weights
+from grpolens.functional.rollout_is import ISConfig, loss_weights
 
 #: Loss types that average each sequence's tokens first, then the sequences.
 #: Loss types normalised by a (global) token count.

@@ -15,9 +15,8 @@ Twinkle starts its running maxima at 0 (so a step with masked tokens but no usab
 xtuner clamps d to ±20 before ``exp`` in every ``reduced_train_policy_*`` value and logs 0.0 when
 no token is valid.
 
-This module also holds the ratio helpers the clip, KL and loss families share: which tokens have
-a usable ratio, the importance-sampling level, and the GSPO sequence ratio
-``s_i = exp(Σ_t d·v / max(Σ_t v, 1))`` (the geometric mean of the token ratios).
+The per-token ratio quantities this family shares with the clip, KL and loss families (which
+tokens have a usable ratio, d, e^d, the GSPO sequence ratio) are in :mod:`grpolens.metrics.ratios`.
 """
 
 from __future__ import annotations
@@ -27,112 +26,9 @@ import numpy as np
 from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
+from grpolens.functional import estimators as est
+from grpolens.metrics.ratios import count, log_ratio, ratio_valid, seq_max_of_nonneg
 from grpolens.metrics.registry import Family, Metric, register, register_family
-
-#: xtuner's (and verl's, Twinkle's loss') clamp of log-ratios before exp.
-XTUNER_CLAMP = 20.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Ratio helpers shared by the policy, clip, kl and loss families
-# ---------------------------------------------------------------------------------------------
-
-def memo(b: TokenBatch, key: str, fn):
-    """Compute ``fn()`` once per batch: the policy, clip, kl and loss producers share per-token
-    arrays (the valid masks, d, e^d), and each full-length pass costs about as much as the read."""
-    store = b.__dict__.setdefault("_grpolens_memo", {})
-    if key not in store:
-        store[key] = fn()
-    return store[key]
-
-
-def ratio_valid(b: TokenBatch) -> np.ndarray:
-    """Masked tokens whose current and old log-probs are finite (the ratio is defined)."""
-    return memo(b, "ratio_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.old))
-
-
-def adv_valid(b: TokenBatch) -> np.ndarray:
-    """Ratio-valid tokens whose advantage is finite too (what clip gates and the loss use)."""
-    return memo(b, "adv_valid", lambda: ratio_valid(b) & np.isfinite(b.adv))
-
-
-def adv_masked(b: TokenBatch) -> np.ndarray:
-    """The advantage on :func:`adv_valid` tokens, 0 elsewhere (so ``A < 0`` / ``A > 0`` also mask)."""
-    return memo(b, "adv_masked", lambda: np.where(adv_valid(b), b.adv, 0.0))
-
-
-def count(b: TokenBatch, key: str, valid) -> np.ndarray:
-    """Per-sequence count of a shared mask (``valid`` is the function that makes it)."""
-    return memo(b, f"count:{key}", lambda: b.count(valid(b)))
-
-
-def is_level(cfg: dict) -> str:
-    """The importance-sampling level the loss uses: ``token``, ``sequence`` (GSPO, also implied
-    by ``loss_type="gspo"``) or ``sequence_token`` (GSPO-token: the sequence ratio on each token)."""
-    lvl = cfg.get("importance_sampling_level") or "token"
-    if cfg.get("loss_type") == "gspo" and lvl == "token":
-        return "sequence"
-    return lvl
-
-
-def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
-    """d per token, 0 where the ratio is undefined; clipped to ±clamp when given."""
-    def make():
-        if clamp is not None:
-            d = log_ratio(b)
-            if not len(d) or (d.max() <= clamp and d.min() >= -clamp):
-                return d  # nothing to clamp (the usual case): the same array, so e^d is shared too
-            return np.clip(d, -clamp, clamp)
-        with np.errstate(invalid="ignore"):
-            return np.where(ratio_valid(b), b.log_ratio, 0.0)
-    return memo(b, f"log_ratio:{clamp}", make)
-
-
-def ratio(b: TokenBatch) -> np.ndarray:
-    """e^d per token (1 where the ratio is undefined)."""
-    # = e^(log_ratio(b)) token by token (e^0 = 1), from the batch's own e^(logp − old), which the
-    # top-tokens scores and other visitors use anyway: one exp pass instead of two
-    return memo(b, "ratio", lambda: np.where(ratio_valid(b), b.ratio, 1.0))
-
-
-def seq_log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
-    """Per sequence Σ_t d·v / max(Σ_t v, 1): the log of GSPO's sequence ratio (0 when no token)."""
-    def make():
-        return b.seq_sum(log_ratio(b, clamp)) / np.maximum(count(b, "ratio_valid", ratio_valid), 1.0)
-    return memo(b, f"seq_log_ratio:{clamp}", make)
-
-
-def coef_log(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
-    """Per token, the log of the importance weight the loss uses (TRL's ``log(coef_1)``): d at
-    token level, the sequence's mean d broadcast over its tokens at sequence levels."""
-    if is_level(cfg) == "token":
-        return log_ratio(b, clamp)
-    return memo(b, f"coef_log_seq:{clamp}", lambda: b.broadcast(seq_log_ratio(b, clamp)))
-
-
-def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
-    """The importance weight c = exp(:func:`coef_log`) per token."""
-    if is_level(cfg) == "token" and (clamp is None or log_ratio(b, clamp) is log_ratio(b)):
-        return ratio(b)
-
-    def make():
-        with np.errstate(over="ignore"):
-            return np.exp(coef_log(b, cfg, clamp))
-    return memo(b, f"coef:{is_level(cfg) == 'token'}:{clamp}", make)
-
-
-def k3_of(x: np.ndarray) -> np.ndarray:
-    """e^x − x − 1 (Schulman's K3), accurate for small x."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.expm1(x) - x
-
-
-def seq_max_of_nonneg(b: TokenBatch, x: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Per-sequence max of ``x`` that is >= 0 on valid tokens and 0 elsewhere; -inf without a
-    valid token (what :meth:`TokenBatch.seq_max` gives, one pass cheaper)."""
-    if b.n_seq == 0:
-        return np.zeros(0)
-    return np.where(n > 0, np.maximum.reduceat(x, b.starts), -np.inf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,11 +52,11 @@ def _policy(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     d = log_ratio(b)  # 0 off the valid tokens, so sums of functions of d that vanish at 0 need no mask
     with np.errstate(over="ignore", invalid="ignore"):
         rm1 = np.expm1(d)  # r - 1
-        k3 = rm1 - d
+        k3 = est.k3(d, em1=rm1)
     dmax, dmin = b.seq_max(d, v), b.seq_min(d, v)
-    if b.n_seq and (dmax.max() > XTUNER_CLAMP or dmin.min() < -XTUNER_CLAMP):
-        dc = log_ratio(b, XTUNER_CLAMP)
-        k3c_sum, absdev = b.seq_sum(k3_of(dc)), np.abs(np.expm1(dc))
+    if b.n_seq and (dmax.max() > est.LOG_RATIO_BOUND or dmin.min() < -est.LOG_RATIO_BOUND):
+        dc = log_ratio(b, est.LOG_RATIO_BOUND)
+        k3c_sum, absdev = b.seq_sum(est.k3(dc)), np.abs(np.expm1(dc))
     else:
         k3c_sum, absdev = None, np.abs(rm1)
     k3_sum = b.seq_sum(k3)

@@ -21,6 +21,25 @@ from typing import Any, Callable, Mapping
 #: Token-mean groupings (see :mod:`grpolens.metrics.reduce`).
 TOKEN_MEAN_RULES = ("pooled", "trl_slot", "pack_mean")
 
+#: The training settings a diagnosis may tell a user to change, by grpolens' name, with what each
+#: is; a profile's ``settings`` maps them to the trainer's own keys.
+SETTINGS = {
+    "clip_low": "the lower clip bound of the policy ratio (1 − ε)",
+    "clip_high": "the upper clip bound of the policy ratio (1 + ε_high, clip-higher)",
+    "kl_coef": "the KL-to-reference coefficient (β)",
+    "entropy_coef": "the entropy bonus coefficient",
+    "learning_rate": "the policy's learning rate",
+    "max_grad_norm": "the gradient-norm clip",
+    "num_iterations": "optimisation passes over each generation (PPO epochs)",
+    "num_generations": "completions per prompt (group size)",
+    "max_completion_length": "the completion length limit",
+    "temperature": "the sampling temperature (the engine's and the trainer's must agree)",
+    "rollout_is": "the rollout importance-sampling correction (train–inference mismatch)",
+    "overlong": "the treatment of truncated completions (masking or an overlong penalty)",
+    "dynamic_sampling": "filtering of groups whose completions all get the same reward",
+    "reward_weights": "the weights of the reward functions",
+}
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -64,16 +83,17 @@ class Profile:
     #: suffixes of the per-step count columns, ``schedule.log_view(final, raw, metrics)`` the rows the
     #: trainer logged; recompute keeps the per-step rows with ``per_step=True``
     log_schedule: Callable[..., tuple[Any, dict]] | None = None
+    #: a training setting, by grpolens' name for it (:data:`SETTINGS`) -> the trainer's own config
+    #: key (``"clip_high"`` -> TRL's ``epsilon_high``, verl's ``actor_rollout_ref.actor.clip_ratio_high``):
+    #: how ``grpolens doctor``'s suggestions name what to change
+    settings: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.token_mean not in TOKEN_MEAN_RULES:
             raise ValueError(f"profile {self.name}: unknown token_mean {self.token_mean!r}")
-
-    def name_of(self, metric_name: str) -> str | None:
-        """The name this profile logs ``metric_name`` under (None: it does not log it)."""
-        if self.canonical:
-            return metric_name
-        return self.names.get(metric_name)
+        unknown = sorted(set(self.settings) - set(SETTINGS))
+        if unknown:
+            raise ValueError(f"profile {self.name}: unknown setting {unknown[0]!r}; known: {', '.join(SETTINGS)}")
 
 
 #: name -> profile, in registration order (built-ins first; see :mod:`grpolens.plugins`)

@@ -75,6 +75,8 @@ class Metric:
         return self.source == "samples" or self.reads_samples or (self.template or self.name) in prof.generation_only
 
     def name_in(self, profile: str) -> str | None:
+        """The name profile ``profile`` logs this metric under (None: it does not log it); the one
+        answer to that question, templates' expansions included."""
         prof = PROFILES.get(profile)
         if profile == "grpolens" or (prof is not None and prof.canonical):
             return self.name
@@ -137,7 +139,7 @@ def register_family(family: Family) -> Family:
 
 
 REGISTRY: dict[str, Metric] = {}
-#: name -> the module that registered it; load_builtins orders the registry by module so that
+#: name -> the module that registered it; load_families orders the registry by module so that
 #: catalogues and output columns do not depend on which module a caller happened to import first
 _ORIGIN: dict[str, str] = {}
 
@@ -159,7 +161,7 @@ def register(metric: Metric) -> Metric:
     return metric
 
 
-def load_builtins() -> dict[str, Metric]:
+def load_families() -> dict[str, Metric]:
     """Import every built-in family module (each registers its metrics on import).
 
     Only the metrics layer: profiles, visitors and third-party plugins are loaded by
@@ -169,9 +171,12 @@ def load_builtins() -> dict[str, Metric]:
 
     for mod in FAMILY_MODULES:
         importlib.import_module(f"grpolens.metrics.{mod}")
-    order = [f"grpolens.metrics.{m}" for m in FAMILY_MODULES]
-    rank = {m: i for i, m in enumerate(order)}
-    items = sorted(enumerate(REGISTRY.items()), key=lambda t: (rank.get(_ORIGIN.get(t[1][0], ""), len(order)), t[0]))
+    rank = {f"grpolens.metrics.{m}": i for i, m in enumerate(FAMILY_MODULES)}
+
+    def family_rank(origin: str) -> int:  # a family that is a package registers from its modules
+        return rank.get(".".join(origin.split(".")[:3]), len(rank))
+
+    items = sorted(enumerate(REGISTRY.items()), key=lambda t: (family_rank(_ORIGIN.get(t[1][0], "")), t[0]))
     REGISTRY.clear()
     REGISTRY.update(kv for _, kv in items)
     return REGISTRY
@@ -206,7 +211,7 @@ def resolve(name: str) -> Metric:
 
     Raises KeyError listing close matches when nothing fits.
     """
-    load_builtins()
+    load_families()
     if name in REGISTRY:
         return REGISTRY[name]
     hits = [m for m in REGISTRY.values() if name in m.names.values()]

@@ -35,7 +35,8 @@ import numpy as np
 
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.policy import adv_masked, adv_valid, count, is_level, k3_of, log_ratio, ratio_valid
+from grpolens.functional import estimators as est
+from grpolens.metrics.ratios import adv_masked, adv_valid, count, is_level, log_ratio, ratio_valid
 from grpolens.metrics.registry import Family, register_family, PLACEHOLDER, Metric, register
 
 _COLS = ("tw.k3.sum", "tw.k3.max", "tw.r.max", "tw.g.n", "tw.g.low", "tw.g.high", "tw.below", "tw.above")
@@ -61,7 +62,7 @@ def _twinkle(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     d = T * log_ratio(b)  # 0 off the valid tokens
     with np.errstate(over="ignore", invalid="ignore"):
         r = np.exp(d)
-        k3 = k3_of(d)
+        k3 = est.k3(d)
     n = count(b, "ratio_valid", ratio_valid)
     eps, eph = cfg["epsilon"], cfg["epsilon_high"]
     out = {"tw.k3.sum": b.seq_sum(k3), "tw.k3.max": np.maximum.reduceat(np.where(v, k3, 0.0), b.starts),
@@ -218,7 +219,7 @@ def _twinkle_loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Per sequence Σ L and its tokens, L as Twinkle's loss classes compute it (see the module doc)."""
     from grpolens.metrics.loss import per_token_loss
 
-    c = {**cfg, "log_ratio_clamp": 20.0, "delta": None, "rollout_is": None, "use_bias_correction_kl": False}
+    c = {**cfg, "log_ratio_clamp": est.LOG_RATIO_BOUND, "delta": None, "rollout_is": None, "use_bias_correction_kl": False}
     if c["loss_type"] == "cispo":
         c["epsilon_high"] = 1.0 + cfg["epsilon"]  # CISPOLoss caps the weight at 1 + epsilon
     if c["loss_type"] not in ("grpo", "gspo", "sapo", "bnpo", "dapo", "cispo", "dr_grpo"):

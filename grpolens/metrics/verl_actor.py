@@ -50,17 +50,16 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
-from grpolens.functional import is_weights as ris
-from grpolens.functional.is_weights import ISConfig, loss_weights
+from grpolens.functional import estimators as est
+from grpolens.functional import rollout_is as ris
+from grpolens.functional.rollout_is import ISConfig, loss_weights
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.metrics.engine import visitor
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
-from grpolens.metrics.rollout_is import (VERL_KEYS, _mismatch_partials, batch_inputs, batch_partials, verl_batch_summary,
-                                        verl_summary)
-from grpolens.metrics.rollout_is_visitors import RSPartials, rs_summary
+from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, batch_inputs, batch_partials, rs_summary
+from grpolens.metrics.verl_rollout_corr import VERL_KEYS, verl_batch_summary, verl_summary
 
-CLAMP = 20.0
 _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
          "va.kld_tm", "va.width", "va.old_n", "va.old_ent")
 _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
@@ -126,16 +125,16 @@ def kl_penalty(logp: np.ndarray, ref: np.ndarray, kind: str) -> np.ndarray:
     """verl's ``kl_penalty`` forward value (a ``+`` suffix changes only the gradient)."""
     kind = kind[:-1] if kind.endswith("+") else kind
     if kind in ("kl", "k1"):
-        return logp - ref
+        return est.k1(ref - logp)
     if kind == "abs":
         return np.abs(logp - ref)
     if kind in ("mse", "k2"):
-        return 0.5 * (logp - ref) ** 2
+        return est.k2(logp - ref)
     if kind in ("low_var_kl", "k3"):
-        x = np.clip(ref - logp, -CLAMP, CLAMP)
+        x = est.clip_log_ratio(ref - logp)
         # verl clips the estimate to ±10; e^x − 1 − x >= 0 in floating point (expm1 is monotone and
         # faithfully rounded, so expm1(x) >= x), so only the upper side can bind
-        return np.minimum(np.expm1(x) - x, 10.0)
+        return np.minimum(est.k3(x), 10.0)
     raise _unsupported("kl_loss_type", kind, "kl, k1, abs, mse, k2, low_var_kl and k3, each optionally with +")
 
 
@@ -165,7 +164,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     A = np.where(m, b.adv, 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.where(m, b.logp - b.old, 0.0)
-        dc = np.clip(d, -CLAMP, CLAMP)
+        dc = est.clip_log_ratio(d)
         r = np.exp(dc)
         el = a.get("clip_ratio_low", a.get("clip_ratio", 0.2))
         eh = a.get("clip_ratio_high", a.get("clip_ratio", 0.2))
@@ -439,7 +438,7 @@ BYPASS_VISITOR = "verl_actor.bypass_corr"
 _RS = "rs."
 
 
-class BypassCorrection:
+class BypassCorrection(Visitor):
     """Per sequence of each loss call, the rollout-correction partials of the current policy against
     the rollout (IS, mismatch and rejection-filter partials, as the driver-side summary reads them).
     Combined: the step's rows, keyed like the token shards (one row per loss call and sequence)."""
@@ -478,7 +477,7 @@ def _bypass_visitor(cfg: dict) -> BypassCorrection:
 
 def _bypass_corr_values(sd) -> dict[str, float]:
     """verl's ``actor/rollout_corr/*`` in bypass mode: its loss runs the driver's rollout correction
-    (:func:`~grpolens.metrics.rollout_is.verl_batch_summary`) on each loss call's rows, current
+    (:func:`~grpolens.metrics.verl_rollout_corr.verl_batch_summary`) on each loss call's rows, current
     policy against rollout, with the call's response mask (no rejection before it in bypass mode).
     Each value is a MEAN metric of the call: the mean over a mini-batch's calls (every rank's), then
     verl's ``reduce_metrics`` over mini-batches and PPO epochs by the logged name: max if it

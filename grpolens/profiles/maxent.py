@@ -4,7 +4,7 @@ sequence in its length buckets."""
 
 from functools import partial
 
-from grpolens.metrics import kl, lengths, rewards
+from grpolens.metrics import completions, kl, rewards
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.rewards import QUANTILES, mean, per_round, quantile_key, stat_of, std_population
 
@@ -36,7 +36,7 @@ REDUCTIONS = {
     "advantage/frac_zero_groups": partial(rewards.frac_zero_advantage_groups, empty=0.0, nonfinite_not_zero=True),
     "rewards/<name>/mean": per_round(stat_of(mean, empty=0.0)),
     "rewards/<name>/std_pop": stat_of(std_population, empty=0.0),
-    **{f"completions/unclipped_length/{w}": lengths.length_stat(w, "length", empty=0.0) for w in ("mean", "min", "max")},
+    **{f"completions/unclipped_length/{w}": completions.length_stat(w, "length", empty=0.0) for w in ("mean", "min", "max")},
     # x clamped to ±60, denominators clamped to >= 1
     "kl/k3_loss_norm": partial(kl.k3_loss_norm, clamped=True),
     **{f"kl/by_length/{b}": kl.bucket(i, tokens=False, clamped=True) for i, b in enumerate(kl.BUCKET_LABELS)},

@@ -46,7 +46,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from grpolens.metrics import clip, lengths, loss, rollout_is
+from grpolens.functional import rollout_is as ris
+from grpolens.functional.rollout_is import ISConfig
+from grpolens.metrics import clip, completions, loss
+from grpolens.metrics.rollout_is import step_rows, sub_rows
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.rewards import per_round
 
@@ -86,7 +89,7 @@ REDUCTIONS = {
     "clip/low_min": clip.seq_extreme("low", "min", counted="gt"),
     "clip/high_max": clip.seq_extreme("high", "max", counted="gt"),
     # TRL logs 0 for a round where no completion ended with EOS
-    **{f"completions/terminated_length/{w}": per_round(lengths.length_stat(w, "eos", empty=0.0))
+    **{f"completions/terminated_length/{w}": per_round(completions.length_stat(w, "eos", empty=0.0))
        for w in ("mean", "min", "max")},
     # the loss each call returns, summed over a rank's calls, mean over ranks
     "loss": partial(loss.loss_value, per_call=True),
@@ -390,6 +393,51 @@ def log_view(final: pl.DataFrame, raw: pl.DataFrame, metrics: list, rules: Rules
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
+
+def trl_summary(sd) -> dict[str, float | None]:
+    """TRL ``sampling/*``: per rank over its completions (each once), then across ranks."""
+    p = step_rows(sd)
+    c = ISConfig.from_cfg(sd.cfg)
+    if p is None or not c.configured:
+        return {}
+    keys = np.stack([np.asarray(p["rank"], dtype=np.int64), np.asarray(p["sample_id"], dtype=np.int64)], axis=1)
+    _, first = np.unique(keys, axis=0, return_index=True)
+    p = sub_rows(p, np.sort(first))
+    sv = ris.seq_view(p, c)
+    ranks = np.asarray(p["rank"])
+    nf, absd, absdmax = ris._col(p, "mm.n"), ris._col(p, "mm.absd"), ris._col(p, "mm.absdmax")
+    # a rank without a token logs 0.0 for each (TRL's ``numel() > 0`` guards), and the gather over
+    # ranks takes that 0.0 (into the mean, and into ``nanmin``)
+    means, maxes, rmin, rmean, rmax = [], [], [], [], []
+    for r in np.unique(ranks):
+        s = ranks == r
+        has = nf[s] > 0
+        means.append(absd[s].sum() / nf[s].sum() if has.any() else 0.0)
+        maxes.append(absdmax[s][has].max() if has.any() else 0.0)
+        n = sv.n[s]
+        if c.level == "token":
+            ok = n > 0
+            if ok.any():
+                rmin.append(ris._col(p, "ris.tamin")[s][ok].min())
+                rmax.append(ris._col(p, "ris.tamax")[s][ok].max())
+                rmean.append(ris._col(p, "ris.ta")[s].sum() / n.sum())
+            else:
+                rmin.append(0.0)
+                rmax.append(0.0)
+                rmean.append(0.0)
+        else:  # one ratio per completion, empty ones included (their log-ratio sum is 0)
+            a = sv.a[s]
+            rmin.append(a.min())
+            rmax.append(a.max())
+            rmean.append(a.mean())
+    f = ris._f
+    return {  # one entry per rank in each list: the partials of a step have at least one row
+        "mismatch/abs_logp_diff": f(np.mean(means)), "mismatch/abs_logp_diff_max": f(max(maxes)),
+        "rollout_is/applied/min": f(min(rmin)), "rollout_is/applied/mean": f(np.mean(rmean)),
+        "rollout_is/applied/max": f(max(rmax)),
+    }
+
+
 PROFILE = register_profile(Profile(
     "trl", "TRL's GRPOTrainer keys, as TRL logged them (its logging windows)",
     reference="TRL 0.29–1.16 by the run's `trainer.version` (run on 0.29.0, 1.8.0, 1.9.0, 1.16.0)",
@@ -397,8 +445,13 @@ PROFILE = register_profile(Profile(
     extrema="`low_min`/`high_max`: per-sequence fractions, nanmin/nanmax per slot, mean over slots",
     empty="0.0 for a slot, as TRL logs",
     names=NAMES, reductions=REDUCTIONS, per_generation_round=True,
+    settings={"clip_low": "epsilon", "clip_high": "epsilon_high", "kl_coef": "beta", "entropy_coef": "entropy_coef",
+              "learning_rate": "learning_rate", "max_grad_norm": "max_grad_norm", "num_iterations": "num_iterations",
+              "num_generations": "num_generations", "max_completion_length": "max_completion_length",
+              "temperature": "temperature", "rollout_is": "vllm_importance_sampling_correction",
+              "overlong": "mask_truncated_completions", "reward_weights": "reward_weights"},
     generation_only=frozenset(k for k in NAMES if k.startswith(("rollout_is/", "mismatch/"))),
-    rollout_is_summary=rollout_is.trl_summary,
+    rollout_is_summary=trl_summary,
     log_file="trl_log.jsonl",
     # TRL computes the k3 term exp(ref − logp) − (ref − logp) − 1 in float32, which cancels to ~1e-8
     # absolute near 0, and its loss is a float32 sum of O(1) terms (rounding ~1e-7..1e-6)

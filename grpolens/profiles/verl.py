@@ -4,7 +4,8 @@ nothing when ``algorithm.rollout_correction`` is unset) and its actor metrics (`
 reductions over micro-batches, mini-batches, PPO epochs and data-parallel ranks: see
 :mod:`grpolens.metrics.verl_actor`). Checked against verl's own code (``tests/reference``)."""
 
-from grpolens.metrics import rollout_is, verl_actor  # noqa: F401  (verl_actor registers the actor metrics)
+from grpolens.metrics import verl_actor  # noqa: F401  (registers the actor metrics)
+from grpolens.metrics.verl_rollout_corr import verl_summary
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.registry import REGISTRY
 
@@ -55,7 +56,14 @@ NAMES.update({f"verl_actor/{k}": f"actor/{k}" for k in ("pg_loss", "pg_clipfrac"
 PROFILE = register_profile(Profile(
     "verl", "verl's rollout_corr and actor keys", reference="verl 0.9.1 (its own code, tests/reference)",
     token_mean="pooled", extrema="over the batch", empty="null",
-    names=NAMES, rollout_is_summary=rollout_is.verl_summary,
+    names=NAMES, rollout_is_summary=verl_summary,
+    settings={"clip_low": "actor_rollout_ref.actor.clip_ratio_low", "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
+              "kl_coef": "actor_rollout_ref.actor.kl_loss_coef", "entropy_coef": "actor_rollout_ref.actor.entropy_coeff",
+              "learning_rate": "actor_rollout_ref.actor.optim.lr", "max_grad_norm": "actor_rollout_ref.actor.grad_clip",
+              "num_iterations": "actor_rollout_ref.actor.ppo_epochs", "num_generations": "actor_rollout_ref.rollout.n",
+              "max_completion_length": "data.max_response_length", "temperature": "actor_rollout_ref.rollout.temperature",
+              "rollout_is": "algorithm.rollout_correction.rollout_is", "overlong": "reward_model.overlong_buffer.enable",
+              "dynamic_sampling": "algorithm.filter_groups.enable"},
     # verl's IS-weight std is sqrt(E[w²] − E[w]²) in float32 (compute_is_metrics): the difference
     # cancels, ~1e-6 absolute on the variance with weights up to the threshold, a few 1e-6 on the
     # std (grpolens, in float64, agrees with verl's code run in float64 to 1e-13)

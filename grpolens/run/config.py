@@ -15,9 +15,10 @@ import math
 from typing import Any, Iterable
 
 from grpolens.errors import UserError
-from grpolens.functional.is_weights import SAFETY_BOUND
+from grpolens.functional.rollout_is.config import MODES as IS_MODES, RS_OPTIONS
+from grpolens.functional.estimators import LOG_RATIO_BOUND
 
-_SMALLEST_WEIGHT = math.exp(-SAFETY_BOUND)
+_SMALLEST_WEIGHT = math.exp(-LOG_RATIO_BOUND)
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo")
 IS_LEVELS = ("token", "sequence", "sequence_token")
@@ -151,9 +152,6 @@ def check_keys(given: dict[str, Any], known: Iterable[str], source: str) -> None
 # the xtuner keys ``rollout_is*_threshold`` hold ``(upper, lower)``, grpolens' own ``*threshold``
 # keys hold ``[low, high]``. ``None`` for a bound means "no bound on that side".
 
-IS_MODES = ("none", "truncate", "truncate_upper", "mask", "both", "icepop")
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 _TRL_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _RIS_KEYS = {
     # grpolens
@@ -362,8 +360,8 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
         # A smaller bound caps or zeroes every weight; below ~1.6e-162 its square would also underflow
         # in the Σw² partials and leave the ESS undefined.
         raise _bad(k(sources[0][1]),
-                   f"the upper IS bound must be at least exp(-{SAFETY_BOUND:g}) = {_SMALLEST_WEIGHT:.3g}, the "
-                   f"smallest weight there is (log-ratios are clipped to ±{SAFETY_BOUND:g} before exp)", upper)
+                   f"the upper IS bound must be at least exp(-{LOG_RATIO_BOUND:g}) = {_SMALLEST_WEIGHT:.3g}, the "
+                   f"smallest weight there is (log-ratios are clipped to ±{LOG_RATIO_BOUND:g} before exp)", upper)
 
     mask_lower, mask_upper = lower, upper
     for name, conv in (("mask_threshold", "lower_upper"), ("rollout_is_mask_threshold", "upper_lower")):

@@ -11,15 +11,21 @@ from grpolens.serve.runs import RunSet, resolve_runs
 ASSETS = Path(__file__).parent / "assets"
 
 
+#: Largest request body the server reads (a callback's inputs are a few kB; see grpolens.serve.inputs).
+MAX_REQUEST_BYTES = 1 << 20
+
+
 def create_app(runs: RunSet | Iterable[os.PathLike | str], baseline: os.PathLike | str | None = None,
-               watch: bool = False):
+               watch: bool = False, host: str = "127.0.0.1", allow_hosts: Iterable[str] = ()):
     """A Dash app serving ``runs`` (a :class:`RunSet`, or run/directory paths to resolve).
 
-    The app only ever reads the runs in the set; see :mod:`grpolens.serve.runs`.
+    The app only ever reads the runs in the set; see :mod:`grpolens.serve.runs`. It answers only
+    requests addressed to the address it listens on, ``host`` (and the ``allow_hosts`` names):
+    see :mod:`grpolens.serve.hosts`.
     """
     from dash import Dash
 
-    from grpolens.serve import downloads
+    from grpolens.serve import downloads, hosts
     from grpolens.serve.callbacks import register_callbacks
     from grpolens.serve.layout import build_layout
 
@@ -27,6 +33,8 @@ def create_app(runs: RunSet | Iterable[os.PathLike | str], baseline: os.PathLike
         runs = resolve_runs(list(runs), baseline)
     app = Dash(__name__, title="grpolens", assets_folder=str(ASSETS), update_title=None,
                suppress_callback_exceptions=False)
+    hosts.install(app.server, hosts.policy(host, allow_hosts))
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     app.layout = build_layout(runs, watch)
     register_callbacks(app, runs)
     downloads.register(app, runs)

@@ -1,6 +1,7 @@
 """Each page's view <-> its URL query (see :mod:`grpolens.serve.urlstate` for the keys and their checks).
 
-One callback per page group listens to the URL and to the group's controls, and writes both:
+One callback per page group listens to the URL and to the group's controls, and writes both (the
+header's and the curve panels' here; each other page's in its module, :mod:`grpolens.serve.pages`):
 
 * the URL changed (a loaded link, a reload, back/forward, a click that navigates): the controls
   take the query's values, the default for every key the query lacks;
@@ -26,35 +27,15 @@ import numpy as np
 from dash import ALL, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from grpolens.serve import data, urlstate
-from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, default_runs
-from grpolens.errors import UserError
-from grpolens.serve.runs import RunSet, default_step
-from grpolens.serve.urlstate import as_int
+from grpolens.serve import data, inputs, pages, urlstate
+from grpolens.serve.layout import default_runs
+from grpolens.serve.pages.compare import compare_search
+from grpolens.serve.pages.completions import COMPLETIONS_DEFAULTS, completions_search  # noqa: F401 - re-exported
+from grpolens.serve.pages.tokens import TOKEN_CHOICES, TOKENS_DEFAULTS, tokens_search  # noqa: F401 - re-exported
+from grpolens.serve.runs import RunSet
+from grpolens.serve.urlsync import lenient, range_list, range_state, same, url_triggered  # noqa: F401
 
-TOKENS_DEFAULTS = {"by": "kl", "k": 50, "color": "kl"}
-COMPLETIONS_DEFAULTS = {"truncated": "any", "vetoed": "any", "page": 0}
-TOKEN_CHOICES = {"by": data.RANK_BY, "color": data.COLOR_BY}
-
-
-def _url_triggered() -> bool:
-    """True on the first call and when the URL (path or query) changed, not a control."""
-    return not ctx.triggered_id or ctx.triggered_id == "url"
-
-
-def _same(new, old):
-    return no_update if new == old else new
-
-
-def range_state(rng, lo, hi) -> dict[str, int]:
-    """``from``/``to`` of the step range, each only when narrower than the runs' steps."""
-    out: dict[str, int] = {}
-    if rng and len(rng) == 2 and lo is not None and hi is not None:
-        if rng[0] is not None and rng[0] > lo:
-            out["from"] = int(rng[0])
-        if rng[1] is not None and rng[1] < hi:
-            out["to"] = int(rng[1])
-    return out
+_url_triggered, _same, _lenient, _range_list = url_triggered, same, lenient, range_list
 
 
 def range_value(search: str | None, pathname: str | None, lo: int, hi: int) -> list[int] | None:
@@ -96,27 +77,6 @@ def panel_flips(values, ids, page: str, header_log: bool, flips: dict | None = N
     return {k: v for k, v in (("log", log), ("lin", lin)) if v}
 
 
-def tokens_search(run, step, sample=None, pos=None, by="kl", k=50, color="kl", header_runs=None,
-                  default_header=None) -> str:
-    """``header_runs``: the header's selection, written when it is not ``default_header``."""
-    state = {"run": run, "step": step, "sample": sample, "pos": pos, "by": by, "k": k, "color": color,
-             "runs": list(header_runs) if header_runs else None}
-    return urlstate.encode("tokens", state, {**TOKENS_DEFAULTS, "runs": default_header})
-
-
-def completions_search(run, step, group=None, rank=None, truncated="any", vetoed="any", page=0, sort_by=None,
-                       where=None, header_runs=None, default_header=None) -> str:
-    state = {"run": run, "step": step, "group": group, "rank": rank, "truncated": truncated, "vetoed": vetoed,
-             "page": page, "sort": [s for s in (sort_by or []) if s.get("column_id")], "where": where,
-             "runs": list(header_runs) if header_runs else None}
-    return urlstate.encode("completions", state, {**COMPLETIONS_DEFAULTS, "runs": default_header})
-
-
-def compare_search(a, b, metrics, default_metrics, bounds: dict, a0, b0) -> str:
-    state = {"a": a, "b": b, "delta": list(metrics or []), **bounds}
-    return urlstate.encode("compare", state, {"a": a0, "b": b0, "delta": list(default_metrics or [])})
-
-
 def step_slider(runs: RunSet, names) -> tuple[int, int, dict]:
     """The step slider's bounds over the selected runs' steps, and its marks."""
     lo, hi = data.step_bounds([data.series(runs.path(n)) for n in names]) if names else (0, 1)
@@ -124,18 +84,27 @@ def step_slider(runs: RunSet, names) -> tuple[int, int, dict]:
     return lo, hi, {int(v): str(int(v)) for v in np.linspace(lo, hi, 5).round()}
 
 
-def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callback per page group
+def register_url_callbacks(app, runs: RunSet) -> None:
+    """The header's controls and the curve panels' own log y boxes <-> the URL (each page's own
+    view is its module's: :mod:`grpolens.serve.pages`)."""
     names = runs.names
-    curve_paths = list(CURVE_PAGES)
+    curve_pages = pages.curve_pages()
+    curve_paths = list(curve_pages)
     cmp_a0, cmp_b0 = names[0], names[1] if len(names) > 1 else names[0]
     header_default = default_runs(runs)
+
+    def _runs_or(value, default):
+        return _lenient(lambda v: inputs.run_names(runs, v), value, default)
+
+    def _run_or(value, default):
+        return value if isinstance(value, str) and value in runs.runs else default
 
     # -- The header's controls, on every page ------------------------------------------------------
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Output("runs", "value"), Output("smoothing", "value"), Output("metric-filter", "value"),
                   Output("y-scale", "value"), Output("show-baseline", "value"),
                   Output("range", "min"), Output("range", "max"), Output("range", "value"), Output("range", "marks"),
-                  *[Output(f"nav-{PAGE_IDS[p]}", "href") for p in curve_paths],
+                  *[Output(f"nav-{curve_pages[p]}", "href") for p in curve_paths],
                   Input("url", "pathname"), Input("url", "search"),
                   Input("runs", "value"), Input("smoothing", "value"), Input("range", "value"),
                   Input("metric-filter", "value"), Input("y-scale", "value"), Input("show-baseline", "value"),
@@ -148,8 +117,19 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                     cmp_a, cmp_b, cmp_metrics, cmp_default):
         """The header's controls <-> the URL of whichever page is on screen, and the step slider's
         bounds (the selected runs' steps) and value (the URL's ``from``/``to`` where the page has them)."""
-        path = pathname or "/"
+        path = inputs.pathname(pathname)
         group = urlstate.GROUP_OF_PATH.get(path)
+        # what the controls say, each bounded (a bad value is left out of the URLs: the page says why)
+        sel = _runs_or(sel, None)
+        smoothing = _lenient(inputs.smoothing, smoothing, 0.0)
+        pattern = _lenient(lambda v: inputs.text(v, "metric filter"), pattern, None)
+        y_scale = _lenient(lambda v: inputs.choices(v, urlstate.Y_OPTIONS, "y scale"), y_scale, [])
+        baseline = _lenient(lambda v: inputs.choices(v, ("on",), "baseline"), baseline, [])
+        rng = _lenient(_range_list, rng, None)
+        old_lo, old_hi = inputs.whole_or_none(old_lo, "step"), inputs.whole_or_none(old_hi, "step")
+        cmp_a, cmp_b = _run_or(cmp_a, cmp_a0), _run_or(cmp_b, cmp_b0)
+        cmp_metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), cmp_metrics, [])
+        cmp_default = _lenient(lambda v: inputs.metric_names(v, "delta curves"), cmp_default, [])
         fired = {t["prop_id"] for t in ctx.triggered}
         # (on the first call every input counts as fired, the URL among them)
         from_url = _url_triggered() or bool(fired & {"url.pathname", "url.search"})
@@ -169,10 +149,7 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                 sel = q["runs"]
 
         # the step slider: its bounds follow the selected runs; its value the URL, the user, or a clamp
-        try:
-            checked = runs.check(sel)
-        except UserError:
-            checked = None
+        checked = sel
         slider: list[Any] = [no_update] * 4
         if checked is not None:
             lo, hi, marks = step_slider(runs, checked)
@@ -222,9 +199,14 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   prevent_initial_call=True)
     def sync_panel_log(values, ids, pathname, search, y_scale):
         """A panel's log y box ticked against the header's choice goes into the URL (``log``/``lin``)."""
-        page = CURVE_PAGES.get(pathname or "/")
-        if page is None:
+        page = curve_pages.get(inputs.pathname(pathname))
+        values, ids = _lenient(lambda v: inputs.items(v, "log y boxes"), values, None), \
+            _lenient(lambda v: inputs.items(v, "log y boxes"), ids, None)
+        if page is None or values is None or ids is None:
             raise PreventUpdate
+        values = [v if isinstance(v, list) else [] for v in values]
+        ids = [i if isinstance(i, dict) else {} for i in ids]
+        y_scale = _lenient(lambda v: inputs.choices(v, urlstate.Y_OPTIONS, "y scale"), y_scale, [])
         q = urlstate.decode("curves", search, names)
         flips = panel_flips(values, ids, page, "log" in (y_scale or []), q)
         q.pop("log", None), q.pop("lin", None)
@@ -232,120 +214,3 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
         if query == (search or ""):
             raise PreventUpdate
         return query
-
-    # -- Tokens ------------------------------------------------------------------------------------
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
-                  Output("tok-focus", "data"), Output("tok-by", "value"), Output("tok-k", "value"),
-                  Output("tok-color", "value"), Output("nav-tokens", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  Input("tok-run", "value"), Input("tok-step", "value"), Input("tok-sample", "value"),
-                  Input("tok-by", "value"), Input("tok-k", "value"), Input("tok-color", "value"),
-                  State("tok-focus", "data"), State("runs", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_tokens(pathname, search, run, step, sample, by, k, color, focus, header_runs):
-        on_page = pathname == "/tokens"
-        cur = (run, step, sample, focus, by, k, color)
-        outs: list[Any] = [no_update] * 7
-        if _url_triggered():
-            if on_page or step is None:
-                q = urlstate.decode("tokens", search if on_page else "", names, TOKEN_CHOICES)
-                header_runs = q.get("runs", header_runs)  # sync_header sets the header from the same URL
-                r = runs.run_of(q.get("run", runs.run_names[0]))  # a variant's tokens are its run's
-                want = (r, q["step"] if "step" in q else default_step(runs, r), q.get("sample"), q.get("pos"),
-                        q.get("by", "kl"), q.get("k", 50), q.get("color", "kl"))
-                outs = [_same(w, c) for w, c in zip(want, cur)]
-                run, step, sample, focus, by, k, color = want
-        elif ctx.triggered_id in ("tok-run", "tok-step", "tok-sample") and focus is not None:
-            focus = None  # the outlined token belonged to the completion shown before
-            outs[3] = None
-        query = tokens_search(run, as_int(step), as_int(sample), as_int(focus), by, as_int(k), color,
-                              header_runs, header_default)
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/tokens" + query)
-
-    # -- Completions ---------------------------------------------------------------------------------
-    filters = ("comp-run", "comp-step", "comp-group", "comp-rank", "comp-trunc", "comp-veto")
-
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  *[Output(c, "value") for c in filters],
-                  Output("comp-table", "page_current"), Output("comp-table", "sort_by"),
-                  Output("comp-table", "filter_query"), Output("nav-completions", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  *[Input(c, "value") for c in filters],
-                  Input("comp-table", "page_current"), Input("comp-table", "sort_by"),
-                  Input("comp-table", "filter_query"), State("runs", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_completions(pathname, search, run, step, group, rank, trunc, veto, page, sort_by, where, header_runs):
-        on_page = pathname == "/completions"
-        cur = (run, step, group, rank, trunc, veto, page, sort_by or [], where or "")
-        outs: list[Any] = [no_update] * 9
-        if _url_triggered():
-            if on_page or step is None:
-                q = urlstate.decode("completions", search if on_page else "", names)
-                header_runs = q.get("runs", header_runs)
-                r = runs.run_of(q.get("run", runs.run_names[0]))
-                want = (r, q["step"] if "step" in q else default_step(runs, r), q.get("group"), q.get("rank"),
-                        q.get("truncated", "any"), q.get("vetoed", "any"), q.get("page", 0), q.get("sort", []),
-                        q.get("where", ""))
-                outs = [_same(w, c) for w, c in zip(want, cur)]
-                run, step, group, rank, trunc, veto, page, sort_by, where = want
-        elif ctx.triggered_id in filters or ctx.triggered_id == "comp-table" and \
-                any(t["prop_id"] == "comp-table.filter_query" for t in ctx.triggered):
-            if page:  # a new selection starts at its first page
-                page, outs[6] = 0, 0
-        query = completions_search(run, as_int(step), as_int(group), as_int(rank), trunc, veto, as_int(page) or 0,
-                                   sort_by, where, header_runs, header_default)
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/completions" + query)
-
-    # -- Compare ---------------------------------------------------------------------------------------
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  Output("cmp-a", "value"), Output("cmp-b", "value"),
-                  Output("cmp-metrics", "value"), Output("nav-compare", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  Input("cmp-a", "value"), Input("cmp-b", "value"), Input("cmp-metrics", "value"),
-                  # the step range is sync_header's (it writes from/to here too): read, never listened to
-                  State("range", "value"), State("range", "min"), State("range", "max"),
-                  State("cmp-default", "data"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_compare(pathname, search, a, b, metrics, rng, lo, hi, default_metrics):
-        on_page = pathname == "/compare"
-        outs: list[Any] = [no_update] * 3
-        bounds = range_state(rng, lo, hi)
-        if _url_triggered() and on_page:
-            q = urlstate.decode("compare", search, names)
-            bounds = {k: q[k] for k in ("from", "to") if k in q}
-            want = (q.get("a", cmp_a0), q.get("b", cmp_b0), q.get("delta", []))
-            outs = [_same(w, c) for w, c in zip(want, (a, b, metrics or []))]
-            if "delta" not in q and metrics:
-                outs[2] = []  # the page's default curves (render_compare fills them in)
-            a, b, metrics = want[0], want[1], want[2] or default_metrics
-        query = compare_search(a, b, metrics, default_metrics, bounds, cmp_a0, cmp_b0)
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/compare" + query)
-
-    # -- Runs ------------------------------------------------------------------------------------------
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  Output("runs-table", "sort_by"), Output("runs-table", "filter_query"),
-                  Output("runs-table", "selected_rows"), Output("nav-runs", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  Input("runs-table", "sort_by"), Input("runs-table", "filter_query"), Input("runs-table", "selected_rows"),
-                  State("runs", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_runs(pathname, search, sort_by, where, selected, header_runs):
-        """Sort, filter and the ticked rows; ticked by default: the runs the header has selected."""
-        on_page = pathname == "/runs"
-        outs: list[Any] = [no_update] * 3
-        ticked = [names[i] for i in sorted(selected or []) if isinstance(i, int) and 0 <= i < len(names)]
-        if _url_triggered() and on_page:
-            q = urlstate.decode("runs", search, names)
-            want = (q.get("sort", []), q.get("where", ""),
-                    [names.index(n) for n in q.get("tick", header_runs or []) if n in names])
-            outs = [_same(w, c) for w, c in zip(want, (sort_by or [], where or "", sorted(selected or [])))]
-            sort_by, where = want[:2]
-            ticked = [names[i] for i in sorted(want[2])]
-        query = urlstate.encode("runs", {"sort": [s for s in (sort_by or []) if s.get("column_id")], "where": where,
-                                         "tick": ticked or None}, {"tick": header_default})
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/runs" + query)

@@ -140,3 +140,35 @@ def test_check_and_sweep_read_the_bucket(s3_env, synth_small, remote, tmp_path, 
     main(["sweep", remote, "--param", "rollout_is.upper=1.5,3", "-q"])
     got = pl.read_parquet(tmp_path / "run.grpolens" / "sweep.parquet")
     assert_frame_equal(got, sweep(synth_small, {"upper": [1.5, 3.0]}), check_exact=True)
+
+
+def test_only_to_an_s3_output_lands_in_the_bucket(s3_env, synth_small, tmp_path, monkeypatch):
+    """--only --out s3://: the selected metrics are uploaded (they were written to a local staging
+    folder and left there), nothing of an earlier full recompute there is fetched or rewritten, and
+    no staging folder is left behind."""
+    import io
+    import shutil
+    import tempfile
+
+    run = tmp_path / "local-run"
+    shutil.copytree(synth_small, run, ignore=shutil.ignore_patterns("grpolens"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the staging folders go here
+    (tmp_path / "tmp").mkdir()
+    out = f"s3://runs/only-{tmp_path.name}"
+    recompute(run, out=out)  # a full recompute's outputs and cache in the bucket first
+    client = s3_env.client()
+
+    def objects() -> dict[str, str]:
+        listed = client.list_objects_v2(Bucket="runs", Prefix=f"only-{tmp_path.name}/")["Contents"]
+        return {o["Key"].split("/", 1)[1]: o["ETag"] for o in listed}
+
+    before = objects()
+    res = recompute(run, out=out, only=["clip,kl/k3"], result=True)
+    after = objects()
+    body = client.get_object(Bucket="runs", Key=f"only-{tmp_path.name}/metrics.parquet")["Body"].read()
+    assert_frame_equal(pl.read_parquet(io.BytesIO(body)), res.metrics)
+    assert res.metrics.columns[0] == "step" and "clip/low" in res.metrics.columns and "entropy" not in res.metrics.columns
+    assert str(res.out_dir) == out
+    changed = sorted(k for k in after if after[k] != before.get(k))
+    assert changed == ["metrics.jsonl", "metrics.parquet"]
+    assert list((tmp_path / "tmp").iterdir()) == []

@@ -106,9 +106,9 @@ def test_merging_a_piece_without_a_max_column_keeps_negative_maxima():
     """A rank that lacks an optional column (no old_logp there) contributes the max rule's neutral
     -inf, so the step's maximum of negative values stays negative (0.0 would win)."""
     from grpolens.metrics.partials import merge_arrays
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
 
-    load_builtins()
+    load_families()
     keys = lambda rank, ids: {"step": np.zeros(len(ids), np.int64), "rank": np.full(len(ids), rank, np.int64),  # noqa: E731
                               "micro_batch": np.zeros(len(ids), np.int64), "sample_id": np.asarray(ids, np.int64)}
     with_old = {**keys(0, [0, 1]), "policy.d.max": np.array([-0.5, -0.25])}

@@ -65,7 +65,7 @@ def test_any_other_exception_is_left_to_ray():
 
 def test_a_worker_registers_the_builtin_producers_before_its_first_shard(monkeypatch):
     calls = []
-    monkeypatch.setattr("grpolens.metrics.registry.load_builtins", lambda: calls.append("loaded"))
+    monkeypatch.setattr("grpolens.metrics.registry.load_families", lambda: calls.append("loaded"))
     _run_group(lambda sh: calls.append(sh.path.name), _shards("a"))
     assert calls == ["loaded", "a"]
 

@@ -48,10 +48,10 @@ def test_halves_of_sequences_merge(tmp_path):
     from grpolens.metrics.batch import TokenBatch
     from grpolens.run.config import check_config
     from grpolens.metrics.partials import PRODUCERS, merge_partials, sequence_partials
-    from grpolens.plugins import load_builtins
+    from grpolens.plugins import load_plugins
     from grpolens.run import format as fmt
 
-    load_builtins()
+    load_plugins()
     rng = np.random.default_rng(32)
     calls = random_calls(rng, steps=(0,), ranks=1, micro_batches=3, nonfinite=0.1, spread=0.5, max_len=20)
     cfg = check_config({**fmt.CONFIG_DEFAULTS, "loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": True,
@@ -98,7 +98,7 @@ def test_is_partials_of_cut_sequences_merge(tmp_path):
     whole sequence."""
     import pyarrow.parquet as pq
 
-    from grpolens.functional import is_weights as ris
+    from grpolens.functional import rollout_is as ris
     from grpolens.metrics.batch import TokenBatch
     from grpolens.metrics.partials import merge_partials
     from grpolens.run.config import check_config
@@ -162,9 +162,9 @@ def test_merge_arrays_merges_a_shared_sequence_that_is_not_the_first_in_key_orde
     test must compare every pair of neighbours in key order, not only the first row, so sample 5
     comes back once with its two entropy sums added (1.5 + 2.0) and sample 0 untouched."""
     from grpolens.metrics.partials import merge_arrays
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
 
-    load_builtins()
+    load_families()
     a = {**_keys(0, 0, 0, [0, 5]), "entropy.sum": np.array([4.0, 1.5]), "entropy.n": np.array([2.0, 1.0])}
     b = {**_keys(0, 0, 0, [5]), "entropy.sum": np.array([2.0]), "entropy.n": np.array([3.0])}
     out = merge_arrays([a, b])
@@ -176,9 +176,9 @@ def test_merge_arrays_keeps_apart_sequences_that_share_only_a_sample_id():
     """Two ranks may number their samples alike: (rank 0, sample 1) and (rank 1, sample 1) are two
     sequences, so nothing merges, and the rank without the max column gets the max rule's -inf."""
     from grpolens.metrics.partials import merge_arrays
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
 
-    load_builtins()
+    load_families()
     out = merge_arrays([{**_keys(0, 0, 0, [1]), "policy.d.max": np.array([-0.5])}, _keys(0, 1, 0, [1])])
     assert out["rank"].tolist() == [0, 1] and out["sample_id"].tolist() == [1, 1]
     assert out["policy.d.max"].tolist() == [-0.5, -np.inf]
@@ -189,9 +189,9 @@ def test_merge_partials_applies_each_rule_to_a_cut_sequence_and_ignores_absent_c
     take the extreme, `first` takes the value of the piece that has one (the other lacks the
     column: null, ignored). Sample 1 lies whole in the piece without the advantage: null there."""
     from grpolens.metrics.partials import merge_partials
-    from grpolens.metrics.registry import load_builtins
+    from grpolens.metrics.registry import load_families
 
-    load_builtins()
+    load_families()
     a = pl.DataFrame({**_keys(0, 0, 0, [3, 1]), "entropy.sum": [1.0, 2.0], "policy.d.max": [-0.5, 0.25],
                       "policy.d.min": [-1.0, 0.0]})
     b = pl.DataFrame({**_keys(0, 0, 0, [3]), "entropy.sum": [4.0], "policy.d.max": [-0.75],
@@ -217,11 +217,11 @@ def test_merge_partials_of_whole_pieces_leaves_an_absent_column_null():
 
 
 def _config():
-    from grpolens.plugins import load_builtins
+    from grpolens.plugins import load_plugins
     from grpolens.run import format as fmt
     from grpolens.run.config import check_config
 
-    load_builtins()
+    load_plugins()
     return check_config(dict(fmt.CONFIG_DEFAULTS))
 
 

@@ -217,7 +217,7 @@ def test_seq_log_ratio_of_a_fresh_batch_is_the_mean_valid_log_ratio_per_sequence
     """GSPO's per-sequence log ratio called first on a batch, before any other producer has counted
     its valid tokens: Σ_t d / max(#valid, 1), worked by hand on three ragged sequences (one without a
     valid token), unclamped and clamped at 0.3."""
-    from grpolens.metrics.policy import seq_log_ratio
+    from grpolens.metrics.ratios import seq_log_ratio
     from tests.metrics.test_batch import _table
 
     nan = float("nan")

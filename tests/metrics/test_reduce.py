@@ -81,10 +81,10 @@ def test_a_step_without_sequences_has_no_grouped_token_mean_and_no_group():
 def test_zero_when_empty_needs_sequences_under_xtuner():
     """xtuner logs 0.0 for its train-policy values when the step's sequences have no valid token,
     but a step without any sequence has nothing logged (``zero_needs_sequences``)."""
-    from grpolens.metrics.registry import REGISTRY, load_builtins
+    from grpolens.metrics.registry import REGISTRY, load_families
     from grpolens.profiles.xtuner import PROFILE
 
-    load_builtins()
+    load_families()
     metric = REGISTRY["policy/approx_kl"]
     masked = {**{k: SEQS[k] for k in ("step", "rank", "micro_batch", "sample_id")},
               "policy.k3.sum": np.zeros(3), "policy.k3_c20.sum": np.zeros(3), "policy.n": np.zeros(3)}

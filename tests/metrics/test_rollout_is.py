@@ -682,7 +682,7 @@ def one_call(tmp_path, old, rollout, mask=None, adv=None, config=None, name="run
 
 
 def weights_of(run):
-    from grpolens.metrics.rollout_is_visitors import is_weight_writer
+    from grpolens.analysis.is_weights import is_weight_writer
 
     grpolens.recompute(run, write=False, extra_visitors=[is_weight_writer(run)])
     return pl.read_parquet(run / "grpolens" / "is_weights" / "step=00000000" / "rank=00000.parquet")
@@ -894,7 +894,7 @@ def test_is_weights_follow_out(tmp_path):
 
 
 def test_is_weights_needs_rollout(tmp_path):
-    from grpolens.metrics.rollout_is_visitors import is_weight_writer
+    from grpolens.analysis.is_weights import is_weight_writer
 
     run = write_run(tmp_path / "run", random_calls(np.random.default_rng(0), rollout=False))
     with pytest.raises(UserError, match="rollout_logp"):
@@ -984,7 +984,7 @@ def test_veto_ratio_exactly_on_its_bound_is_kept(tmp_path):
 
 def _partials(**cols):
     """Merged per-sequence IS partials, every column 0 except those given (max columns -inf)."""
-    from grpolens.functional.is_weights import IS_MERGE
+    from grpolens.functional.rollout_is import IS_MERGE
 
     n = len(next(iter(cols.values())))
     base = {k: np.full(n, -np.inf if rule == "max" else np.inf if rule == "min" else 0.0) for k, rule in IS_MERGE.items()}
@@ -1008,7 +1008,7 @@ def test_canonical_summary_holds_exactly_the_documented_metrics(ris, absent):
     # every rollout_is/* metric docs/metrics.md lists, but those that do not apply to the config
     # (the band's without an upper bound, a mode's own fractions; batch_norm_factor is the verl
     # profile's), and nothing else: the applied weights' sequence summary has no band fractions
-    from grpolens.functional.is_weights import ISConfig, summarize
+    from grpolens.functional.rollout_is import ISConfig, summarize
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     documented = set(re.findall(r"^\| `rollout_is/([^`]+)` \|", docs, flags=re.M))
@@ -1022,7 +1022,7 @@ def test_canonical_summary_holds_exactly_the_documented_metrics(ris, absent):
 def test_a_summary_value_that_is_not_a_number_is_reported_as_null():
     # the IS and mismatch summaries of every profile report their values through is_weights._f: a
     # NaN (nothing to average) is reported as null, never as NaN
-    from grpolens.functional.is_weights import _f
+    from grpolens.functional.rollout_is import _f
 
     assert _f(np.float64(np.nan)) is None and _f(float("nan")) is None and _f(None) is None
     assert _f(np.float64(2.5)) == 2.5 and type(_f(np.float32(0.5))) is float
@@ -1031,7 +1031,7 @@ def test_a_summary_value_that_is_not_a_number_is_reported_as_null():
 def test_sequence_max_filter_on_one_token_and_on_no_token():
     # seq_max_k2 <= 0.3: a sequence whose one valid token has k2 = 0.5 is rejected; a sequence
     # without a valid token (its max is the empty max, -inf) has statistic 0 and is not.
-    from grpolens.functional.is_weights import ISConfig, seq_view
+    from grpolens.functional.rollout_is import ISConfig, seq_view
 
     c = ISConfig.from_cfg(norm({"rs": "seq_max_k2", "rs_threshold": "0.3"}))
     p = _partials(**{"ris.n": [1, 0, 2], "ris.k2max": [0.5, -np.inf, 0.2]})
@@ -1325,7 +1325,7 @@ def test_sequence_log_weight_exactly_on_a_band_bound_is_inside(tmp_path):
 def test_a_configs_own_top_level_mode_or_level_key_is_not_read_as_the_is_settings():
     """A run config may hold keys of the user's own (``mode: "train"``); only ``rollout_is`` holds
     the IS settings, configured or not."""
-    from grpolens.functional.is_weights import ISConfig
+    from grpolens.functional.rollout_is import ISConfig
 
     band = {"level": "token", "mode": "truncate", "threshold": [0.5, 2.0]}
     configured = check_config({**CONFIG_DEFAULTS, "rollout_is": band})

@@ -1,5 +1,5 @@
 """verl's rejection-filter metrics (``rollout_rs/*``) against verl's formulas on padded arrays, and
-how the per-shard partials of :class:`~grpolens.metrics.rollout_is_visitors.RSPartials` merge: a
+how the per-shard partials of :class:`~grpolens.metrics.rollout_is.visitors.RSPartials` merge: a
 sequence cut across pieces, a completion trained on in two loss calls.
 
 The reference is ``compute_rollout_rejection_mask`` / ``compute_rs_metrics`` of verl 0.9.1
@@ -126,9 +126,9 @@ def test_rejection_metrics_are_verls_formulas_over_the_step(tmp_path, rs, thresh
 
 
 def _rs_pieces(tables, cfg):
-    from grpolens.functional.is_weights import ISConfig
+    from grpolens.functional.rollout_is import ISConfig
     from grpolens.metrics.batch import TokenBatch
-    from grpolens.metrics.rollout_is_visitors import RSPartials
+    from grpolens.metrics.rollout_is import RSPartials
 
     v = RSPartials(ISConfig.from_cfg(cfg))
     return v, [v.shard(TokenBatch.from_arrow(t), None) for t in tables]
@@ -260,7 +260,7 @@ def test_is_weights_config_json_records_the_config_used(tmp_path):
     the rejection filters, whether the run configured IS at all, and what each column holds."""
     import json
 
-    from grpolens.metrics.rollout_is_visitors import is_weight_writer
+    from grpolens.analysis.is_weights import is_weight_writer
 
     columns = {"valid": "mask and the log-ratio is defined (weights are null elsewhere)",
                "is_weight_raw": "safety-bounded weight at the level, before truncation/zeroing",
@@ -285,7 +285,7 @@ def test_is_weights_config_json_records_the_config_used(tmp_path):
 
 def test_is_weights_of_a_run_without_rollout_logprobs_name_its_first_token_shard(tmp_path):
     from grpolens.errors import UserError
-    from grpolens.metrics.rollout_is_visitors import is_weight_writer
+    from grpolens.analysis.is_weights import is_weight_writer
 
     run = write_run(tmp_path / "run", random_calls(np.random.default_rng(0), rollout=False))
     with pytest.raises(UserError) as e:

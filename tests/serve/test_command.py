@@ -80,3 +80,61 @@ def test_help_does_not_import_dash():
     code = "import sys, grpolens.cli; print(any(m.split('.')[0] in ('dash', 'plotly') for m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "False"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int, host_header: str) -> int | None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/csv/runs", headers={"Host": host_header})
+        return conn.getresponse().status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(180)
+def test_debug_serves_and_checks_hosts(serve_runs):
+    """``serve --debug`` (issue #28): the reloader's child, which serves, does not re-check the port
+    its parent holds; the real server refuses a rebinding Host and answers an --allow-host name."""
+    import os
+    import signal
+    import time
+
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "grpolens.cli", "serve", str(serve_runs[1]), "--debug",
+                          "--no-recompute", "--port", str(port), "--allow-host", "dash.example.com"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        status = None
+        end = time.time() + 150
+        while time.time() < end and p.poll() is None and status != 200:
+            time.sleep(0.5)
+            status = _get(port, f"127.0.0.1:{port}")
+        assert status == 200, p.stderr.read() if p.poll() is not None else "no answer"
+        assert _get(port, "evil.example.com") == 403
+        assert _get(port, "dash.example.com") == 200
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)  # the command and the reloader's child it started
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate(timeout=30)
+    assert "Address already in use" not in err and "cannot listen" not in err and "Traceback" not in err, err
+    assert err.count("serving 1 run(s)") == 1, err
+
+
+def test_bad_allow_host_is_one_line(serve_runs):
+    r = subprocess.run([sys.executable, "-m", "grpolens.cli", "serve", str(serve_runs[1]), "--allow-host", "a b"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--allow-host 'a b'" in r.stderr and "Traceback" not in r.stderr

@@ -138,7 +138,7 @@ def is_step_detail(run: Path, step: int) -> dict[str, Any]:
     # No is_hist.parquet for this step: the rollout-IS family's own per-token decisions, on the
     # step's shards (one implementation of truncation, masking and veto for every view).
     from grpolens.analysis import drilldown
-    from grpolens.functional.is_weights import ISConfig, token_weights
+    from grpolens.functional.rollout_is import ISConfig, token_weights
     from grpolens.run.reader import resolve_config
 
     b = drilldown.load_step(run, step)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from grpolens.functional.estimators import formula
 from grpolens.run import format as fmt
 from grpolens.errors import UserError
 from grpolens.serve.data.memo import _RUN_MEMO, _STEP_MEMO, _stat, _step_fingerprint, run_key
@@ -14,9 +15,9 @@ from grpolens.serve.data.memo import _RUN_MEMO, _STEP_MEMO, _stat, _step_fingerp
 
 #: Per-token scores (name -> definition shown in the UI). Sequential scores are >= 0.
 SCORES = {
-    "kl": "KL to reference, k3 estimator: exp(ref - logp) - (ref - logp) - 1",
+    "kl": f"KL to reference, k3 estimator: {formula('k3', 'ref - logp')}",
     "mismatch": "|train - rollout| log-prob: |old_logp - rollout_logp| (old_logp = logp when on-policy)",
-    "ratio": "policy ratio exp(logp - old_logp); ranked by |log ratio|",
+    "ratio": f"policy ratio {formula('ratio', 'logp - old_logp')}; ranked by |log ratio|",
     "entropy": "policy entropy at the position",
     "adv_ratio": "|advantage * (ratio - 1)|: how much the token moves the loss",
     "advantage": "advantage applied to the token",
@@ -49,7 +50,7 @@ def step_tokens(run: Path, step: int) -> pl.DataFrame:
 
         from grpolens.analysis import drilldown
         from grpolens.metrics.batch import TokenBatch
-        from grpolens.functional.is_weights import bounded_exp
+        from grpolens.functional.estimators import bounded_exp
 
         shards = fmt.list_shards(run, fmt.TOKENS, [step])
         if not shards:

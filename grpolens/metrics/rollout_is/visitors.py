@@ -2,14 +2,13 @@
 per-sequence partials.
 
 Feeding the family's metrics: the exact δ quantiles (:class:`DeltaQuantiles`) and verl's
-rejection-filter partials (:class:`RSPartials`). Writing outputs: the IS-weight histograms
-(``RUN/grpolens/is_hist.parquet``, :class:`ISHistogram`) and the ``--is-weights`` writer
-(:class:`ISWeightWriter`, passed in by ``grpolens recompute --is-weights``).
+rejection-filter partials (:class:`RSPartials`). Writing an output: the IS-weight histograms
+(``RUN/grpolens/is_hist.parquet``, :class:`ISHistogram`). The ``--is-weights`` writer is
+:mod:`grpolens.analysis.is_weights`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -17,22 +16,18 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
-from grpolens.functional import is_weights as ris
+from grpolens.functional import rollout_is as ris
 from grpolens.functional.histogram import LogHistogram
-from grpolens.functional.is_weights import ISConfig, SAFETY_BOUND
+from grpolens.functional.estimators import LOG_RATIO_BOUND, clip_log_ratio
+from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.metrics.engine import visitor
-from grpolens.metrics.rollout_is import (DELTA_VISITOR, FAMILY, OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS, RS_VISITOR, batch_inputs,
-                                        batch_token_weights, batch_valid_weights)
-from grpolens.run import format as fmt
-from grpolens.run.reader import resolve_config
+from grpolens.metrics.engine import Visitor, visitor
+from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs, batch_valid_weights
+from grpolens.metrics.rollout_is.offset import OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS
 from grpolens.run.step_table import write_step_table
 
-# ---------------------------------------------------------------------------------------------
-# Visitors
-# ---------------------------------------------------------------------------------------------
 
-class DeltaQuantiles:
+class DeltaQuantiles(Visitor):
     """Per-step quantiles of δ over masked finite tokens from a mergeable log-binned histogram
     (:mod:`grpolens.functional.histogram`: within 0.5 % of the exact order statistic), and exact
     counts of each sign: shards and engines merge it exactly."""
@@ -70,17 +65,17 @@ def _delta_visitor(cfg: dict) -> DeltaQuantiles:
 
 #: Histogram bins on δ = ln w: 0.1-decade log-spaced |δ| from 1e-6 to the ±20 safety bound, both
 #: signs, plus one centre bin (−1e-6, 1e-6): bf16 noise (~1e-3) and catastrophic tails both resolve.
-_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(SAFETY_BOUND), 0.1), SAFETY_BOUND))
+_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(LOG_RATIO_BOUND), 0.1), LOG_RATIO_BOUND))
 HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
 
 
 def histogram(log_w: np.ndarray) -> np.ndarray:
-    x = np.clip(log_w, -SAFETY_BOUND, SAFETY_BOUND)
+    x = clip_log_ratio(log_w)
     return np.histogram(x, bins=HIST_EDGES)[0].astype(np.int64)
 
 
 @dataclass
-class ISHistogram:
+class ISHistogram(Visitor):
     """Per-step histograms of the token raw weight e^δ and of the applied weight at the configured
     level (zero weights counted apart); written to ``is_hist.parquet`` by every recompute."""
 
@@ -129,7 +124,7 @@ def _hist_visitor(cfg: dict) -> ISHistogram:
     return ISHistogram(ISConfig.from_cfg(cfg))
 
 
-class RSPartials:
+class RSPartials(Visitor):
     """Per-sequence partials of verl's rejection filters (only when ``rollout_is.rs`` is set)."""
 
     name = RS_VISITOR
@@ -234,96 +229,3 @@ def rs_summary(p: dict[str, np.ndarray], c: ISConfig) -> dict[str, float | None]
     out["rollout_rs/masked_fraction"] = ris._f(rejected.sum() / N)
     out["rollout_rs/seq_masked_fraction"] = ris._f(np.mean(rejected > 0))  # over all rows, as verl
     return out
-
-
-NO_ROLLOUT = "no rollout_logp"  # the piece of a shard without rollout log-probs
-
-
-class ISWeightWriter:
-    """``recompute --is-weights``: per-token weights and the modified loss mask, one Parquet file
-    per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens
-    (``OUT/is_weights/...`` with ``--out``: a directory, or an ``s3://`` prefix where each file is
-    uploaded atomically as it is written, see :meth:`grpolens.run.storage.Location.atomic_writer`)."""
-
-    name = "rollout_is.weights"
-
-    def __init__(self, run: Path, c: ISConfig, out=None):
-        from grpolens.run.storage import is_remote, location
-
-        # absolute: shard() may run in a Ray worker, whose working directory is not this process's
-        if out is None:
-            self.root = fmt.derived_dir(run).absolute() / "is_weights"
-        else:
-            self.root = (location(out) if is_remote(str(out)) else Path(out).absolute()) / "is_weights"
-        self.c = c
-        #: token shards without rollout log-probs (no weights written for them), for the command to report
-        self.without_rollout: list[str] = []
-
-    def shard(self, b: TokenBatch, sh: fmt.Shard):
-        if not b.has("rollout_logp"):
-            # a piece, not an attribute set here: under --engine ray this runs on a copy in a worker
-            return NO_ROLLOUT, str(sh.path)
-        import pyarrow as pa
-
-        tw = batch_token_weights(b, self.c)
-        v = tw["valid"]
-        cols = {"step": pa.array(b.cols["step"], pa.int64()), "rank": pa.array(b.cols["rank"], pa.int32()),
-                "micro_batch": pa.array(b.cols["micro_batch"], pa.int32()),
-                "sample_id": pa.array(b.cols["sample_id"], pa.int64()), "pos": pa.array(b.cols["pos"], pa.int32()),
-                "mask": pa.array(b.mask), "valid": pa.array(v),
-                "is_weight_raw": pa.array(tw["is_weight_raw"], pa.float64(), mask=~v),
-                "is_weight": pa.array(tw["is_weight"], pa.float64(), mask=~v),
-                "is_mask": pa.array(tw["is_mask"])}
-        rel = fmt.shard_relpath("is_weights", sh.step, sh.rank, None if sh.part < 0 else sh.part)
-        path = self.root.parent / rel
-        fmt.atomic_write_table(path, pa.table(cols))
-        return path
-
-    def combine(self, step: int, pieces: list) -> int:
-        self.without_rollout += [p[1] for p in pieces if isinstance(p, tuple) and p[0] == NO_ROLLOUT]
-        written = {str(p) for p in pieces if p is not None and not isinstance(p, tuple)}
-        step_dir = self.root / f"step={step:08d}"
-        # files of an earlier layout of this step (other ranks or parts) would be read as current
-        if isinstance(step_dir, Path):
-            stale = [f for f in step_dir.glob("rank=*.parquet") if str(f) not in written] if step_dir.is_dir() else []
-        else:  # an s3:// prefix: one LIST request per step
-            stale = [step_dir / e.name for e in step_dir.list_dir()
-                     if e.name.startswith("rank=") and e.name.endswith(".parquet") and str(step_dir / e.name) not in written]
-        for f in stale:
-            f.unlink()
-        return len(written)
-
-    def write_config(self) -> None:
-        c = self.c
-        doc = {"level": c.level, "mode": c.mode, "lower": c.lower, "upper": c.upper, "mask_lower": c.mask_lower,
-               "mask_upper": c.mask_upper, "veto_lower": c.veto_lower, "veto_upper": c.veto_upper,
-               "rs": [{"option": f.option, "lower": f.lower, "upper": f.upper} for f in c.rs],
-               "configured": c.configured, "columns": {
-                   "valid": "mask and the log-ratio is defined (weights are null elsewhere)",
-                   "is_weight_raw": "safety-bounded weight at the level, before truncation/zeroing",
-                   "is_weight": "applied weight (after truncation/zeroing)",
-                   "is_mask": "the loss mask after the mask band, veto and rejection filters"}}
-        fmt.atomic_write_bytes(self.root / "config.json", (json.dumps(doc, indent=2) + "\n").encode())
-
-
-def is_weight_writer(run: Path, overrides: dict | None = None, config_file: Path | None = None,
-                     out=None) -> ISWeightWriter:
-    """The ``--is-weights`` visitor for ``recompute`` (fails early when the run has no rollout_logp);
-    ``out`` is recompute's ``--out`` (a directory or an ``s3://`` prefix), the weights go below it."""
-    from grpolens.errors import UserError
-
-    run = fmt.as_run(run)  # a run on object storage: the weights go to its local ./<run name>.grpolens/
-    shards = fmt.list_shards(run, fmt.TOKENS)
-    if shards:
-        import pyarrow.parquet as pq
-
-        if "rollout_logp" not in pq.ParquetFile(fmt.parquet_source(shards[0].path)).schema_arrow.names:
-            raise UserError(f"--is-weights: {shards[0].path} has no rollout_logp column, so there are no IS weights")
-    w = ISWeightWriter(run, ISConfig.from_cfg(resolve_config(run, overrides, config_file)), out)
-    from grpolens.run.variants import Variant, effective_overrides
-
-    what_if = effective_overrides(overrides, config_file)
-    if what_if and out is None:  # a what-if's weights go beside its metrics (RUN/grpolens/variants/<key>/)
-        w.root = Variant.of(run, what_if).dir.absolute() / "is_weights"
-    w.write_config()
-    return w

@@ -1,9 +1,16 @@
-"""``recompute``'s note on a constant train–rollout offset (``mismatch/constant_offset``): which
-steps, how large, and its likely cause."""
+"""A constant train–rollout offset (``mismatch/constant_offset``): the thresholds the δ-quantile
+visitor flags a step with, and ``recompute``'s note on the flagged steps (which, how large, its
+likely cause)."""
 
 from __future__ import annotations
 
 import polars as pl
+
+#: constant-offset diagnosis: |median Δ| at least this many nats, and at least this share of
+#: tokens on the median's side of 0 (bf16 noise is symmetric around 0; a temperature or
+#: truncated-support mismatch shifts almost every token the same way)
+OFFSET_MIN_NATS = 0.01
+OFFSET_MIN_AGREEMENT = 0.75
 
 
 def _ranges(steps: list[int]) -> str:
