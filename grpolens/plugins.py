@@ -13,8 +13,10 @@ entry point in the ``grpolens.plugins`` group, e.g. in its ``pyproject.toml``::
     openrlhf_extra = "my_package.grpolens_profile"
 
 The module registers metrics with :func:`grpolens.metrics.registry.register`, producers with
-:func:`grpolens.metrics.partials.producer`, visitors with :func:`grpolens.metrics.engine.visitor`
-and profiles with :func:`grpolens.metrics.profile.register_profile`.
+:func:`grpolens.metrics.partials.producer`, visitors (subclasses of
+:class:`grpolens.metrics.engine.Visitor`) with :func:`grpolens.metrics.engine.visitor`, profiles
+with :func:`grpolens.metrics.profile.register_profile` and tracker exporters (``grpolens export
+--to``) with :func:`grpolens.export.base.register_exporter`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import polars as pl
 from grpolens.functional import estimators as est
 from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
-from grpolens.metrics.engine import visitor
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.run.reader import RunReader
 from grpolens.run.step_table import write_step_table
 
@@ -133,7 +133,7 @@ def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
 
 
 @dataclass
-class TopTokens:
+class TopTokens(Visitor):
     """Visitor collecting the top-K tokens of each step for every available score."""
 
     k: int = DEFAULT_TOP_K

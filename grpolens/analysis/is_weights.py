@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.engine import Visitor
 from grpolens.metrics.rollout_is import batch_token_weights
 from grpolens.run import format as fmt
 from grpolens.run.reader import resolve_config
@@ -16,7 +17,7 @@ from grpolens.run.reader import resolve_config
 NO_ROLLOUT = "no rollout_logp"  # the piece of a shard without rollout log-probs
 
 
-class ISWeightWriter:
+class ISWeightWriter(Visitor):
     """``recompute --is-weights``: per-token weights and the modified loss mask, one Parquet file
     per token shard at ``RUN/grpolens/is_weights/step=S/rank=R[-P].parquet``, keyed like tokens
     (``OUT/is_weights/...`` with ``--out``: a directory, or an ``s3://`` prefix where each file is

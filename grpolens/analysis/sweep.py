@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from grpolens.metrics.engine import Visitor
 from grpolens.run import format as fmt
 from grpolens.functional import rollout_is as ris
 from grpolens.errors import UserError
@@ -100,7 +101,7 @@ def grid(base: dict | None, params: dict[str, list[Any]], fixed: dict[str, Any] 
     return out
 
 
-class SweepVisitor:
+class SweepVisitor(Visitor):
     """Per shard: the IS partials of every grid point; per step: one summary row per point."""
 
     name = "sweep"

@@ -11,6 +11,11 @@ from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remot
 from grpolens.commands.variant_option import VARIANT_OPTION
 
 
+#: the tracker-specific options, checked in this order, and what the refusal adds
+_OWNED = {"resume": "", "online": " (the other trackers are local unless given a server)", "logdir": "",
+          "tracking_uri": ""}
+
+
 def export_cmd(
     run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (local files go to ./<run name>.grpolens/)."),
     to: str = typer.Option(..., "--to", metavar="TRACKER", help="Tracker: wandb, tensorboard, mlflow or trackio."),
@@ -54,17 +59,16 @@ def export_cmd(
 
     from grpolens.commands.ui import progress_bar
     from grpolens.errors import UserError
-    from grpolens.export import ExportOptions, ExportSource, export_run, exporter_class
+    from grpolens.export import ExportOptions, ExportSource, export_run, exporter_class, exporters
 
     cls = exporter_class(to)
-    if resume is not None and to != "wandb":
-        raise UserError("--resume applies to --to wandb only")
-    if online and to != "wandb":
-        raise UserError("--online applies to --to wandb only (the other trackers are local unless given a server)")
-    if logdir is not None and to != "tensorboard":
-        raise UserError("--logdir applies to --to tensorboard only")
-    if tracking_uri is not None and to != "mlflow":
-        raise UserError("--tracking-uri applies to --to mlflow only")
+    # a tracker's own options (Exporter.owns), refused for the others
+    given = {"resume": resume is not None, "online": online, "logdir": logdir is not None,
+             "tracking_uri": tracking_uri is not None}
+    for option, note in _OWNED.items():
+        if given[option] and option not in cls.owns:
+            owners = " or ".join(n for n, c in exporters().items() if option in c.owns)
+            raise UserError(f"--{option.replace('_', '-')} applies to --to {owners} only{note}")
     console = Console(stderr=True)
     what_if = None
     if variant is not None:

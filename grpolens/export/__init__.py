@@ -21,18 +21,32 @@ from __future__ import annotations
 
 import importlib
 
-from grpolens.export.base import ExportOptions, ExportSource, Exporter, export_run
+from grpolens.export.base import EXPORTERS, ExportOptions, ExportSource, Exporter, export_run, register_exporter
 
-#: --to choice -> module under grpolens.export, and the extra that installs its client
+#: The built-in trackers, in the order ``--to`` lists them: each module registers its exporter
+#: with :func:`~grpolens.export.base.register_exporter` on import (and imports its client only
+#: when an export starts), as a plugin's module does.
 TRACKERS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "trackio": "trackio"}
 
-__all__ = ["TRACKERS", "ExportOptions", "ExportSource", "Exporter", "export_run", "exporter_class"]
+__all__ = ["EXPORTERS", "TRACKERS", "ExportOptions", "ExportSource", "Exporter", "export_run", "exporter_class",
+           "exporters", "register_exporter"]
+
+
+def exporters() -> dict[str, type[Exporter]]:
+    """Every registered exporter, ``--to`` name -> class: the built-ins, then the plugins'."""
+    from grpolens.plugins import load_plugins
+
+    for module in TRACKERS.values():
+        importlib.import_module(f"grpolens.export.{module}")
+    load_plugins()
+    return EXPORTERS
 
 
 def exporter_class(to: str) -> type[Exporter]:
-    """The exporter of tracker ``to`` (its module is imported only now)."""
+    """The exporter of tracker ``to``."""
     from grpolens.errors import UserError
 
-    if to not in TRACKERS:
-        raise UserError(f"--to: unknown tracker {to!r}; choose one of {', '.join(TRACKERS)}")
-    return importlib.import_module(f"grpolens.export.{TRACKERS[to]}").EXPORTER
+    known = exporters()
+    if to not in known:
+        raise UserError(f"--to: unknown tracker {to!r}; choose one of {', '.join(known)}")
+    return known[to]

@@ -87,6 +87,9 @@ class Exporter:
     tracker = ""
     #: whether the tracker has a table type (log_table does something)
     has_tables = False
+    #: the tracker-specific :class:`ExportOptions` fields it reads (``resume``, ``logdir``, ...):
+    #: ``grpolens export`` refuses each of them for a tracker that does not own it
+    owns: tuple[str, ...] = ()
 
     def __init__(self, source: ExportSource, options: ExportOptions):
         self.source, self.options = source, options
@@ -105,6 +108,24 @@ class Exporter:
     def finish(self) -> str:
         """Close the destination; a line saying where the data is."""
         raise NotImplementedError
+
+
+#: --to name -> its exporter, in registration order (the built-ins first, as ``--to`` lists them)
+EXPORTERS: dict[str, type[Exporter]] = {}
+
+
+def register_exporter(cls: type[Exporter]) -> type[Exporter]:
+    """Register a tracker's :class:`Exporter` under its ``tracker`` name: the built-ins do it in
+    their modules, a plugin (an entry point in the ``grpolens.plugins`` group) the same way."""
+    if not cls.tracker:
+        raise ValueError(f"exporter {cls.__name__}: no tracker name")
+    if EXPORTERS.get(cls.tracker, cls) is not cls:
+        raise ValueError(f"exporter {cls.tracker} registered twice")
+    unknown = set(cls.owns) - set(ExportOptions.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"exporter {cls.tracker}: unknown options {sorted(unknown)}")
+    EXPORTERS[cls.tracker] = cls
+    return cls
 
 
 def needs(module: str, extra: str):

@@ -16,7 +16,7 @@ import os
 import re
 import time
 
-from grpolens.export.base import STEP_KEY, Exporter, needs
+from grpolens.export.base import STEP_KEY, Exporter, needs, register_exporter
 
 TAG = "grpolens.run"
 _INVALID = re.compile(r"[^A-Za-z0-9_\-. :/]")
@@ -28,8 +28,10 @@ def metric_key(name: str) -> str:
     return _INVALID.sub("_", name)
 
 
+@register_exporter
 class MLflowExporter(Exporter):
     tracker = "mlflow"
+    owns = ("tracking_uri",)
     has_tables = True
 
     def __init__(self, source, options):
@@ -78,5 +80,3 @@ class MLflowExporter(Exporter):
         self.client.set_terminated(self.run_id)
         return f"MLflow run {self.run_id} in experiment {self.options.project!r} at {self.uri}"
 
-
-EXPORTER = MLflowExporter

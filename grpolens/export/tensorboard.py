@@ -15,13 +15,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpolens.export.base import Exporter, needs
+from grpolens.export.base import Exporter, needs, register_exporter
 
 SUFFIX = ".grpolens"
 
 
+@register_exporter
 class TensorBoardExporter(Exporter):
     tracker = "tensorboard"
+    owns = ("logdir",)
 
     def __init__(self, source, options):
         super().__init__(source, options)
@@ -55,5 +57,3 @@ class TensorBoardExporter(Exporter):
             old.unlink(missing_ok=True)
         return f"event files in {self.dir} (tensorboard --logdir {self.dir.parent})"
 
-
-EXPORTER = TensorBoardExporter

@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import io
 
-from grpolens.export.base import PREFIX, Exporter, needs
+from grpolens.export.base import PREFIX, Exporter, needs, register_exporter
 
 
+@register_exporter
 class TrackioExporter(Exporter):
     tracker = "trackio"
     has_tables = True
@@ -48,5 +49,3 @@ class TrackioExporter(Exporter):
 
         return f"trackio project {self.options.project!r}, run {self.name!r} in {TRACKIO_DIR}"
 
-
-EXPORTER = TrackioExporter

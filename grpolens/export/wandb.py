@@ -18,11 +18,13 @@ import json
 import os
 from pathlib import Path
 
-from grpolens.export.base import PREFIX, STEP_KEY, Exporter, needs
+from grpolens.export.base import PREFIX, STEP_KEY, Exporter, needs, register_exporter
 
 
+@register_exporter
 class WandbExporter(Exporter):
     tracker = "wandb"
+    owns = ("resume", "online")
     has_tables = True
 
     def __init__(self, source, options):
@@ -74,5 +76,3 @@ class WandbExporter(Exporter):
         where = Path(self._run.dir).parent if self.mode != "online" else getattr(self._run, "url", None) or self.run_id
         return f"W&B run {self.run_id} ({self.mode}): {where}"
 
-
-EXPORTER = WandbExporter

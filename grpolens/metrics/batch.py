@@ -12,8 +12,6 @@ policy -- the ratio is 1, so ``old`` falls back to ``logp`` token by token.
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 import pyarrow as pa
 
@@ -34,19 +32,38 @@ def _to_numpy(arr: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
+class per_batch:
+    """A property computed once per batch and kept in its cache (:meth:`TokenBatch.cached`)."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, b, owner=None):
+        if b is None:
+            return self
+        hit = b._cache.get(self.name, _MISSING)
+        return b.cached(self.name, lambda: self.fn(b)) if hit is _MISSING else hit
+
+
+_MISSING = object()
+
+
 class TokenBatch:
     """Per-token arrays plus sequence boundaries.
 
     ``present`` names the optional columns the data actually has (a column that exists but is
     entirely null counts as absent: e.g. a run without a reference model).
+
+    One cache per batch holds whatever several families or visitors of a pass derive from it
+    (the masks, d and e^d, the rollout-IS inputs, the engine's partials): :meth:`cached` for a
+    keyed value, :class:`per_batch` for a property. Each full-length pass costs about as much as
+    the read, so computing it once matters.
     """
 
     def __init__(self, cols: dict[str, np.ndarray], present: set[str]):
         self.cols = cols
         self.present = present
-        #: the per-sequence partial columns, once the engine has computed them for this batch
-        #: (visitors after it in the same pass reuse them instead of recomputing)
-        self.partials: dict[str, np.ndarray] | None = None
+        self._cache: dict = {}
         self.n = len(cols["logp"])
         mb, sid = cols["micro_batch"], cols["sample_id"]
         rank, step = cols["rank"], cols["step"]
@@ -136,14 +153,33 @@ class TokenBatch:
         return self.seq_sum(valid.astype(np.float64))
 
     # -- shared per-token quantities (computed once, used by several families) --------------------
+    def cached(self, key, make):
+        """``make()``, computed once per batch under ``key`` (any hashable: a name, or a name and
+        the config it depends on)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = make()
+            return value
+
+    @property
+    def partials(self) -> dict[str, np.ndarray] | None:
+        """The per-sequence partial columns, once the engine has computed them for this batch
+        (visitors after it in the same pass reuse them instead of recomputing)."""
+        return self._cache.get("partials")
+
+    @partials.setter
+    def partials(self, cols: dict[str, np.ndarray]) -> None:
+        self._cache["partials"] = cols
+
     def has(self, *columns: str) -> bool:
         return all(c in self.present for c in columns)
 
-    @cached_property
+    @per_batch
     def mask(self) -> np.ndarray:
         return self.cols["mask"]
 
-    @cached_property
+    @per_batch
     def pre_rejection_mask(self) -> np.ndarray:
         """The mask the trainer's rollout correction (IS weights, rejection filters, mismatch
         metrics) was computed on: ``mask`` plus the tokens it rejected (``rollout_rejected``); the
@@ -152,36 +188,36 @@ class TokenBatch:
             return self.mask | self.cols["rollout_rejected"]
         return self.mask
 
-    @cached_property
+    @per_batch
     def logp(self) -> np.ndarray:
         return self.cols["logp"]
 
-    @cached_property
+    @per_batch
     def old(self) -> np.ndarray:
         """Behaviour-policy log-prob; the current one where the trainer had none (ratio 1)."""
         return self.cols["old_logp"] if "old_logp" in self.present else self.logp
 
-    @cached_property
+    @per_batch
     def adv(self) -> np.ndarray:
         return self.cols["advantage"]
 
-    @cached_property
+    @per_batch
     def log_ratio(self) -> np.ndarray:
         """logp - old_logp (current vs behaviour)."""
         with np.errstate(invalid="ignore"):
             return self.logp - self.old
 
-    @cached_property
+    @per_batch
     def ratio(self) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             return np.exp(self.log_ratio)
 
-    @cached_property
+    @per_batch
     def valid_policy(self) -> np.ndarray:
         """Masked tokens whose current and old log-probs and advantage are finite."""
         return self.mask & np.isfinite(self.logp) & np.isfinite(self.old) & np.isfinite(self.adv)
 
-    @cached_property
+    @per_batch
     def seq_keys(self) -> dict[str, np.ndarray]:
         return {k: self.cols[k][self.starts] for k in KEY_COLUMNS}
 

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from grpolens.metrics.batch import TokenBatch
-from grpolens.metrics.engine import visitor
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 
@@ -225,7 +225,7 @@ def _groups_jaccard(grp: np.ndarray, own: np.ndarray, row: np.ndarray, new_row: 
     return res
 
 
-class SampleTokens:
+class SampleTokens(Visitor):
     """Visitor: the token ids of each completion of the step, by sample_id.
 
     A completion used in several loss calls of a step is stored several times; its first

@@ -25,12 +25,36 @@ from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import merge_arrays, sequence_partials
 
 
-class Visitor(Protocol):
+class Visitor:
+    """What one pass over a run's token shards feeds: a mergeable piece per shard, combined per step.
+
+    Every visitor subclasses this class (built-in or from a plugin): ``name``, :meth:`shard` and
+    :meth:`combine` are its own; a visitor that writes an output file sets ``collect`` and
+    overrides :meth:`at_step` and :meth:`finish`, the others keep the defaults below (recompute
+    calls all of them, without probing).
+    """
+
     name: str
+    #: recompute keeps each step's :meth:`at_step` output and hands them all to :meth:`finish`
+    collect: bool = False
 
-    def shard(self, batch: TokenBatch, shard: fmt.Shard) -> Any: ...
+    def shard(self, batch: TokenBatch, shard: fmt.Shard) -> Any:
+        """The piece of one token shard (any picklable value; None for nothing)."""
+        raise NotImplementedError
 
-    def combine(self, step: int, pieces: list[Any]) -> Any: ...
+    def combine(self, step: int, pieces: list[Any]) -> Any:
+        """The step's value from the pieces of its shards (in shard order)."""
+        raise NotImplementedError
+
+    def at_step(self, step: int, piece: Any, samples, run) -> Any:
+        """The step's output to keep (a collecting visitor's; the step's samples are at hand):
+        by default the combined piece itself."""
+        return piece
+
+    def finish(self, run, out_dir, by_step, kept_steps: set[int]) -> None:
+        """Write the kept outputs (``by_step``: each recomputed step's :meth:`at_step`, a mapping),
+        once the run's steps are done; by default nothing."""
+        return None
 
 
 #: Visitors every recompute runs, registered by families like producers are: name -> factory(cfg).
@@ -63,7 +87,7 @@ def visitor_factories(families: frozenset[str] | None = None) -> list[Callable[[
     return [f for n, f in VISITORS.items() if not families.isdisjoint(VISITOR_FAMILIES[n])]
 
 
-class SequencePartials:
+class SequencePartials(Visitor):
     """The per-sequence partial table of each step (see :mod:`grpolens.metrics.partials`)."""
 
     name = "sequences"

@@ -24,7 +24,7 @@ from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.functional import estimators as est
-from grpolens.metrics.ratios import coef, is_level, memo, ratio_valid, seq_max_of_nonneg
+from grpolens.metrics.ratios import coef, is_level, ratio_valid, seq_max_of_nonneg
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.
@@ -44,7 +44,7 @@ _MERGE = {
 
 def kl_valid(b: TokenBatch) -> np.ndarray:
     """Masked tokens with finite logp and ref_logp."""
-    return memo(b, "kl_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.cols["ref_logp"]))
+    return b.cached("kl_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.cols["ref_logp"]))
 
 
 def kl_x(b: TokenBatch) -> np.ndarray:
@@ -52,12 +52,12 @@ def kl_x(b: TokenBatch) -> np.ndarray:
     def make():
         with np.errstate(invalid="ignore"):
             return np.where(kl_valid(b), b.cols["ref_logp"] - b.logp, 0.0)
-    return memo(b, "kl_x", make)
+    return b.cached("kl_x", make)
 
 
 def kl_k3(b: TokenBatch) -> np.ndarray:
     """Per-token k3 = e^x − x − 1 (0 off the valid tokens)."""
-    return memo(b, "kl_k3", lambda: est.k3(kl_x(b)))
+    return b.cached("kl_k3", lambda: est.k3(kl_x(b)))
 
 
 def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:

@@ -95,12 +95,6 @@ class Profile:
         if unknown:
             raise ValueError(f"profile {self.name}: unknown setting {unknown[0]!r}; known: {', '.join(SETTINGS)}")
 
-    def name_of(self, metric_name: str) -> str | None:
-        """The name this profile logs ``metric_name`` under (None: it does not log it)."""
-        if self.canonical:
-            return metric_name
-        return self.names.get(metric_name)
-
 
 #: name -> profile, in registration order (built-ins first; see :mod:`grpolens.plugins`)
 PROFILES: dict[str, Profile] = {}

@@ -14,33 +14,24 @@ from grpolens.metrics.batch import TokenBatch
 
 
 
-def memo(b: TokenBatch, key: str, fn):
-    """Compute ``fn()`` once per batch: the policy, clip, kl and loss producers share per-token
-    arrays (the valid masks, d, e^d), and each full-length pass costs about as much as the read."""
-    store = b.__dict__.setdefault("_grpolens_memo", {})
-    if key not in store:
-        store[key] = fn()
-    return store[key]
-
-
 def ratio_valid(b: TokenBatch) -> np.ndarray:
     """Masked tokens whose current and old log-probs are finite (the ratio is defined)."""
-    return memo(b, "ratio_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.old))
+    return b.cached("ratio_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.old))
 
 
 def adv_valid(b: TokenBatch) -> np.ndarray:
     """Ratio-valid tokens whose advantage is finite too (what clip gates and the loss use)."""
-    return memo(b, "adv_valid", lambda: ratio_valid(b) & np.isfinite(b.adv))
+    return b.cached("adv_valid", lambda: ratio_valid(b) & np.isfinite(b.adv))
 
 
 def adv_masked(b: TokenBatch) -> np.ndarray:
     """The advantage on :func:`adv_valid` tokens, 0 elsewhere (so ``A < 0`` / ``A > 0`` also mask)."""
-    return memo(b, "adv_masked", lambda: np.where(adv_valid(b), b.adv, 0.0))
+    return b.cached("adv_masked", lambda: np.where(adv_valid(b), b.adv, 0.0))
 
 
 def count(b: TokenBatch, key: str, valid) -> np.ndarray:
     """Per-sequence count of a shared mask (``valid`` is the function that makes it)."""
-    return memo(b, f"count:{key}", lambda: b.count(valid(b)))
+    return b.cached(f"count:{key}", lambda: b.count(valid(b)))
 
 
 def is_level(cfg: dict) -> str:
@@ -62,21 +53,21 @@ def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
             return np.clip(d, -clamp, clamp)
         with np.errstate(invalid="ignore"):
             return np.where(ratio_valid(b), b.log_ratio, 0.0)
-    return memo(b, f"log_ratio:{clamp}", make)
+    return b.cached(f"log_ratio:{clamp}", make)
 
 
 def ratio(b: TokenBatch) -> np.ndarray:
     """e^d per token (1 where the ratio is undefined)."""
     # = e^(log_ratio(b)) token by token (e^0 = 1), from the batch's own e^(logp − old), which the
     # top-tokens scores and other visitors use anyway: one exp pass instead of two
-    return memo(b, "ratio", lambda: np.where(ratio_valid(b), b.ratio, 1.0))
+    return b.cached("ratio", lambda: np.where(ratio_valid(b), b.ratio, 1.0))
 
 
 def seq_log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
     """Per sequence Σ_t d·v / max(Σ_t v, 1): the log of GSPO's sequence ratio (0 when no token)."""
     def make():
         return b.seq_sum(log_ratio(b, clamp)) / np.maximum(count(b, "ratio_valid", ratio_valid), 1.0)
-    return memo(b, f"seq_log_ratio:{clamp}", make)
+    return b.cached(f"seq_log_ratio:{clamp}", make)
 
 
 def coef_log(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
@@ -84,7 +75,7 @@ def coef_log(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray
     token level, the sequence's mean d broadcast over its tokens at sequence levels."""
     if is_level(cfg) == "token":
         return log_ratio(b, clamp)
-    return memo(b, f"coef_log_seq:{clamp}", lambda: b.broadcast(seq_log_ratio(b, clamp)))
+    return b.cached(f"coef_log_seq:{clamp}", lambda: b.broadcast(seq_log_ratio(b, clamp)))
 
 
 def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
@@ -95,7 +86,7 @@ def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
     def make():
         with np.errstate(over="ignore"):
             return np.exp(coef_log(b, cfg, clamp))
-    return memo(b, f"coef:{is_level(cfg) == 'token'}:{clamp}", make)
+    return b.cached(f"coef:{is_level(cfg) == 'token'}:{clamp}", make)
 
 
 def seq_max_of_nonneg(b: TokenBatch, x: np.ndarray, n: np.ndarray) -> np.ndarray:

@@ -75,6 +75,8 @@ class Metric:
         return self.source == "samples" or self.reads_samples or (self.template or self.name) in prof.generation_only
 
     def name_in(self, profile: str) -> str | None:
+        """The name profile ``profile`` logs this metric under (None: it does not log it); the one
+        answer to that question, templates' expansions included."""
         prof = PROFILES.get(profile)
         if profile == "grpolens" or (prof is not None and prof.canonical):
             return self.name

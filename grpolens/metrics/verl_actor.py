@@ -54,7 +54,7 @@ from grpolens.functional import estimators as est
 from grpolens.functional import rollout_is as ris
 from grpolens.functional.rollout_is import ISConfig, loss_weights
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.metrics.engine import visitor
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
 from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, batch_inputs, batch_partials, rs_summary
@@ -438,7 +438,7 @@ BYPASS_VISITOR = "verl_actor.bypass_corr"
 _RS = "rs."
 
 
-class BypassCorrection:
+class BypassCorrection(Visitor):
     """Per sequence of each loss call, the rollout-correction partials of the current policy against
     the rollout (IS, mismatch and rejection-filter partials, as the driver-side summary reads them).
     Combined: the step's rows, keyed like the token shards (one row per loss call and sequence)."""

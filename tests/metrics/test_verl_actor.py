@@ -251,13 +251,13 @@ def test_bypass_mode_with_a_verl_actor_setting_that_is_not_a_table_gives_no_acto
 def test_bypass_corr_keys_are_reduced_by_verls_logged_names():
     # verl's reduce_metrics takes the max of a logged name containing "max", else the min of one containing
     # "min", else the mean; grpolens decides by its key, which must agree with verl's name for every key
-    from grpolens.metrics.profile import get_profile
+    from grpolens.metrics.registry import REGISTRY
     from grpolens.metrics.verl_actor import _BYPASS_KEYS
     from grpolens.plugins import load_plugins
 
     load_plugins()
     rule = lambda s: "max" if "max" in s else "min" if "min" in s else "mean"  # noqa: E731
-    names = {k: get_profile("verl").name_of(f"verl_actor/rollout_corr/{k}") for k in _BYPASS_KEYS}
+    names = {k: REGISTRY[f"verl_actor/rollout_corr/{k}"].name_in("verl") for k in _BYPASS_KEYS}
     assert all(names.values())
     assert {k: rule(k) for k in names} == {k: rule(n) for k, n in names.items()}
     assert {rule(k) for k in names} == {"max", "min", "mean"}

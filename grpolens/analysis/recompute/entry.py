@@ -195,7 +195,7 @@ def _write(plan: Plan, work: StepWork, done: Computed, valid: dict[int, dict], f
         plan.cache.rows_path.parent.mkdir(parents=True, exist_ok=True)
         kept = {s for s in plan.selected if s in valid}
         for v in work.visitors:
-            if getattr(v, "collect", False) and hasattr(v, "finish"):
+            if v.collect:
                 v.finish(plan.run, out_dir, spill.table(v.name), kept)
         spill.close()  # before an upload of the staged outputs, which must not carry it
         # the state goes last: if anything above fails, the next run recomputes these steps

@@ -109,11 +109,8 @@ class StepWork:
         sd.extra["schedule"] = self.schedule
         row = step_values(sd, self.metrics, self.schedule)
         for v in self.visitors:
-            if spill is not None and getattr(v, "collect", False):
-                piece = pieces[v.name]
-                if hasattr(v, "at_step"):
-                    piece = v.at_step(step, piece, samples, self.run)
-                spill.put(v.name, step, piece)
+            if spill is not None and v.collect:
+                spill.put(v.name, step, v.at_step(step, pieces[v.name], samples, self.run))
         return row, present
 
     def one_step(self, step: int, token_steps: frozenset[int], spill: StepSpill | None, engine

@@ -14,13 +14,13 @@ import polars as pl
 from grpolens.run import format as fmt
 from grpolens.run.step_table import write_step_table
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.metrics.engine import visitor
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.analysis.sidecars.table import (COMPLETIONS_FILE, PARTIAL_COLUMNS, column_order, completions_table,
                                               concat, empty_table, sequence_columns, shard_partials)
 
 
 @dataclass
-class Completions:
+class Completions(Visitor):
     """Visitor: each step's per-sequence token columns, joined to the step's samples while the
     recompute holds them (``at_step``); ``finish`` writes ``completions.parquet`` (fresh rows for
     recomputed steps, earlier rows for the rest)."""

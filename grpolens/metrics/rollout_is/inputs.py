@@ -19,20 +19,12 @@ RS_VISITOR = "rollout_is.rs"
 
 def batch_inputs(b: TokenBatch) -> ris.Inputs:
     """δ and valid tokens of a batch, computed once and shared by every visitor of the pass."""
-    x = b.__dict__.get("_rollout_is_inputs")
-    if x is None:
-        x = b.__dict__["_rollout_is_inputs"] = ris.inputs(b)
-    return x
+    return b.cached("rollout_is.inputs", lambda: ris.inputs(b))
 
 
 def batch_partials(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
     """The batch's IS partials under ``c`` (the producer's, when it ran with the same config)."""
-    hit = b.__dict__.get("_rollout_is_partials")
-    if hit is not None and hit[0] == c:
-        return hit[1]
-    p = ris.sequence_partials(b, batch_inputs(b), c)
-    b.__dict__["_rollout_is_partials"] = (c, p)
-    return p
+    return b.cached(("rollout_is.partials", c), lambda: ris.sequence_partials(b, batch_inputs(b), c))
 
 
 def batch_token_weights(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:

@@ -21,13 +21,13 @@ from grpolens.functional.histogram import LogHistogram
 from grpolens.functional.estimators import LOG_RATIO_BOUND, clip_log_ratio
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
-from grpolens.metrics.engine import visitor
+from grpolens.metrics.engine import Visitor, visitor
 from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs, batch_valid_weights
 from grpolens.metrics.rollout_is.offset import OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS
 from grpolens.run.step_table import write_step_table
 
 
-class DeltaQuantiles:
+class DeltaQuantiles(Visitor):
     """Per-step quantiles of δ over masked finite tokens from a mergeable log-binned histogram
     (:mod:`grpolens.functional.histogram`: within 0.5 % of the exact order statistic), and exact
     counts of each sign: shards and engines merge it exactly."""
@@ -75,7 +75,7 @@ def histogram(log_w: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class ISHistogram:
+class ISHistogram(Visitor):
     """Per-step histograms of the token raw weight e^δ and of the applied weight at the configured
     level (zero weights counted apart); written to ``is_hist.parquet`` by every recompute."""
 
@@ -124,7 +124,7 @@ def _hist_visitor(cfg: dict) -> ISHistogram:
     return ISHistogram(ISConfig.from_cfg(cfg))
 
 
-class RSPartials:
+class RSPartials(Visitor):
     """Per-sequence partials of verl's rejection filters (only when ``rollout_is.rs`` is set)."""
 
     name = RS_VISITOR
