@@ -21,10 +21,6 @@ ALLOWED = {
     # grpolens/run/: being split by the run-layer work (validation and format)
     "grpolens/run/validate.py": "module",
     "grpolens/run/format.py": "module",
-    # grpolens/serve/: a dashboard page becoming one module (layout, callbacks, URL state, CSV)
-    "grpolens/serve/callbacks.py": "module",
-    "grpolens/serve/callbacks.py:register_callbacks": "function",
-    "grpolens/serve/url_callbacks.py:register_url_callbacks": "function",
 }
 
 

@@ -1,12 +1,76 @@
-"""Small pieces every page builds with: error boxes, table rows and columns, CSV links."""
+"""Small pieces every page builds with: error boxes, charts, labelled controls, table rows and
+columns, CSV links, the guard that turns a user error into an error box."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import polars as pl
-from dash import html
+from dash import dcc, html, no_update
 from dash.dash_table.Format import Format, Scheme
+
+from grpolens.errors import RunFormatError, UserError
+from grpolens.plot_config import plot_config
+
+#: Every dcc.Graph gets this config: no "Share chart" upload button (see grpolens.plot_config).
+GRAPH_CONFIG = plot_config()
+SCORE_LABELS = {"kl": "KL to ref", "mismatch": "|Δ| train-rollout", "ratio": "ratio", "entropy": "entropy",
+                "adv_ratio": "|A·(ratio-1)|", "advantage": "advantage"}
+TABLE_STYLE = dict(
+    style_table={"overflowX": "auto"},
+    style_cell={"fontFamily": "ui-monospace, SFMono-Regular, Menlo, monospace", "fontSize": "12px",
+                "padding": "3px 6px", "maxWidth": "420px", "overflow": "hidden", "textOverflow": "ellipsis",
+                "whiteSpace": "nowrap"},
+    style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6"},
+)
+
+
+def labelled(label: str, component, cls: str = "ctl") -> html.Label:
+    return html.Label([html.Span(label, className="ctl-label"), component], className=cls)
+
+
+def run_options(runs, names: list[str] | None = None) -> list[dict]:
+    return [{"label": n + (" (baseline)" if n == runs.baseline else ""), "value": n}
+            for n in (runs.names if names is None else names)]
+
+
+def graph(key: str, fig, csv: str | None = None, doc: str | None = None, log_toggle: bool = False):
+    """A clickable chart; with ``csv`` (a :func:`downloads.link`), a "CSV" link to the data behind it;
+    with ``doc``, the metric's description in full under it (a chart title would cut it); with
+    ``log_toggle``, its own "log y" box (redrawn in the browser: see :mod:`grpolens.serve.callbacks`)."""
+    g = dcc.Graph(id={"type": "curve", "key": key}, figure=fig, config=GRAPH_CONFIG, className="graph")
+    if csv is None and doc is None and not log_toggle:
+        return g
+    foot = [html.Div(doc or "", className="graph-doc")]
+    if log_toggle:
+        on = fig["layout"].get("yaxis", {}).get("type") == "log"
+        foot.append(dcc.Checklist(id={"type": "panel-log", "key": key}, options=[{"label": " log y", "value": "log"}],
+                                  value=["log"] if on else [], className="panel-log"))
+    foot += [csv_anchor(csv)] if csv else []
+    return html.Div([g, html.Div(foot, className="graph-foot")], className="graph-box")
+
+
+def guard(fn, n_out: int):
+    """Run ``fn``; turn a user/run-format error into an error box in the first output."""
+    def wrapped(*args):
+        try:
+            return fn(*args)
+        except (UserError, RunFormatError) as e:
+            msg = e.message if isinstance(e, UserError) else str(e)
+            box = [error_box(msg)]
+            return box if n_out == 1 else (box, *([no_update] * (n_out - 1)))
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def fmt_value(v: Any) -> str:
+    """A number as the pages show it (4 significant digits), ``—`` for none."""
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "nan" if v != v else f"{v:.4g}"
+    return str(v)
 
 
 def error_box(message: str) -> html.Div:

@@ -18,12 +18,9 @@ import re
 from typing import Any
 from urllib.parse import urlencode
 
-import numpy as np
 import polars as pl
 
 from grpolens.errors import UserError
-from grpolens.run import format as fmt
-from grpolens.serve import data, urlstate
 from grpolens.serve.runs import RunSet
 
 PREFIX = "/csv/"
@@ -41,14 +38,16 @@ def link(what: str, **params: Any) -> str:
     return PREFIX + what + ("?" + urlencode(pairs) if pairs else "")
 
 
-def _name(args: dict[str, list[str]], key: str) -> str:
+def name(args: dict[str, list[str]], key: str) -> str:
+    """A metric-like name given as ``key=`` (one line naming the key when missing or malformed)."""
     v = (args.get(key) or [None])[-1]
     if v is None or not _NAME.match(v):
         raise UserError(f"CSV download: give a valid {key}=")
     return v
 
 
-def _need(q: dict, key: str):
+def need(q: dict, key: str):
+    """A decoded key the download cannot do without."""
     if key not in q:
         raise UserError(f"CSV download: give a valid {key}=")
     return q[key]
@@ -73,140 +72,15 @@ def to_csv(df: pl.DataFrame) -> str:
     return buf.getvalue()
 
 
-def _bounds(q: dict) -> tuple[int | None, int | None]:
-    return q.get("from"), q.get("to")
-
-
-def curve_rows(runs: RunSet, names: list[str], metric: str, lo=None, hi=None, smoothing: float = 0.0) -> pl.DataFrame:
-    """Every logged point of ``metric`` per run in ``[lo, hi]``: run, step, value (and the smoothed
-    value the chart draws when smoothing)."""
-    frames = []
-    for n in names:
-        c = data.curve(data.series(runs.path(n)), metric, lo, hi, smoothing, max_points=2**62)
-        cols = {"run": [n] * len(c["x"]), "step": c["x"], "value": c["y"]}
-        if smoothing > 0:
-            cols["smoothed"] = c["smooth"]
-        frames.append(pl.DataFrame(cols, schema={"run": pl.String, "step": pl.Int64, "value": pl.Float64,
-                                                 **({"smoothed": pl.Float64} if smoothing > 0 else {})}))
-    return pl.concat(frames) if frames else pl.DataFrame()
-
-
-def band_rows(runs: RunSet, names: list[str], key: str, lo=None, hi=None) -> pl.DataFrame:
-    """The quantiles of ``key`` per step and run (a Rewards band chart)."""
-    frames = []
-    for n in names:
-        f = data.series(runs.path(n), with_samples=True)
-        cols = [f"{key}/{q}" for q in ("p05", "p25", "p50", "p75", "p95", "mean") if f"{key}/{q}" in f.columns]
-        if f"{key}/p50" not in cols:
-            continue
-        d = f.select("step", *cols)
-        if lo is not None:
-            d = d.filter(pl.col("step") >= lo)
-        if hi is not None:
-            d = d.filter(pl.col("step") <= hi)
-        d = d.rename({c: c.rsplit("/", 1)[1] for c in cols}).with_columns(pl.lit(n).alias("run"))
-        frames.append(d.select("run", "step", *[c.rsplit("/", 1)[1] for c in cols]))
-    return pl.concat(frames, how="diagonal") if frames else pl.DataFrame()
-
-
-def delta_rows(runs: RunSet, a: str, b: str, metric: str, lo=None, hi=None) -> pl.DataFrame:
-    """A Compare delta curve: the common steps with both runs' values and B - A."""
-    fa, fb = data.series(runs.path(a)), data.series(runs.path(b))
-    if metric not in fa.columns or metric not in fb.columns:
-        raise UserError(f"CSV download: {metric} is not in both {a} and {b}")
-    j = fa.select("step", pl.col(metric).alias("a")).join(fb.select("step", pl.col(metric).alias("b")), on="step")
-    if lo is not None:
-        j = j.filter(pl.col("step") >= lo)
-    if hi is not None:
-        j = j.filter(pl.col("step") <= hi)
-    return j.sort("step").with_columns((pl.col("b") - pl.col("a")).alias("b_minus_a"))
-
-
-def hist_rows(edges, **counts) -> pl.DataFrame:
-    edges = np.asarray(edges, dtype=np.float64)
-    return pl.DataFrame({"log10_lo": edges[:-1], "log10_hi": edges[1:],
-                         **{k: np.asarray(v) for k, v in counts.items()}})
-
-
 def build(runs: RunSet, what: str, search: str) -> tuple[str, pl.DataFrame]:
-    """``(file name, rows)`` of download ``what`` for the query ``search``."""
-    args = urlstate.parse_query(search)
-    names = runs.names
-    if what == "curve":
-        q = urlstate.decode("curves", search, names)
-        metric = _name(args, "metric")
-        df = curve_rows(runs, _need(q, "runs"), metric, *_bounds(q), q.get("smooth", 0.0))
-        return f"{metric}", df
-    if what == "band":
-        q = urlstate.decode("curves", search, names)
-        key = _name(args, "key")
-        return f"{key}-quantiles", band_rows(runs, _need(q, "runs"), key, *_bounds(q))
-    if what == "delta":
-        q = urlstate.decode("compare", search, names)
-        metric = _name(args, "metric")
-        return f"{metric}-{q.get('b')}-minus-{q.get('a')}", delta_rows(runs, _need(q, "a"), _need(q, "b"), metric,
-                                                                       *_bounds(q))
-    if what == "compare":
-        q = urlstate.decode("compare", search, names)
-        a, b = _need(q, "a"), _need(q, "b")
-        return f"compare-{a}-{b}", data.compare(data.series(runs.path(a)), data.series(runs.path(b)), *_bounds(q))
-    if what == "is_hist":
-        q = urlstate.decode("tokens", search, names)
-        run = _need(q, "run")
-        hm = data.is_heatmap(runs.path(run))
-        counts = np.asarray(hm["counts"])
-        edges = np.asarray(hm["log10_edges"], dtype=np.float64)
-        steps = np.repeat(np.asarray(hm["steps"], dtype=np.int64), max(len(edges) - 1, 0))
-        df = pl.DataFrame({"step": steps, "log10_lo": np.tile(edges[:-1], len(hm["steps"])),
-                           "log10_hi": np.tile(edges[1:], len(hm["steps"])),
-                           "tokens": counts.reshape(-1).astype(np.int64) if counts.size else np.zeros(0, np.int64)})
-        return f"{run}-is-weights-per-step", df
-    if what == "is_step":
-        q = urlstate.decode("tokens", search, names)
-        run, step = _need(q, "run"), _need(q, "step")
-        d = data.is_step_detail(runs.path(run), step)
-        if "raw" not in d:
-            raise UserError(f"CSV download: {run} step {step} has no IS weights")
-        return f"{run}-step{step}-is-weights", hist_rows(d["edges"], raw=d["raw"], applied=d["applied"])
-    if what == "tokens":
-        q = urlstate.decode("tokens", search, names, {"by": data.RANK_BY})
-        run, step = _need(q, "run"), _need(q, "step")
-        by = q.get("by", "kl")
-        return f"{run}-step{step}-top-tokens-by-{by}", data.top_tokens(runs.path(run), step, by, q.get("k", 50))
-    if what == "completion":
-        q = urlstate.decode("tokens", search, names)
-        run, step, sample = _need(q, "run"), _need(q, "step"), _need(q, "sample")
-        c = data.completion(runs.path(run), step, sample)
-        if c is None:
-            raise UserError(f"CSV download: sample {sample} is not in {run} step {step}")
-        toks = c["tokens"]
-        if toks.height and "token_id" in toks.columns:
-            decode, _ = data.decoder(runs.path(run))
-            toks = toks.with_columns(pl.col("token_id").map_elements(lambda t: decode(int(t)), return_dtype=pl.String)
-                                     .alias("token"))
-        return f"{run}-step{step}-sample{sample}-tokens", toks
-    if what == "completions":
-        q = urlstate.decode("completions", search, names)
-        run, step = _need(q, "run"), _need(q, "step")
-        yes_no = {"yes": True, "no": False}
-        rows, _ = data.completions_page(runs.path(run), step, 0, 2**31, q.get("sort"), q.get("where"),
-                                        group=q.get("group"), truncated=yes_no.get(q.get("truncated", "any")),
-                                        vetoed=yes_no.get(q.get("vetoed", "any")), max_rank=q.get("rank"))
-        return f"{run}-step{step}-completions", rows
-    if what == "runs":
-        from grpolens.serve.data.runtable import runs_table
+    """``(file name, rows)`` of download ``what`` for the query ``search``: the builder the page
+    offering it declares (:func:`grpolens.serve.pages.csv_builders`)."""
+    from grpolens.serve.pages import csv_builders
 
-        return "runs", runs_table(runs.runs)
-    if what == "sweep":
-        q = urlstate.decode("tokens", search, names)
-        run = _need(q, "run")
-        file = _name(args, "file")
-        d = fmt.derived_dir(runs.path(run))
-        allowed = {p.name: p for p in d.glob("*sweep*.parquet")} if d.is_dir() else {}
-        if file not in allowed:
-            raise UserError(f"CSV download: {run} has no sweep table {file!r}")
-        return f"{run}-{file.removesuffix('.parquet')}", pl.read_parquet(allowed[file])
-    raise UserError(f"CSV download: unknown table {what!r}")
+    builder = csv_builders().get(what) if isinstance(what, str) else None
+    if builder is None:
+        raise UserError(f"CSV download: unknown table {what!r}")
+    return builder(runs, search)
 
 
 def file_name(stem: str) -> str:

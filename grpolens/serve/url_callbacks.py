@@ -1,6 +1,7 @@
 """Each page's view <-> its URL query (see :mod:`grpolens.serve.urlstate` for the keys and their checks).
 
-One callback per page group listens to the URL and to the group's controls, and writes both:
+One callback per page group listens to the URL and to the group's controls, and writes both (the
+header's and the curve panels' here; each other page's in its module, :mod:`grpolens.serve.pages`):
 
 * the URL changed (a loaded link, a reload, back/forward, a click that navigates): the controls
   take the query's values, the default for every key the query lacks;
@@ -26,49 +27,15 @@ import numpy as np
 from dash import ALL, Input, Output, State, ctx, no_update
 from dash.exceptions import PreventUpdate
 
-from grpolens.serve import data, inputs, urlstate
-from grpolens.serve.layout import CURVE_PAGES, PAGE_IDS, default_runs
-from grpolens.errors import UserError
-from grpolens.serve.runs import RunSet, default_step
+from grpolens.serve import data, inputs, pages, urlstate
+from grpolens.serve.layout import default_runs
+from grpolens.serve.pages.compare import compare_search
+from grpolens.serve.pages.completions import COMPLETIONS_DEFAULTS, completions_search  # noqa: F401 - re-exported
+from grpolens.serve.pages.tokens import TOKEN_CHOICES, TOKENS_DEFAULTS, tokens_search  # noqa: F401 - re-exported
+from grpolens.serve.runs import RunSet
+from grpolens.serve.urlsync import lenient, range_list, range_state, same, url_triggered  # noqa: F401
 
-TOKENS_DEFAULTS = {"by": "kl", "k": 50, "color": "kl"}
-COMPLETIONS_DEFAULTS = {"truncated": "any", "vetoed": "any", "page": 0}
-TOKEN_CHOICES = {"by": data.RANK_BY, "color": data.COLOR_BY}
-
-
-def _url_triggered() -> bool:
-    """True on the first call and when the URL (path or query) changed, not a control."""
-    return not ctx.triggered_id or ctx.triggered_id == "url"
-
-
-def _lenient(check, value, default):
-    """``check(value)``, or ``default`` when the value is out of bounds (see :mod:`grpolens.serve.inputs`)."""
-    try:
-        return check(value)
-    except UserError:
-        return default
-
-
-def _range_list(value) -> list[int]:
-    lo, hi = inputs.step_range(value)
-    if lo is None or hi is None:
-        raise inputs.BadInput("step range: two steps")
-    return [lo, hi]
-
-
-def _same(new, old):
-    return no_update if new == old else new
-
-
-def range_state(rng, lo, hi) -> dict[str, int]:
-    """``from``/``to`` of the step range, each only when narrower than the runs' steps."""
-    out: dict[str, int] = {}
-    if rng and len(rng) == 2 and lo is not None and hi is not None:
-        if rng[0] is not None and rng[0] > lo:
-            out["from"] = int(rng[0])
-        if rng[1] is not None and rng[1] < hi:
-            out["to"] = int(rng[1])
-    return out
+_url_triggered, _same, _lenient, _range_list = url_triggered, same, lenient, range_list
 
 
 def range_value(search: str | None, pathname: str | None, lo: int, hi: int) -> list[int] | None:
@@ -110,27 +77,6 @@ def panel_flips(values, ids, page: str, header_log: bool, flips: dict | None = N
     return {k: v for k, v in (("log", log), ("lin", lin)) if v}
 
 
-def tokens_search(run, step, sample=None, pos=None, by="kl", k=50, color="kl", header_runs=None,
-                  default_header=None) -> str:
-    """``header_runs``: the header's selection, written when it is not ``default_header``."""
-    state = {"run": run, "step": step, "sample": sample, "pos": pos, "by": by, "k": k, "color": color,
-             "runs": list(header_runs) if header_runs else None}
-    return urlstate.encode("tokens", state, {**TOKENS_DEFAULTS, "runs": default_header})
-
-
-def completions_search(run, step, group=None, rank=None, truncated="any", vetoed="any", page=0, sort_by=None,
-                       where=None, header_runs=None, default_header=None) -> str:
-    state = {"run": run, "step": step, "group": group, "rank": rank, "truncated": truncated, "vetoed": vetoed,
-             "page": page, "sort": [s for s in (sort_by or []) if s.get("column_id")], "where": where,
-             "runs": list(header_runs) if header_runs else None}
-    return urlstate.encode("completions", state, {**COMPLETIONS_DEFAULTS, "runs": default_header})
-
-
-def compare_search(a, b, metrics, default_metrics, bounds: dict, a0, b0) -> str:
-    state = {"a": a, "b": b, "delta": list(metrics or []), **bounds}
-    return urlstate.encode("compare", state, {"a": a0, "b": b0, "delta": list(default_metrics or [])})
-
-
 def step_slider(runs: RunSet, names) -> tuple[int, int, dict]:
     """The step slider's bounds over the selected runs' steps, and its marks."""
     lo, hi = data.step_bounds([data.series(runs.path(n)) for n in names]) if names else (0, 1)
@@ -138,9 +84,12 @@ def step_slider(runs: RunSet, names) -> tuple[int, int, dict]:
     return lo, hi, {int(v): str(int(v)) for v in np.linspace(lo, hi, 5).round()}
 
 
-def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callback per page group
+def register_url_callbacks(app, runs: RunSet) -> None:
+    """The header's controls and the curve panels' own log y boxes <-> the URL (each page's own
+    view is its module's: :mod:`grpolens.serve.pages`)."""
     names = runs.names
-    curve_paths = list(CURVE_PAGES)
+    curve_pages = pages.curve_pages()
+    curve_paths = list(curve_pages)
     cmp_a0, cmp_b0 = names[0], names[1] if len(names) > 1 else names[0]
     header_default = default_runs(runs)
 
@@ -155,7 +104,7 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   Output("runs", "value"), Output("smoothing", "value"), Output("metric-filter", "value"),
                   Output("y-scale", "value"), Output("show-baseline", "value"),
                   Output("range", "min"), Output("range", "max"), Output("range", "value"), Output("range", "marks"),
-                  *[Output(f"nav-{PAGE_IDS[p]}", "href") for p in curve_paths],
+                  *[Output(f"nav-{curve_pages[p]}", "href") for p in curve_paths],
                   Input("url", "pathname"), Input("url", "search"),
                   Input("runs", "value"), Input("smoothing", "value"), Input("range", "value"),
                   Input("metric-filter", "value"), Input("y-scale", "value"), Input("show-baseline", "value"),
@@ -250,7 +199,7 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
                   prevent_initial_call=True)
     def sync_panel_log(values, ids, pathname, search, y_scale):
         """A panel's log y box ticked against the header's choice goes into the URL (``log``/``lin``)."""
-        page = CURVE_PAGES.get(inputs.pathname(pathname))
+        page = curve_pages.get(inputs.pathname(pathname))
         values, ids = _lenient(lambda v: inputs.items(v, "log y boxes"), values, None), \
             _lenient(lambda v: inputs.items(v, "log y boxes"), ids, None)
         if page is None or values is None or ids is None:
@@ -265,142 +214,3 @@ def register_url_callbacks(app, runs: RunSet) -> None:  # noqa: C901 - one callb
         if query == (search or ""):
             raise PreventUpdate
         return query
-
-    # -- Tokens ------------------------------------------------------------------------------------
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
-                  Output("tok-focus", "data"), Output("tok-by", "value"), Output("tok-k", "value"),
-                  Output("tok-color", "value"), Output("nav-tokens", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  Input("tok-run", "value"), Input("tok-step", "value"), Input("tok-sample", "value"),
-                  Input("tok-by", "value"), Input("tok-k", "value"), Input("tok-color", "value"),
-                  State("tok-focus", "data"), State("runs", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_tokens(pathname, search, run, step, sample, by, k, color, focus, header_runs):
-        on_page = pathname == "/tokens"
-        run = _run_or(run, None)
-        step, sample = inputs.whole_or_none(step, "step"), inputs.whole_or_none(sample, "sample")
-        focus = inputs.whole_or_none(focus, "pos")
-        by, color = inputs.choice(by, data.RANK_BY, by), inputs.choice(color, data.COLOR_BY, color)
-        k = inputs.clamped(k, "top", 50) if k is not None else None
-        header_runs = _runs_or(header_runs, None)
-        cur = (run, step, sample, focus, by, k, color)
-        outs: list[Any] = [no_update] * 7
-        if _url_triggered():
-            if on_page or step is None:
-                q = urlstate.decode("tokens", search if on_page else "", names, TOKEN_CHOICES)
-                header_runs = q.get("runs", header_runs)  # sync_header sets the header from the same URL
-                r = runs.run_of(q.get("run", runs.run_names[0]))  # a variant's tokens are its run's
-                want = (r, q["step"] if "step" in q else default_step(runs, r), q.get("sample"), q.get("pos"),
-                        q.get("by", "kl"), q.get("k", 50), q.get("color", "kl"))
-                outs = [_same(w, c) for w, c in zip(want, cur)]
-                run, step, sample, focus, by, k, color = want
-        elif ctx.triggered_id in ("tok-run", "tok-step", "tok-sample") and focus is not None:
-            focus = None  # the outlined token belonged to the completion shown before
-            outs[3] = None
-        query = tokens_search(run, step, sample, focus, inputs.choice(by, data.RANK_BY, "kl"), k,
-                              inputs.choice(color, data.COLOR_BY, "kl"), header_runs, header_default)
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/tokens" + query)
-
-    # -- Completions ---------------------------------------------------------------------------------
-    filters = ("comp-run", "comp-step", "comp-group", "comp-rank", "comp-trunc", "comp-veto")
-
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  *[Output(c, "value") for c in filters],
-                  Output("comp-table", "page_current"), Output("comp-table", "sort_by"),
-                  Output("comp-table", "filter_query"), Output("nav-completions", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  *[Input(c, "value") for c in filters],
-                  Input("comp-table", "page_current"), Input("comp-table", "sort_by"),
-                  Input("comp-table", "filter_query"), State("runs", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_completions(pathname, search, run, step, group, rank, trunc, veto, page, sort_by, where, header_runs):
-        on_page = pathname == "/completions"
-        run = _run_or(run, None)
-        step, group = inputs.whole_or_none(step, "step"), inputs.whole_or_none(group, "group")
-        rank, page = inputs.whole_or_none(rank, "rank"), inputs.whole_or_none(page, "page")
-        trunc, veto = inputs.choice(trunc, urlstate.YES_NO, "any"), inputs.choice(veto, urlstate.YES_NO, "any")
-        sort_by = _lenient(inputs.sort_by, sort_by, [])
-        where = _lenient(inputs.filter_query, where, None)
-        header_runs = _runs_or(header_runs, None)
-        cur = (run, step, group, rank, trunc, veto, page, sort_by or [], where or "")
-        outs: list[Any] = [no_update] * 9
-        if _url_triggered():
-            if on_page or step is None:
-                q = urlstate.decode("completions", search if on_page else "", names)
-                header_runs = q.get("runs", header_runs)
-                r = runs.run_of(q.get("run", runs.run_names[0]))
-                want = (r, q["step"] if "step" in q else default_step(runs, r), q.get("group"), q.get("rank"),
-                        q.get("truncated", "any"), q.get("vetoed", "any"), q.get("page", 0), q.get("sort", []),
-                        q.get("where", ""))
-                outs = [_same(w, c) for w, c in zip(want, cur)]
-                run, step, group, rank, trunc, veto, page, sort_by, where = want
-        elif ctx.triggered_id in filters or ctx.triggered_id == "comp-table" and \
-                any(t["prop_id"] == "comp-table.filter_query" for t in ctx.triggered):
-            if page:  # a new selection starts at its first page
-                page, outs[6] = 0, 0
-        query = completions_search(run, step, group, rank, trunc, veto, page or 0, sort_by, where, header_runs,
-                                   header_default)
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/completions" + query)
-
-    # -- Compare ---------------------------------------------------------------------------------------
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  Output("cmp-a", "value"), Output("cmp-b", "value"),
-                  Output("cmp-metrics", "value"), Output("nav-compare", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  Input("cmp-a", "value"), Input("cmp-b", "value"), Input("cmp-metrics", "value"),
-                  # the step range is sync_header's (it writes from/to here too): read, never listened to
-                  State("range", "value"), State("range", "min"), State("range", "max"),
-                  State("cmp-default", "data"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_compare(pathname, search, a, b, metrics, rng, lo, hi, default_metrics):
-        on_page = pathname == "/compare"
-        a, b = _run_or(a, cmp_a0), _run_or(b, cmp_b0)
-        metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), metrics, [])
-        default_metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), default_metrics, [])
-        rng = _lenient(_range_list, rng, None)
-        lo, hi = inputs.whole_or_none(lo, "step"), inputs.whole_or_none(hi, "step")
-        outs: list[Any] = [no_update] * 3
-        bounds = range_state(rng, lo, hi)
-        if _url_triggered() and on_page:
-            q = urlstate.decode("compare", search, names)
-            bounds = {k: q[k] for k in ("from", "to") if k in q}
-            want = (q.get("a", cmp_a0), q.get("b", cmp_b0), q.get("delta", []))
-            outs = [_same(w, c) for w, c in zip(want, (a, b, metrics or []))]
-            if "delta" not in q and metrics:
-                outs[2] = []  # the page's default curves (render_compare fills them in)
-            a, b, metrics = want[0], want[1], want[2] or default_metrics
-        query = compare_search(a, b, metrics, default_metrics, bounds, cmp_a0, cmp_b0)
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/compare" + query)
-
-    # -- Runs ------------------------------------------------------------------------------------------
-    @app.callback(Output("url", "search", allow_duplicate=True),
-                  Output("runs-table", "sort_by"), Output("runs-table", "filter_query"),
-                  Output("runs-table", "selected_rows"), Output("nav-runs", "href"),
-                  Input("url", "pathname"), Input("url", "search"),
-                  Input("runs-table", "sort_by"), Input("runs-table", "filter_query"), Input("runs-table", "selected_rows"),
-                  State("runs", "value"),
-                  prevent_initial_call="initial_duplicate")
-    def sync_runs(pathname, search, sort_by, where, selected, header_runs):
-        """Sort, filter and the ticked rows; ticked by default: the runs the header has selected."""
-        on_page = pathname == "/runs"
-        outs: list[Any] = [no_update] * 3
-        selected = inputs.row_indices(selected, len(names))
-        sort_by = _lenient(inputs.sort_by, sort_by, [])
-        where = _lenient(lambda v: inputs.text(v, "table filter"), where, None)
-        header_runs = _runs_or(header_runs, None)
-        ticked = [names[int(i)] for i in selected]
-        if _url_triggered() and on_page:
-            q = urlstate.decode("runs", search, names)
-            want = (q.get("sort", []), q.get("where", ""),
-                    [names.index(n) for n in q.get("tick", header_runs or []) if n in names])
-            outs = [_same(w, c) for w, c in zip(want, (sort_by or [], where or "", sorted(selected or [])))]
-            sort_by, where = want[:2]
-            ticked = [names[i] for i in sorted(want[2])]
-        query = urlstate.encode("runs", {"sort": [s for s in (sort_by or []) if s.get("column_id")], "where": where,
-                                         "tick": ticked or None}, {"tick": header_default})
-        new_search = query if on_page and not _url_triggered() and query != (search or "") else no_update
-        return (new_search, *outs, "/runs" + query)

@@ -12,31 +12,53 @@ anything else is dropped (the default applies). :func:`encode` escapes every val
 (``urllib.parse.urlencode``), so ``&``, ``=``, ``#`` or ``<`` in a run name or a filter cannot
 change the query's structure.
 
-This module is pure (no Dash); :mod:`grpolens.serve.url_callbacks` wires it to the pages.
+The checks are pure functions (no Dash); which keys each page has is declared by the page modules
+(:mod:`grpolens.serve.pages`), and :mod:`grpolens.serve.url_callbacks` wires both to the pages.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 from urllib.parse import parse_qs, urlencode
 
-#: The page groups and, for each, the query keys its view is made of (in the order written).
-KEYS: dict[str, tuple[str, ...]] = {
-    # Overview, Policy, Mismatch, Rewards share the header's curve controls.
-    # ``log``/``lin``: the panels whose own "log y" box differs from the header's (metric names)
-    "curves": ("runs", "smooth", "from", "to", "filter", "y", "baseline", "log", "lin"),
-    # ``runs``: the header's run selection, kept while one looks at tokens or completions
-    "tokens": ("run", "step", "sample", "pos", "by", "k", "color", "runs"),
-    "completions": ("run", "step", "group", "rank", "truncated", "vetoed", "page", "sort", "where", "runs"),
-    "compare": ("a", "b", "delta", "from", "to"),
-    # ``tick``: the rows ticked for an overlay (run names)
-    "runs": ("sort", "where", "tick"),
-}
+class _FromPages(Mapping):
+    """A table the page modules declare (:mod:`grpolens.serve.pages`), built on first use (the
+    pages import this module, so it cannot import them first)."""
+
+    def __init__(self, build):
+        self._build, self._table = build, None
+
+    def _get(self) -> dict:
+        if self._table is None:
+            self._table = self._build()
+        return self._table
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+def _pages():
+    from grpolens.serve import pages
+
+    return pages
+
+
+#: The page groups and, for each, the query keys its view is made of (in the order written), as
+#: each page declares them: Overview and the other curve pages share the header's curve controls
+#: (``log``/``lin``: the panels whose own "log y" box differs from the header's); ``runs`` on the
+#: Tokens and Completions pages: the header's selection, kept while one looks at them; ``tick``
+#: on the Runs page: the rows ticked for an overlay.
+KEYS: Mapping[str, tuple[str, ...]] = _FromPages(lambda: _pages().url_keys())
 #: URL path -> page group.
-GROUP_OF_PATH = {"/runs": "runs", "/": "curves", "/policy": "curves", "/mismatch": "curves", "/rewards": "curves",
-                 "/tokens": "tokens", "/completions": "completions", "/compare": "compare"}
+GROUP_OF_PATH: Mapping[str, str] = _FromPages(lambda: _pages().group_of_path())
 
 #: Bounds of what a query may ask for.
 MAX_TEXT = 200  # metric filter words, completions filter query

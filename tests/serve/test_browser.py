@@ -562,3 +562,20 @@ def test_dark_mode_reaches_dropdowns_and_sliders(server, browser):
                                 {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
     got = open_run_list()
     assert luminance(got["box"]) > 200 and luminance(got["list"]) > 200 and luminance(got["option"]) < 120, got
+
+
+def test_health_page_is_drawn(server, browser):
+    """The page the ``health`` family declares is in the navigation bar and draws its curves (it
+    was declared and never shown before the page catalogue, issue #29)."""
+    go(browser, server, "/")
+    wait(browser, lambda d: len(visible_graphs(d, "overview")) >= 3, what="overview curves")
+    css(browser, "#nav-health")[0].click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/health", what="the Health page")
+    wait(browser, lambda d: len(visible_graphs(d, "health")) >= 3, what="health curves")
+    titles = " ".join(e.text for e in css(browser, "#page-health .gtitle"))
+    assert "health/masked_tokens" in titles and "health/nonfinite/logp" in titles
+    assert "active" in css(browser, "#nav-health")[0].get_attribute("class")
+    assert css(browser, "#curve-controls")[0].is_displayed()
+    shot(browser, "health")
+    assert not [e.text for e in css(browser, ".error") if e.is_displayed()]
+    assert severe_logs(browser) == []

@@ -8,7 +8,7 @@ import polars as pl
 
 from grpolens.run import format as fmt
 from grpolens.serve import callbacks as cb
-from grpolens.serve import page_runs
+from grpolens.serve.pages import runs as page_runs
 from grpolens.serve.data.runtable import flatten, runs_table
 from grpolens.serve.runs import RunSet
 from tests.serve.test_callbacks import graphs, walk

@@ -132,7 +132,7 @@ def test_docs_list_every_key():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 2 and cells[0] not in ("page", "---"):
             rows[cells[0]] = set(re.findall(r"`([a-z]+)`", re.sub(r"\([^)]*\)", "", cells[1])))  # values in ()
-    groups = {"Overview, Policy, Mismatch, Rewards": "curves", "Tokens": "tokens", "Completions": "completions",
+    groups = {"Overview, Policy, Mismatch, Rewards, Health": "curves", "Tokens": "tokens", "Completions": "completions",
               "Compare": "compare", "Runs": "runs"}
     assert set(rows) == set(groups)
     for label, group in groups.items():
