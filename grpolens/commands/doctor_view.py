@@ -4,6 +4,8 @@ goes in as rich ``Text``, never as markup."""
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -67,6 +69,9 @@ def print_report(report, console: Console) -> None:
             body += _explained(f.evidence["explain"])
         if f.suggestion:
             body.append(Text("fix: ", style="bold") + Text(f.suggestion))
+        if f.worst_step is not None:
+            body.append(Text(f"more: grpolens explain {shlex.quote(report.run)} --metric {shlex.quote(f.metric)} "
+                             f"--step {f.worst_step}", style="dim"))
         console.print(Panel(Group(*body), title=title, title_align="left", border_style=STYLE[f.severity]))
     t = Table(title="detectors", title_justify="left", show_lines=False)
     for col in ("detector", "status", "why"):

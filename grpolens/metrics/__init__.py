@@ -21,5 +21,6 @@ FAMILY_MODULES = [
     "loss",
     "rollout_is",
     "verl_actor",
+    "openrlhf_actor",
     "twinkle",
 ]

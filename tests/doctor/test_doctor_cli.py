@@ -98,3 +98,17 @@ def test_rich_view_lists_findings_and_every_detector(runs, capsys):
     assert "CRITICAL" in out and "nonfinite" in out and "health/nonfinite/logp" in out
     for d in DETECTORS:
         assert d in out
+
+
+def test_fresh_outputs_are_read_not_recomputed(tmp_path, monkeypatch):
+    import grpolens.analysis.recompute as rc
+    from grpolens.analysis.doctor import load_metrics
+
+    run = synth_run(tmp_path / "run", steps=12, seed=2)
+    first = load_metrics(run)  # computes and writes the outputs
+    monkeypatch.setattr(rc, "recompute", lambda *a, **k: pytest.fail("doctor recomputed fresh outputs"))
+    again = load_metrics(run)
+    assert again.equals(first)
+    (run / "grpolens" / "metrics.parquet").unlink()  # stale: recomputed again
+    monkeypatch.undo()
+    assert load_metrics(run).equals(first)

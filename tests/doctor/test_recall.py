@@ -59,3 +59,23 @@ def test_the_real_trl_run_has_no_warning(tmp_path):
     info = {f.id for f in report.findings}
     assert info == {"clip-inactive", "length-pathology"}
     assert report.worst_severity() == "info"
+
+
+@pytest.mark.slow
+def test_a_long_clean_run_with_its_healthy_trends_is_silent(tmp_path):
+    # over 400 steps the synthetic policy's entropy falls by half and its KL to the reference grows
+    # several-fold, as in real training: neither is a pathology
+    report = diagnose(synth_run(tmp_path / "long", steps=400, seed=11, max_len=64), explain=False)
+    assert _loud(report) == []
+
+
+def test_findings_carry_the_explanation_of_their_worst_step(tmp_path):
+    run = synth_run(tmp_path / "spike", steps=24, seed=4, inject=["kl-spike@12"])
+    f = next(f for f in diagnose(run).findings if f.id == "kl-spike")
+    ex = f.evidence["explain"]
+    assert ex["step"] == 12 and ex["headline"].startswith("kl/k3 ")
+    assert ex["value"] == pytest.approx(f.evidence["value"], rel=1e-9)  # explain's value is the metric's
+    rows = ex["by"]["token_id"]
+    assert sum(r["contribution"] for r in rows) == pytest.approx(ex["delta"], rel=1e-9)
+    assert set(ex["concentration"]) >= {"top_1%_tokens", "top_1_completions"}
+    assert set(ex["by"]) == {"token_id", "completion", "group"}

@@ -19,6 +19,11 @@ def verl_python():
 
 
 @pytest.fixture(scope="session")
+def openrlhf_python():
+    return refvenv.ensure("openrlhf")
+
+
+@pytest.fixture(scope="session")
 def twinkle_python():
     return refvenv.ensure("twinkle")
 

@@ -24,7 +24,13 @@ class Context:
     config: dict
     profile: Profile
     storage_options: dict | None = None
+    #: what the running detector looked at, in words (the ``why`` of a detector that passed)
+    checks: list[str] = field(default_factory=list)
     _samples: dict = field(default_factory=dict)
+
+    def checked(self, what: str) -> None:
+        """Record what a detector looked at and found unremarkable (its ``why`` when it passes)."""
+        self.checks.append(what)
 
     def has(self, metric: str) -> bool:
         return metric in self.metrics.columns and self.metrics[metric].drop_nulls().len() > 0

@@ -86,6 +86,7 @@ def diagnose(run: os.PathLike | str, *, profile: str | None = None, steps: str |
     for det in detectors.values():
         if only and det.id not in only:
             continue
+        ctx.checks = []
         try:
             got = det.fn(ctx)
         except Skip as e:
@@ -93,7 +94,7 @@ def diagnose(run: os.PathLike | str, *, profile: str | None = None, steps: str |
             continue
         findings.extend(got)
         statuses.append(DetectorStatus(det.id, "fired", f"{len(got)} finding(s)") if got else
-                        DetectorStatus(det.id, "passed", det.title.join(("no sign of ", ""))))
+                        DetectorStatus(det.id, "passed", "; ".join(ctx.checks) or det.title.join(("no sign of ", ""))))
     findings.sort(key=lambda f: (-severity_rank(f.severity), f.steps[0] if f.steps else 0, f.id))
     report = Report(str(run), findings, statuses, prof.name, [int(s) for s in sel["step"].to_list()])
     if explain:

@@ -30,6 +30,7 @@ def advantage_collapse(ctx) -> list[Finding]:
     elif d.significant(+1) and d.late >= LEVEL and d.late - d.early >= RISE:
         onset, before, after = int(x[np.argmax(y >= (d.early + d.late) / 2)]), d.early, d.late
     else:
+        ctx.checked(f"groups with zero reward spread {d.early:.0%} → {d.late:.0%} over {len(y)} steps")
         return []
     steps = signals.steps_from(x, onset)
     split = _split(ctx, steps)

@@ -50,6 +50,7 @@ def clip_drift(ctx) -> list[Finding]:
         elif d.significant(+1) and d.late - d.early >= RISE and d.late >= RISE_RATIO * d.early:
             onset, before, after = int(x[np.argmax(y >= (d.early + d.late) / 2)]), d.early, d.late
         else:
+            ctx.checked(f"{metric} {d.early:.1%} → {d.late:.1%} over {len(y)} steps with ratios off 1")
             continue
         out.append(Finding(
             "clip-drift", "critical" if after >= CRITICAL else "warning", signals.steps_from(x, onset), metric,
@@ -68,6 +69,7 @@ def clip_inactive(ctx) -> list[Finding]:
         raise Skip("the run has no policy ratios (old_logp)")
     x, active = _active(ctx)
     if active.all():
+        ctx.checked(f"ratios off 1 at all {len(x)} steps")
         return []
     iters = ctx.config.get("num_iterations")
     idle = [int(s) for s in x[~active]]

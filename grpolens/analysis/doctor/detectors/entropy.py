@@ -39,11 +39,13 @@ def entropy_collapse(ctx) -> list[Finding]:
             evidence, _suggestion(ctx), worst_step=onset)]
     k = max(RECENT_MIN, len(y) // 4)
     d = signals.drift(x[-k:], y[-k:])
+    ctx.checked(f"{METRIC} {initial:.3g} → {y[-1]:.3g} nats over {len(y)} steps, floor {floor:.3g}")
     if not d.significant(-1) or d.slope.slope >= 0:
         return []
     span = int(x[-1] - x[0]) + 1
     eta = float((y[-1] - floor) / -d.slope.slope)
     if eta > HORIZON_SHARE * span:
+        ctx.checked(f"at {d.slope.slope:+.3g}/step the floor is {eta:.0f} steps away")
         return []
     projected = int(x[-1] + np.ceil(eta))
     evidence.update(slope=d.slope.slope, mann_kendall_p=d.trend.p, projected_step=projected, window=k)

@@ -54,6 +54,9 @@ def kl_spike(ctx) -> list[Finding]:
             f"bad batch. If spikes recur, lower {ctx.setting('learning_rate')} or {ctx.setting('max_grad_norm')}, "
             f"or raise {ctx.setting('kl_coef')}.",
             worst_step=step))
+    if not out:
+        ctx.checked(f"{METRIC} at {len(y)} steps: none {SPIKE_RATIO:g}× its neighbours with robust z ≥ {SPIKE_Z:g} "
+                    f"(largest {y.max():.3g})")
     return out
 
 
@@ -70,6 +73,7 @@ def kl_drift(ctx) -> list[Finding]:
         level, before = d.late, d.early
         how = f"rose from {before:.3g} to {level:.3g} (Theil–Sen {d.slope.slope:+.3g}/step, Mann–Kendall p={d.trend.p:.2g})"
     else:
+        ctx.checked(f"{METRIC} {d.early:.3g} → {d.late:.3g} over {len(y)} steps (a drift needs ≥ {DRIFT_LEVEL:g})")
         return []
     return [Finding(
         "kl-drift", "critical" if level >= DRIFT_CRITICAL else "warning", signals.steps_from(x, onset), METRIC,

@@ -35,6 +35,8 @@ def length_pathology(ctx) -> list[Finding]:
     x, y = ctx.series(LENGTH, min_steps=MIN_TREND_STEPS)
     limit = ctx.setting("max_completion_length")
     out = []
+    d = signals.drift(x, y)
+    ctx.checked(f"mean length {d.early:.4g} → {d.late:.4g} tokens over {len(y)} steps")
     for up, factor in ((True, GROW), (False, SHRINK)):
         ch = _change(x, y, up, factor)
         if ch is None:
@@ -62,6 +64,7 @@ def length_pathology(ctx) -> list[Finding]:
                 onset, before, after = int(xt[np.argmax(t >= (d.early + d.late) / 2)]), d.early, d.late
             else:
                 onset = None
+            ctx.checked(f"truncated {d.early:.0%} → {d.late:.0%}")
             if onset is not None:
                 out.append(Finding(
                     "length-pathology", "warning", signals.steps_from(xt, onset), TRUNCATED,

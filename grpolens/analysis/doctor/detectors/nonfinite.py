@@ -25,6 +25,7 @@ def nonfinite(ctx) -> list[Finding]:
     if not counters:
         raise Skip("the run's metrics have no non-finite counters (no token or sample data)")
     steps = df["step"].to_numpy()
+    ctx.checked(f"{len(counters)} non-finite counters at {len(steps)} steps: all 0")
     out = []
     for c in counters:
         n = np.nan_to_num(df[c].to_numpy().astype(np.float64), nan=0.0)
@@ -42,7 +43,7 @@ def nonfinite(ctx) -> list[Finding]:
             f"Find where {tensor} stops being finite at step {first} (grpolens tokens RUN --step {first}); "
             f"grpolens leaves such {where} out of every metric, the trainer may not. Lower "
             f"{ctx.setting('learning_rate')} or {ctx.setting('max_grad_norm')} if the policy diverged.",
-            worst_step=None))
+            worst_step=first))
     for c in _WATCHED:
         if c not in df.columns:
             continue

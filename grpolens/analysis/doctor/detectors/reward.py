@@ -29,9 +29,11 @@ def reward_hacking(ctx) -> list[Finding]:
     x, y = ctx.series(REWARD, min_steps=MIN_TREND_STEPS)
     sh = signals.shift(x, y, up=True)
     if sh is None:
+        ctx.checked(f"{REWARD} over {len(y)} steps: no upward shift")
         return []
     k = int(np.searchsorted(x, sh.onset))
     if k < 3 or sh.after - sh.before < RISE_SIGMA * max(stats.mad_sigma(y[:k]), 1e-12):
+        ctx.checked(f"{REWARD} {sh.before:.3g} → {sh.after:.3g} from step {sh.onset}: within {RISE_SIGMA:g} robust σ")
         return []
     near = max(NEAR, len(x) // 10)
     diverging = []
@@ -53,6 +55,7 @@ def reward_hacking(ctx) -> list[Finding]:
                 continue
         diverging.append((metric, other))
     if not diverging:
+        ctx.checked(f"{REWARD} rose {sh.before:.3g} → {sh.after:.3g} at step {sh.onset}; length and components moved with it")
         return []
     metric, other = diverging[0]
     onset = max(sh.onset, other.onset)  # the divergence holds once both have moved

@@ -14,6 +14,10 @@ from grpolens.analysis.doctor.context import MIN_TREND_STEPS
 METRIC = "mismatch/kl_k3"
 ESS = "rollout_is/raw/ess"
 VETO, REJECTED = "rollout_is/veto/seq_fraction", "rollout_is/rejected/seq_fraction"
+#: the offset diagnosis (docs/rollout-is.md): 1 where δ = log π_train − log π_rollout is a near-constant offset
+OFFSET, DELTA = "mismatch/constant_offset", "mismatch/delta_median"
+#: named as the cause when at least this share of the drifted steps show a constant offset
+OFFSET_SHARE = 0.5
 #: a shift or trend counts from this mismatch level on (bf16 engines sit around 1e-3) ...
 LEVEL = 1e-3
 #: ... and when it multiplies the earlier level by this much; critical from this level on
@@ -44,15 +48,18 @@ def rollout_drift(ctx) -> list[Finding]:
         how = f"rose from {before:.3g} to {after:.3g} (Theil–Sen {d.slope.slope:+.3g}/step, Mann–Kendall p={d.trend.p:.2g})"
     else:
         onset = None
+        ctx.checked(f"{METRIC} {d.early:.3g} → {d.late:.3g} over {len(y)} steps")
     if onset is not None:
+        steps = signals.steps_from(x, onset)
+        evidence = {"before": before, "after": after, "onset": onset, "mann_kendall_p": d.trend.p,
+                    "theil_sen_slope": d.slope.slope}
+        cause = _offset(ctx, steps, evidence)
         out.append(Finding(
-            "rollout-drift", "critical" if after >= CRITICAL else "warning", signals.steps_from(x, onset), METRIC,
-            f"train–inference mismatch (k3 KL) {how}",
-            {"before": before, "after": after, "onset": onset, "mann_kendall_p": d.trend.p,
-             "theil_sen_slope": d.slope.slope},
-            _suggestion(ctx), worst_step=onset))
+            "rollout-drift", "critical" if after >= CRITICAL else "warning", steps, METRIC,
+            f"train–inference mismatch (k3 KL) {how}{cause}", evidence, _suggestion(ctx), worst_step=onset))
     if ctx.has(ESS):
         xe, e = ctx.series(ESS)
+        ctx.checked(f"IS-weight ESS ≥ {e.min():.3g}")
         for band, severity in zip(ESS_BANDS[::-1], ("critical", "warning")):
             low = e < band
             if low.sum() >= ESS_MIN_STEPS:
@@ -75,6 +82,26 @@ def rollout_drift(ctx) -> list[Finding]:
                     {"threshold": FRACTION, "steps_above": int(high.sum()), "max": float(f.max())},
                     _suggestion(ctx), worst_step=int(xf[np.argmax(f)])))
     return out
+
+
+def _offset(ctx, steps: list[int], evidence: dict) -> str:
+    """What the token-level offset diagnosis says about the drifted steps (``""`` when it cannot)."""
+    if not (ctx.has(OFFSET) and ctx.has(DELTA)):
+        return ""
+    sub = ctx.metrics.filter(ctx.metrics["step"].is_in(steps))
+    flags = [v for v in sub[OFFSET].to_list() if v is not None]
+    deltas = [v for v, f in zip(sub[DELTA].to_list(), sub[OFFSET].to_list()) if v is not None and f == 1]
+    if not flags:
+        return ""
+    share = sum(f == 1 for f in flags) / len(flags)
+    evidence["constant_offset_share"] = share
+    if share < OFFSET_SHARE or not deltas:
+        return ""
+    median = float(np.median(deltas))
+    evidence["offset_median_delta"] = median
+    side = "above" if median > 0 else "below"
+    return (f"; at {share:.0%} of those steps the trainer's log-probs sit a near-constant {abs(median):.3g} nats "
+            f"{side} the engine's (a temperature or top-p/top-k mismatch)")
 
 
 def _suggestion(ctx) -> str:
