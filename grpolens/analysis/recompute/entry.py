@@ -160,7 +160,7 @@ def recompute(
         if plan.staging is not None:  # uploaded by now, or not to be: nothing staged stays behind
             shutil.rmtree(plan.staging, ignore_errors=True)
     plan.save_memo()  # last: this recompute succeeded
-    return _answer(plan, final, out_dir if write else None, sorted(set(todo)), sorted(cached), notes)
+    return _answer(plan, final, out_dir if plan.decide.writes else None, sorted(set(todo)), sorted(cached), notes)
 
 
 def _written_metrics(out_dir: Path) -> pl.DataFrame | None:
