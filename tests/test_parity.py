@@ -122,3 +122,22 @@ def test_formatted_values_compare_at_their_rounding(run_and_log, tmp_path):
     recs[0]["loss"] = f"{exact[recs[0]['step']] + 2e-4:.4f}"
     text.write_text("\n".join(map(json.dumps, recs)) + "\n")
     assert [r.status for r in compare(run, text) if r.key == "loss"] == ["mismatch", "ok", "ok"]
+
+
+def test_openrlhf_console_and_wandb_layouts(tmp_path):
+    """OpenRLHF's console line per global step (a Python dict, its keys without the loggers'
+    ``train/`` prefix) and an exported wandb history (``train/global_step``, no ``step``)."""
+    console = tmp_path / "driver.log"
+    console.write_text("(PPOTrainer pid=1) loading\n"
+                       "(PPOTrainer pid=1) ✨ Global step 3: {'policy_loss': -0.25, 'rollout/reward_mean': 0.5, "
+                       "'timing/ppo_train': 1.0}\n"
+                       "not JSON, and skipped: the file is a console log\n")
+    assert read_log(console) == {3: {"step": 3, "train/policy_loss": -0.25, "train/rollout/reward_mean": 0.5,
+                                     "train/timing/ppo_train": 1.0}}
+    wandb = tmp_path / "history.jsonl"
+    wandb.write_text(json.dumps({"_step": 0, "train/global_step": 3, "train/policy_loss": -0.25}) + "\n")
+    assert read_log(wandb)[3]["train/policy_loss"] == -0.25
+    bad = tmp_path / "bad.log"
+    bad.write_text("✨ Global step 3: {'policy_loss': __import__('os').getcwd()}\n")
+    with pytest.raises(UserError, match="bad.log:1: an OpenRLHF status line whose dict is not plain literals"):
+        read_log(bad)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,15 +68,24 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
     if not path.is_file():
         raise UserError(f"--log: no such file {path}")
     out: dict[int, dict] = {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    openrlhf_console = _OPENRLHF_LINE.search(text) is not None
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{i}: not a JSON object ({e.msg})") from None
+        if openrlhf_console:  # OpenRLHF's console log: only its per-step status lines count
+            rec = _openrlhf_status(line, path, i)
+            if rec is None:
+                continue
+        else:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{i}: not a JSON object ({e.msg})") from None
         if not isinstance(rec, dict):
             raise UserError(f"{path}:{i}: not a JSON object")
+        if "step" not in rec and "train/global_step" in rec:  # OpenRLHF's wandb/TensorBoard keys, exported
+            rec = {"step": rec["train/global_step"], **rec}
         step = rec.get("step")
         if not isinstance(step, (int, float)) or isinstance(step, bool):
             continue
@@ -85,6 +95,28 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
     if not out:
         raise UserError(f"{path}: no line with a numeric 'step' key")
     return out
+
+
+#: OpenRLHF's console line per global step (``PPOTrainer.fit``: ``✨ Global step N: {status}``)
+_OPENRLHF_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$", re.MULTILINE)
+
+
+def _openrlhf_status(line: str, path, i: int) -> dict | None:
+    """The status dict of an OpenRLHF console line, under the names its loggers write
+    (``train/<key>``), or None for any other line. The dict is Python's repr of plain numbers:
+    read with ``ast.literal_eval``, which evaluates literals only (the line is untrusted)."""
+    import ast
+
+    m = _OPENRLHF_LINE.search(line)
+    if m is None:
+        return None
+    try:
+        status = ast.literal_eval(m.group(2))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise UserError(f"{path}:{i}: an OpenRLHF status line whose dict is not plain literals") from None
+    if not isinstance(status, dict):
+        raise UserError(f"{path}:{i}: an OpenRLHF status line without a dict")
+    return {"step": int(m.group(1)), **{f"train/{k}": v for k, v in status.items() if isinstance(k, str)}}
 
 
 def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, profile: str = "trl",

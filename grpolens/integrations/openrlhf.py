@@ -8,7 +8,7 @@ read by attribute. Two lines on the driver, four in the actor (``docs/integratio
     # RemoteExperienceMaker.make_experience, in its loop, before base_action_log_probs may be dropped:
     keep_reference(samples, base_action_log_probs)
     # PPOTrainer.train_step, after experiences = self.experience_maker.make_experience_batch(...):
-    tag_experiences(experiences, step=global_step, n_samples_per_prompt=self.args.rollout.n_samples_per_prompt)
+    tag_experiences(experiences, step=global_step + 1, n_samples_per_prompt=self.args.rollout.n_samples_per_prompt)
 
     # ActorPPOTrainer.__init__ (each rank):
     self.grpolens = OpenRLHFCapture("runs/my-run", config=openrlhf_config(self.args, strategy))

@@ -173,6 +173,23 @@ def test_openrlhf_profile_reproduces_openrlhf(case, openrlhf_logged, tmp_path):
     assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=[c.name for c in CASES[:2]])
+def test_parity_reads_openrlhf_console_log(case, openrlhf_logged, tmp_path):
+    """``grpolens parity`` on OpenRLHF's own console line (``PPOTrainer.fit``'s
+    ``✨ Global step N: {status}``, the status as Python prints it): every key the run determines agrees."""
+    from grpolens.analysis.parity import compare
+
+    config, out = openrlhf_logged[case.name]
+    run = tmp_path / "run"
+    record(case, config, out, run)
+    status = {**out["status"], "timing/ppo_train": 1.5}
+    log = tmp_path / "openrlhf.log"
+    log.write_text("INFO starting\n" + f"[INFO] ✨ Global step {config['step']}: {status}\n")
+    rows = compare(run, log, profile="openrlhf", rtol=RTOL, atol=ATOL)
+    assert {r.key for r in rows} == {f"train/{k}" for k in out["status"] if k not in NOT_COMPARED}
+    assert all(r.status == "ok" for r in rows), [str(r) for r in rows if r.status != "ok"]
+
+
 def test_docs_quote_the_count():
     """Runs after the comparisons above (module order): the figure docs/profiles.md quotes."""
     check_quoted_tally("OpenRLHF 0.11.2", {c.name for c in CASES},
