@@ -34,7 +34,9 @@ def rldoctor_findings(exe: str, jsonl: Path) -> list[str]:
         return [f"error: {(r.stderr or r.stdout).strip().splitlines()[-1][:120]}"]
     out = json.loads(r.stdout)
     found = out.get("findings") or []
-    return sorted({f"{f.get('detector', f.get('id', '?'))}:{f.get('severity', '?')}" for f in found})
+    # its statuses: OK (looked, nothing), SKIPPED (could not look), INFO / WARNING / CRITICAL
+    return sorted({f"{f.get('detector', f.get('id', '?'))}:{f.get('severity', '?')}" for f in found
+                   if str(f.get("severity", "")).upper() not in ("OK", "SKIPPED")})
 
 
 def main(argv=None) -> None:

@@ -39,6 +39,7 @@ def export_cmd(
                                                     "the variant's]."),
     tables: bool = typer.Option(True, "--tables/--no-tables",
                                 help="Also export the completions and top-token tables (where the tracker has a table type)."),
+    explain: bool = typer.Option(False, "--explain", help="Also export, as a table, the explanation of each step a built-in check rule flags (its top token ids, prompts and completions; grpolens explain). W&B, MLflow and trackio."),
     variant: Optional[str] = VARIANT_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary line."),
     storage_option: List[str] = STORAGE_OPTION,
@@ -69,6 +70,10 @@ def export_cmd(
         if given[option] and option not in cls.owns:
             owners = " or ".join(n for n, c in exporters().items() if option in c.owns)
             raise UserError(f"--{option.replace('_', '-')} applies to --to {owners} only{note}")
+    if explain and not cls.has_tables:
+        raise UserError(f"--explain: {to} has no table type; the explanations go to wandb, mlflow or trackio")
+    if explain and variant is not None:
+        raise UserError("--explain: a variant's steps are not explained (explain reads the run as recorded); drop --variant")
     console = Console(stderr=True)
     what_if = None
     if variant is not None:
@@ -78,7 +83,7 @@ def export_cmd(
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         source = ExportSource.load(run, profile, progress=tick, variant=what_if)
     options = ExportOptions(project=project, name=name, resume=resume, online=online, logdir=logdir,
-                            tracking_uri=tracking_uri, tables=tables)
+                            tracking_uri=tracking_uri, tables=tables, explain=explain)
     exporter = cls(source, options)
     with progress_bar(console, f"export to {to}", enabled=not quiet) as tick:
         out = export_run(source, exporter, progress=tick)

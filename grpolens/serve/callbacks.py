@@ -15,7 +15,7 @@ from dash import ALL, MATCH, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
 from grpolens.errors import UserError
-from grpolens.serve import data, inputs, pages
+from grpolens.serve import data, inputs, pages, urlstate
 from grpolens.serve.components import GRAPH_CONFIG, fmt_value as _fmt, graph as _graph, guard as _guard  # noqa: F401
 from grpolens.serve.runs import RunSet
 from grpolens.serve.url_callbacks import register_url_callbacks, tokens_search
@@ -32,10 +32,10 @@ from grpolens.serve.pages.tokens import MAX_TOKENS_SHOWN, _color, completion_vie
 
 
 def click_target(runs: RunSet, names: list[str] | None, click: dict | None, by: str = "kl", k: int = 50,
-                 color: str = "kl") -> tuple[str, str] | None:
+                 color: str = "kl", metric: str | None = None) -> tuple[str, str] | None:
     """Where a click on a curve point leads: the Tokens page for that run and step (the point's
     ``customdata`` is its run's index; a delta curve of the Compare page carries run B's), ranked
-    and coloured as the Tokens page last was."""
+    and coloured as the Tokens page last was, with the Why panel of the curve's ``metric``."""
     if not isinstance(click, dict) or not click.get("points"):
         return None
     pts = [p for p in inputs.items(click["points"], "clicked points") if isinstance(p, dict)]
@@ -57,7 +57,15 @@ def click_target(runs: RunSet, names: list[str] | None, click: dict | None, by: 
 
     return "/tokens", tokens_search(name, step, by=inputs.choice(by, data.RANK_BY, "kl"), k=inputs.clamped(k, "top", 50),
                                     color=inputs.choice(color, data.COLOR_BY, "kl"), header_runs=names,
-                                    default_header=default_runs(runs))
+                                    default_header=default_runs(runs), why=metric)
+
+
+def curve_metric(key) -> str | None:
+    """The metric of a curve graph's key (``page:metric``); None for bands, heat maps and others."""
+    where, _, metric = str(key or "").partition(":")
+    if not metric or metric.startswith(("band:", "is_hist:")) or not urlstate.METRIC_NAME.match(metric):
+        return None
+    return metric
 
 
 def register_callbacks(app, runs: RunSet) -> None:
@@ -91,7 +99,7 @@ def register_callbacks(app, runs: RunSet) -> None:
         if not isinstance(trig, dict) or not value:
             raise PreventUpdate
         try:
-            target = click_target(runs, names, value, by, k, color)
+            target = click_target(runs, names, value, by, k, color, curve_metric(trig.get("key")))
         except UserError:
             raise PreventUpdate from None
         if target is None:

@@ -194,6 +194,8 @@ def decode(group: str, search: str | None, run_names: Iterable[str], choices: di
             value = _choice(raw, YES_NO)
         elif key in ("by", "color"):
             value = _choice(raw, choices.get(key, ()))
+        elif key == "why":  # the metric the Tokens page's Why panel explains
+            value = raw if raw is not None and _METRIC.match(raw) else None
         elif key in ("delta", "log", "lin"):
             picked = []
             for v in q[key][:MAX_DELTA if key == "delta" else MAX_PANELS]:

@@ -369,3 +369,22 @@ def test_an_s3_runs_hub_tokenizer_comes_from_the_local_cache_not_the_bucket(s3_e
     r = subprocess.run([sys.executable, "-c", script, remote], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "tokenizer b"
+
+
+def test_doctor(capsys, s3_env, tmp_path, monkeypatch):
+    """The diagnosis of an s3:// run is the local one's (findings with their explanation, every
+    detector's status), and it writes nothing beside the bucket or in the working directory."""
+    from grpolens.adapters.synth import synth_run
+
+    local = synth_run(tmp_path / "spike", steps=12, seed=3, inject=["kl-spike@6"])
+    remote = upload(s3_env, local, f"doctor-{tmp_path.name}")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code_l, out_l, _ = run_cli(capsys, "doctor", str(local), "--json", "--fail-on", "critical")
+    code_r, out_r, err_r = run_cli(capsys, "doctor", remote, "--json", "--fail-on", "critical")
+    assert code_l == code_r == 1, err_r
+    lj, rj = json.loads(out_l), json.loads(out_r)
+    assert rj["run"] == remote and rj["findings"] == lj["findings"] and rj["detectors"] == lj["detectors"]
+    assert rj["findings"][0]["id"] == "kl-spike" and "explain" in rj["findings"][0]["evidence"]
+    assert list(work.iterdir()) == []

@@ -579,3 +579,35 @@ def test_health_page_is_drawn(server, browser):
     shot(browser, "health")
     assert not [e.text for e in css(browser, ".error") if e.is_displayed()]
     assert severe_logs(browser) == []
+
+
+def test_why_panel(server, browser):
+    """Clicking a curve point opens the Tokens page with the Why panel of that curve's metric
+    (issue #30); its charts, concentration curve and links work."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    go(browser, server, "/policy?runs=alpha&filter=kl/k3")
+    wait(browser, lambda d: visible_graphs(d, "policy"), what="the kl/k3 curve")
+    graph = next(g for g in css(browser, "#page-policy .js-plotly-plot") if g.is_displayed())
+    drag = graph.find_elements("css selector", ".nsewdrag")[0]
+    ActionChains(browser).move_to_element_with_offset(drag, 0, 0).pause(0.3).click().perform()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/tokens", what="the Tokens page")
+    q = parse_qs(urlparse(browser.current_url).query)
+    assert q["why"] == ["kl/k3"] and q["run"] == ["alpha"]
+    wait(browser, lambda d: f"step {q['step'][0]}" in css(d, "#why-headline")[0].text, what="the Why headline")
+
+    go(browser, server, "/tokens?run=alpha&step=9&why=kl/k3")
+    wait(browser, lambda d: css(d, "#why-headline") and "kl/k3" in css(d, "#why-headline")[0].text,
+         what="the Why panel")
+    wait(browser, lambda d: any(g.is_displayed() for g in css(d, "#why-token_id .js-plotly-plot")), what="token bars")
+    wait(browser, lambda d: any(g.is_displayed() for g in css(d, "#why-lorenz .main-svg")), what="the Lorenz curve")
+    wait(browser, lambda d: len(css(d, "#tok-table tbody tr")) > 5, what="top-K rows beside it")
+    table, panel = css(browser, ".tok-table-box")[0], css(browser, "#tok-why")[0]
+    assert panel.location["x"] > table.location["x"] and abs(panel.location["y"] - table.location["y"]) < 40
+    shot(browser, "why")
+    css(browser, "#why-completion .why-link")[0].click()
+    wait(browser, lambda d: "sample=" in d.current_url, what="the completion of the top key")
+    wait(browser, lambda d: len(css(d, "#completion-tokens .tok")) > 0, what="its tokens")
+    assert parse_qs(urlparse(browser.current_url).query)["why"] == ["kl/k3"]  # the panel stays open
+    assert not [e.text for e in css(browser, ".error") if e.is_displayed()]
+    assert severe_logs(browser) == []

@@ -112,17 +112,18 @@ def _trainer_profile(reader) -> str:
 def load_metrics(run, storage_options: dict | None = None, progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
     """The run's canonical per-step metrics: recompute's outputs when they are up to date (a read of
     one Parquet file), else a recompute (incremental: only new or changed steps are computed; a run
-    that may not be written is recomputed in memory)."""
+    that may not be written, or on object storage, is recomputed in memory)."""
     import errno
 
     from grpolens.analysis import fresh
     from grpolens.analysis.recompute import recompute
     from grpolens.run import format as fmt
 
-    if not fmt.is_remote_run(run):
-        up = fresh.fresh_outputs(run, None, "grpolens", None, False)
-        if up is not None:
-            return pl.read_parquet(Path(up.out_dir) / "metrics.parquet")
+    if fmt.is_remote_run(run):  # computed in memory: a diagnosis writes nothing beside the bucket or here
+        return recompute(run, write=False, progress=progress, storage_options=storage_options)
+    up = fresh.fresh_outputs(run, None, "grpolens", None, False)
+    if up is not None:
+        return pl.read_parquet(Path(up.out_dir) / "metrics.parquet")
     try:
         return recompute(run, write=True, progress=progress, storage_options=storage_options)
     except OSError as e:  # a read-only run (EACCES, EPERM, EROFS): computed, not kept

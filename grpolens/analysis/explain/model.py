@@ -83,7 +83,7 @@ class Explanation:
 
 def _phrase(dim: str, e: dict[str, Any], step: int) -> str:
     share = e.get("share")
-    pct = f"{100 * share:.0f} %" if share is not None else _signed(e["contribution"])
+    pct = f"{abs(100 * share) if abs(share) < 0.005 else 100 * share:.0f} %" if share is not None else _signed(e["contribution"])
     label = printable(str(e["label"]), keep_newlines=False)
     if dim == "token_id":
         where = ""

@@ -19,20 +19,22 @@ from grpolens.serve.components import (
     run_options, table_columns,
 )
 from grpolens.serve.pages import Page
+from grpolens.serve.pages.why import why_panel
 from grpolens.serve.runs import RunSet, default_step
 from grpolens.serve.urlsync import same, url_triggered
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
-KEYS = ("run", "step", "sample", "pos", "by", "k", "color", "runs")
+KEYS = ("run", "step", "sample", "pos", "by", "k", "color", "why", "runs")
 TOKENS_DEFAULTS = {"by": "kl", "k": 50, "color": "kl"}
 TOKEN_CHOICES = {"by": data.RANK_BY, "color": data.COLOR_BY}
 
 
 def tokens_search(run, step, sample=None, pos=None, by="kl", k=50, color="kl", header_runs=None,
-                  default_header=None) -> str:
-    """``header_runs``: the header's selection, written when it is not ``default_header``."""
-    state = {"run": run, "step": step, "sample": sample, "pos": pos, "by": by, "k": k, "color": color,
+                  default_header=None, why=None) -> str:
+    """``header_runs``: the header's selection, written when it is not ``default_header``; ``why``:
+    the metric the Why panel explains."""
+    state = {"run": run, "step": step, "sample": sample, "pos": pos, "by": by, "k": k, "color": color, "why": why,
              "runs": list(header_runs) if header_runs else None}
     return urlstate.encode("tokens", state, {**TOKENS_DEFAULTS, "runs": default_header})
 
@@ -152,8 +154,12 @@ def layout(runs: RunSet) -> html.Div:
             labelled("top", dcc.Input(id="tok-k", type="number", min=1, max=500, step=1, value=50, debounce=True)),
         ], className="controls"),
         html.Div(id="tok-summary", className="summary"),
-        dash_table.DataTable(id="tok-table", data=[], columns=[], sort_action="native", page_action="native",
-                             page_size=10, **TABLE_STYLE),
+        html.Div([  # the token table, and beside it the Why panel of the clicked curve's metric
+            html.Div(dash_table.DataTable(id="tok-table", data=[], columns=[], sort_action="native",
+                                          page_action="native", page_size=10, **TABLE_STYLE), className="tok-table-box"),
+            html.Div(id="tok-why", className="why"),
+        ], className="tok-row"),
+        dcc.Store(id="tok-why-metric", data=None),
         html.H3("Completion"),
         html.Div([
             labelled("sample", dcc.Input(id="tok-sample", type="number", step=1, debounce=True)),
@@ -198,6 +204,14 @@ def register(app, runs: RunSet) -> None:
         out = guard(top_tokens_view, 3)(runs, name, step, by, k)
         return (out[0], [], []) if out[1] is no_update else out
 
+    @app.callback(Output("tok-why", "children"),
+                  Input("url", "pathname"), Input("tok-run", "value"), Input("tok-step", "value"),
+                  Input("tok-why-metric", "data"))
+    def render_why(pathname, name, step, metric):
+        if pathname != "/tokens":
+            return no_update
+        return guard(lambda *a: why_panel(runs, name, inputs.whole(step, "step"), metric), 1)()
+
     @app.callback(Output("tok-completion", "children"),
                   Input("url", "pathname"), Input("tok-run", "value"), Input("tok-step", "value"),
                   Input("tok-sample", "value"), Input("tok-color", "value"), Input("tok-focus", "data"),
@@ -210,8 +224,8 @@ def register(app, runs: RunSet) -> None:
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Input("tok-table", "active_cell"), State("tok-run", "value"), State("tok-step", "value"),
                   State("tok-by", "value"), State("tok-k", "value"), State("tok-color", "value"), State("runs", "value"),
-                  prevent_initial_call=True)
-    def on_token_row(cell, name, step, by, k, color, header_runs):
+                  State("tok-why-metric", "data"), prevent_initial_call=True)
+    def on_token_row(cell, name, step, by, k, color, header_runs, why):
         row = inputs.short(cell.get("row_id"), "row") if isinstance(cell, dict) else None
         if row is None or not isinstance(name, str) or name not in runs.runs:
             raise PreventUpdate
@@ -219,19 +233,20 @@ def register(app, runs: RunSet) -> None:
         return tokens_search(name, inputs.whole_or_none(step, "step"), inputs.whole_or_none(sample, "sample"),
                              inputs.whole_or_none(pos, "pos"), inputs.choice(by, data.RANK_BY, "kl"),
                              inputs.clamped(k, "top", 50), inputs.choice(color, data.COLOR_BY, "kl"),
-                             header_runs_or_none(runs, header_runs), default_runs(runs))
+                             header_runs_or_none(runs, header_runs), default_runs(runs),
+                             why if isinstance(why, str) and urlstate.METRIC_NAME.match(why) else None)
 
     # the view <-> the URL (see grpolens.serve.url_callbacks)
     @app.callback(Output("url", "search", allow_duplicate=True),
                   Output("tok-run", "value"), Output("tok-step", "value"), Output("tok-sample", "value"),
                   Output("tok-focus", "data"), Output("tok-by", "value"), Output("tok-k", "value"),
-                  Output("tok-color", "value"), Output("nav-tokens", "href"),
+                  Output("tok-color", "value"), Output("tok-why-metric", "data"), Output("nav-tokens", "href"),
                   Input("url", "pathname"), Input("url", "search"),
                   Input("tok-run", "value"), Input("tok-step", "value"), Input("tok-sample", "value"),
                   Input("tok-by", "value"), Input("tok-k", "value"), Input("tok-color", "value"),
-                  State("tok-focus", "data"), State("runs", "value"),
+                  State("tok-focus", "data"), State("runs", "value"), State("tok-why-metric", "data"),
                   prevent_initial_call="initial_duplicate")
-    def sync_tokens(pathname, search, run, step, sample, by, k, color, focus, header_runs):
+    def sync_tokens(pathname, search, run, step, sample, by, k, color, focus, header_runs, why):
         on_page = pathname == "/tokens"
         run = run_or(run, None)
         step, sample = inputs.whole_or_none(step, "step"), inputs.whole_or_none(sample, "sample")
@@ -239,22 +254,23 @@ def register(app, runs: RunSet) -> None:
         by, color = inputs.choice(by, data.RANK_BY, by), inputs.choice(color, data.COLOR_BY, color)
         k = inputs.clamped(k, "top", 50) if k is not None else None
         header_runs = runs_or(header_runs, None)
-        cur = (run, step, sample, focus, by, k, color)
-        outs: list[Any] = [no_update] * 7
+        why = why if isinstance(why, str) and urlstate.METRIC_NAME.match(why) else None
+        cur = (run, step, sample, focus, by, k, color, why)
+        outs: list[Any] = [no_update] * 8
         if url_triggered():
             if on_page or step is None:
                 q = urlstate.decode("tokens", search if on_page else "", names, TOKEN_CHOICES)
                 header_runs = q.get("runs", header_runs)  # sync_header sets the header from the same URL
                 r = runs.run_of(q.get("run", runs.run_names[0]))  # a variant's tokens are its run's
                 want = (r, q["step"] if "step" in q else default_step(runs, r), q.get("sample"), q.get("pos"),
-                        q.get("by", "kl"), q.get("k", 50), q.get("color", "kl"))
+                        q.get("by", "kl"), q.get("k", 50), q.get("color", "kl"), q.get("why"))
                 outs = [same(w, c) for w, c in zip(want, cur)]
-                run, step, sample, focus, by, k, color = want
+                run, step, sample, focus, by, k, color, why = want
         elif ctx.triggered_id in ("tok-run", "tok-step", "tok-sample") and focus is not None:
             focus = None  # the outlined token belonged to the completion shown before
             outs[3] = None
         query = tokens_search(run, step, sample, focus, inputs.choice(by, data.RANK_BY, "kl"), k,
-                              inputs.choice(color, data.COLOR_BY, "kl"), header_runs, header_default)
+                              inputs.choice(color, data.COLOR_BY, "kl"), header_runs, header_default, why)
         new_search = query if on_page and not url_triggered() and query != (search or "") else no_update
         return (new_search, *outs, "/tokens" + query)
 

@@ -48,8 +48,8 @@ def advantage_collapse(ctx) -> list[Finding]:
         "advantage-collapse", "critical" if after >= CRITICAL else "warning", steps, METRIC,
         f"groups with zero reward spread rose from {before:.0%} to {after:.0%} at step {onset}{kind}",
         evidence,
-        f"Those groups' advantages are 0 and teach nothing; {hint} ({ctx.setting('dynamic_sampling')}) or "
-        f"raise {ctx.setting('num_generations')}.",
+        f"Those groups' advantages are 0 and teach nothing; {hint}, or drop them with "
+        f"{ctx.setting('dynamic_sampling')}, or raise {ctx.setting('num_generations')}.",
         worst_step=onset)]
 
 
