@@ -111,6 +111,14 @@ class Exporter:
         raise NotImplementedError
 
 
+def tracker_name(source: ExportSource, options: ExportOptions) -> tuple[str, str]:
+    """The run's name in the tracker and where it came from (what an error about it names)."""
+    if options.name:
+        return options.name, "--name"
+    label = " with the variant's label" if source.variant else ""
+    return source.run_name, f"the run name (run_name in {source.run}/grpolens.json{label}; give --name)"
+
+
 #: --to name -> its exporter, in registration order (the built-ins first, as ``--to`` lists them)
 EXPORTERS: dict[str, type[Exporter]] = {}
 
