@@ -7,12 +7,29 @@ import time (typer, pathlib): ``grpolens --help`` must not pay for polars, torch
 
 from __future__ import annotations
 
-import importlib
 import os
+import signal
 import sys
-from typing import Optional
 
-import typer
+
+def _exit_interrupted(signum=None, frame=None) -> None:
+    """Ctrl-C where no command runs (imports at start, the interpreter's shutdown): exit 130 at once
+    with one line. Nothing is being written then, and Python would otherwise print a traceback of
+    the import under way, or an ``Exception ignored ... KeyboardInterrupt`` fragment at shutdown."""
+    os.write(2, b"error: interrupted\n")
+    os._exit(130)
+
+
+# The program itself (`grpolens`, `python -m grpolens.cli`), not a library importing the module:
+# from here on until main() runs a command, Ctrl-C is one line and exit 130.
+_PROGRAM = __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "grpolens"
+if _PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _exit_interrupted)
+
+import importlib  # noqa: E402  (after the handler: an import can take a second)
+from typing import Optional  # noqa: E402
+
+import typer  # noqa: E402
 
 #: Every command module, in the order ``--help`` lists them. A test checks each one is documented.
 COMMAND_MODULES = [
@@ -113,13 +130,27 @@ def _os_error_line(e: OSError) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turning user errors into one line and an exit code."""
     from grpolens.allocator import keep_freed_memory
-    from grpolens.errors import RunFormatError, UserError
 
     keep_freed_memory()  # a command-line process reuses the memory it frees (see grpolens/allocator.py)
+    quiet = signal.getsignal(signal.SIGINT) is _exit_interrupted
+    if quiet:  # a command is running: Ctrl-C raises KeyboardInterrupt, so that it cleans up on its way out
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _run(argv)
+    finally:
+        if quiet:  # the interpreter's shutdown (joining threads, atexit) is no place for a traceback
+            signal.signal(signal.SIGINT, _exit_interrupted)
+
+
+def _run(argv: list[str] | None) -> None:
+    from grpolens.errors import RunFormatError, UserError
+
     try:
         # In non-standalone mode click *returns* the exit code of a command that raised
         # typer.Exit(code) instead of exiting with it.
         rc = command().main(args=argv, prog_name="grpolens", standalone_mode=False)
+        if rc == 130:  # typer turns a KeyboardInterrupt in a command into a silent exit 130
+            _print_error("interrupted")
         if isinstance(rc, int) and rc != 0:
             sys.exit(rc)
     except UserError as e:
@@ -143,6 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _print_error("interrupted")
         sys.exit(130)
+    except RecursionError:
+        # a JSON, TOML or YAML input nested thousands deep that no reader of it named
+        _print_error("an input is nested too deeply to read (a JSON, TOML or YAML file of the run or an option)")
+        sys.exit(2)
     except Exception as e:
         # Usage errors (unknown command or option, bad value) are click exceptions; typer ships
         # its own copy of click, so they are recognised by their interface, not their class.

@@ -29,3 +29,22 @@ class RunFormatError(ValueError):
         where = f"{self.path}" + (f" (column {column!r})" if column else "")
         super().__init__(f"{where}: {message}")
         self.message = message
+
+
+#: The most threads or worker processes an environment variable may ask for.
+MAX_PARALLEL = 1024
+
+
+def env_int(name: str, minimum: int = 1, maximum: int = MAX_PARALLEL) -> int | None:
+    """The whole number in environment variable ``name`` (None when unset or empty), or a
+    UserError naming the variable: a setting of the user's, never a traceback. ASCII digits only
+    (``int()`` would read Arabic-Indic or fullwidth ones), within ``[minimum, maximum]``."""
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or not minimum <= int(text) <= maximum:
+        raise UserError(f"{name}: expected a whole number from {minimum} to {maximum:,}, got {raw!r}")
+    return int(text)

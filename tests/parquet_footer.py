@@ -140,3 +140,21 @@ def drop_statistics_field(path: Path, field_id: int) -> None:
                 if stats is not None:
                     stats[:] = [f for f in stats if f[0] != field_id]
     edit_footer(path, edit)
+
+
+def set_statistics(path: Path, column: int, **fields: bytes | int) -> None:
+    """Overwrite fields of one column's Statistics in every row group, as a lying writer would:
+    ``max_value``/``min_value`` (plain-encoded bytes; the deprecated ``max``/``min`` follow) or
+    ``null_count`` (an int)."""
+    ids = {"max_value": (5, 1), "min_value": (6, 2), "null_count": (3,)}
+
+    def edit(meta):
+        for row_group in _field(meta, 4)[1]:
+            chunk = _field(row_group, 1)[1][column]
+            stats = _field(_field(chunk, 3), 12)
+            for name, value in fields.items():
+                for fid in ids[name]:
+                    t = 6 if name == "null_count" else 8  # i64, binary
+                    stats[:] = [f for f in stats if f[0] != fid] + [[fid, t, value]]
+            stats.sort(key=lambda f: f[0])
+    edit_footer(path, edit)

@@ -138,3 +138,11 @@ def test_serve_libs_benchmark_runs_and_both_sides_keep_the_extremes(capsys):
     assert rows[0]["note"] == "extremes kept by both: True"
     assert all(r["ours_ms"] > 0 and r["library_ms"] > 0 for r in rows)
     assert "| library / hand-written |" in capsys.readouterr().out
+
+
+def test_bench_explain_times_explain_beside_recompute(tmp_path):
+    rows = _load("bench_explain").main(["--steps", "2", "--groups", "2", "--max-len", "32", "--repeat", "1",
+                                        "--run", str(tmp_path / "run"), "--metrics", "kl/k3,reward/mean"])
+    assert [r["metric"] for r in rows] == ["kl/k3", "reward/mean"]
+    assert [r["units"] for r in rows] == ["tokens", "completions"]
+    assert all(r["explain"] > 0 and r["recompute"] > 0 and r["ratio"] == r["explain"] / r["recompute"] for r in rows)

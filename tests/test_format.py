@@ -190,8 +190,10 @@ GOOD = {"format": "grpolens-run", "version": 1, "run_name": "r", "world_size": 1
     ({"format": "other"}, "'format' must be"),
     ({"config": [1]}, "'config' must be a JSON object"),
     ({"trainer": "trl"}, "'trainer' must be a JSON object"),
-    ({"world_size": 0}, "'world_size' must be a positive integer"),
-    ({"world_size": "2"}, "'world_size' must be a positive integer"),
+    ({"world_size": 0}, "'world_size' must be an integer from 1 to 100,000"),
+    ({"world_size": 100_001}, "'world_size' must be an integer from 1 to 100,000 (ranks are written as 5 digits), got 100001"),
+    ({"run_name": 5}, "'run_name' must be a string, got 5"),
+    ({"world_size": "2"}, "'world_size' must be an integer from 1 to 100,000"),
     ({"completion_markers": "yes"}, "'completion_markers' must be true or false"),
 ])
 def test_read_manifest_rejects_bad_fields(tmp_path, change, message):

@@ -39,7 +39,7 @@ import sys
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from grpolens.errors import UserError
+from grpolens.errors import UserError, env_int
 
 #: the default number of workers is the CPU count, at most this
 MAX_DEFAULT_WORKERS = 8
@@ -61,14 +61,8 @@ Result = tuple[int, dict[str, Any], "set[str] | None", dict]
 
 def default_workers() -> int:
     """``GRPOLENS_WORKERS``, else the CPUs this process may use (at most :data:`MAX_DEFAULT_WORKERS`)."""
-    env = os.environ.get("GRPOLENS_WORKERS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise UserError(f"GRPOLENS_WORKERS: expected a whole number >= 1, got {env!r}")
+    n = env_int("GRPOLENS_WORKERS")
+    if n is not None:
         return n
     try:
         cpus = len(os.sched_getaffinity(0))  # the CPUs this process may run on (a container's, a taskset's)
@@ -206,8 +200,8 @@ def engine():
     the parallelism), or ``GRPOLENS_THREADS`` threads when set."""
     from grpolens.metrics.engine import InlineEngine, ThreadEngine
 
-    threads = os.environ.get("GRPOLENS_THREADS")
-    return ThreadEngine(int(threads)) if threads else InlineEngine()
+    threads = env_int("GRPOLENS_THREADS")
+    return ThreadEngine(threads) if threads is not None else InlineEngine()
 
 
 def _rebuilt(cls: type, args: tuple, attrs: dict, trace: str) -> BaseException:

@@ -42,7 +42,7 @@ WINDOW_KEYS = ("start", "end", "last")
 EARLY_KEYS = ("fraction", "steps", "factor", "abs")
 SUSTAINED_KEYS = ("count", "window")
 FILE_KEYS = ("rule", "baseline", "builtin_rules")
-_PCT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
+_PCT = re.compile(r"^p([0-9]{1,2}(?:\.[0-9]+)?|100)$")
 
 
 @dataclass(frozen=True)
@@ -331,7 +331,9 @@ def _parse_text(text: str, source: str, kind: str) -> Any:
         except ImportError:
             raise UserError(f"{source}: YAML rules need PyYAML (pip install pyyaml), or write the rules in TOML") from None
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_unique_keys_loader(yaml))  # noqa: S506 - a SafeLoader subclass
+        except RecursionError:
+            raise UserError(f"{source}: nested too deeply to read") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             position = getattr(e, "position", None)  # a character YAML refuses (ReaderError) has no mark
@@ -347,10 +349,36 @@ def _parse_text(text: str, source: str, kind: str) -> Any:
 
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise UserError(f"{source}: nested too deeply to read") from None
     except tomllib.TOMLDecodeError as e:
-        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        m = re.search(r"\(at line ([0-9]+), column ([0-9]+)\)", str(e))
         where = f"{source}:{m.group(1)}" if m else source
         raise UserError(f"{where}: invalid TOML: {e}") from None
+
+
+def _unique_keys_loader(yaml):
+    """PyYAML's SafeLoader refusing a key given twice in one mapping, as TOML does (PyYAML keeps
+    the last value silently: a rule's second ``max`` would replace its first unseen)."""
+    from yaml.constructor import ConstructorError
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may override: YAML's own rule
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first is not key_node:
+                    raise ConstructorError(problem=f"duplicate key {key!r} (first at line {first.start_mark.line + 1})",
+                                           problem_mark=key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
 
 
 def _suggest(word: str, choices: Sequence[str]) -> str:

@@ -9,6 +9,9 @@ import typer
 
 from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 from grpolens.commands.variant_option import VARIANT_OPTION
+from grpolens.export import TRACKERS
+
+_TRACKERS = f"{', '.join(list(TRACKERS)[:-1])} or {list(TRACKERS)[-1]}"  # the built-ins; plugins may add more
 
 
 #: the tracker-specific options, checked in this order, and what the refusal adds
@@ -18,7 +21,7 @@ _OWNED = {"resume": "", "online": " (the other trackers are local unless given a
 
 def export_cmd(
     run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (local files go to ./<run name>.grpolens/)."),
-    to: str = typer.Option(..., "--to", metavar="TRACKER", help="Tracker: wandb, tensorboard, mlflow or trackio."),
+    to: str = typer.Option(..., "--to", metavar="TRACKER", help=f"Tracker: {_TRACKERS}."),
     profile: str = typer.Option("grpolens", "--profile", "-p", metavar="PROFILE",
                                 help="Metric names and reductions exported (as for recompute)."),
     project: str = typer.Option("grpolens", "--project", metavar="NAME",
@@ -39,6 +42,7 @@ def export_cmd(
                                                     "the variant's]."),
     tables: bool = typer.Option(True, "--tables/--no-tables",
                                 help="Also export the completions and top-token tables (where the tracker has a table type)."),
+    explain: bool = typer.Option(False, "--explain", help="Also export, as a table, the explanation of each step a built-in check rule flags (its top token ids, prompts and completions; grpolens explain). W&B, MLflow and trackio."),
     variant: Optional[str] = VARIANT_OPTION,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary line."),
     storage_option: List[str] = STORAGE_OPTION,
@@ -69,6 +73,10 @@ def export_cmd(
         if given[option] and option not in cls.owns:
             owners = " or ".join(n for n, c in exporters().items() if option in c.owns)
             raise UserError(f"--{option.replace('_', '-')} applies to --to {owners} only{note}")
+    if explain and not cls.has_tables:
+        raise UserError(f"--explain: {to} has no table type; the explanations go to wandb, mlflow or trackio")
+    if explain and variant is not None:
+        raise UserError("--explain: a variant's steps are not explained (explain reads the run as recorded); drop --variant")
     console = Console(stderr=True)
     what_if = None
     if variant is not None:
@@ -78,7 +86,7 @@ def export_cmd(
     with progress_bar(console, "recompute", enabled=not quiet) as tick:
         source = ExportSource.load(run, profile, progress=tick, variant=what_if)
     options = ExportOptions(project=project, name=name, resume=resume, online=online, logdir=logdir,
-                            tracking_uri=tracking_uri, tables=tables)
+                            tracking_uri=tracking_uri, tables=tables, explain=explain)
     exporter = cls(source, options)
     with progress_bar(console, f"export to {to}", enabled=not quiet) as tick:
         out = export_run(source, exporter, progress=tick)

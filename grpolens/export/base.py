@@ -25,6 +25,7 @@ class ExportOptions:
     logdir: Path | None = None         # TensorBoard: where the event files go
     tracking_uri: str | None = None    # MLflow: tracking server or store
     tables: bool = True                # export the completions and top-token tables
+    explain: bool = False              # export the explanation of each flagged step as a table
 
 
 @dataclass
@@ -110,6 +111,14 @@ class Exporter:
         raise NotImplementedError
 
 
+def tracker_name(source: ExportSource, options: ExportOptions) -> tuple[str, str]:
+    """The run's name in the tracker and where it came from (what an error about it names)."""
+    if options.name:
+        return options.name, "--name"
+    label = " with the variant's label" if source.variant else ""
+    return source.run_name, f"the run name (run_name in {source.run}/grpolens.json{label}; give --name)"
+
+
 #: --to name -> its exporter, in registration order (the built-ins first, as ``--to`` lists them)
 EXPORTERS: dict[str, type[Exporter]] = {}
 
@@ -166,5 +175,12 @@ def export_run(source: ExportSource, exporter: Exporter, progress: Callable[[int
             if df is not None and df.height:  # the new steps' rows only: appended, never duplicated
                 exporter.log_table(name, df)
                 tables.append(name)
+    if exporter.options.explain and exporter.has_tables and todo and source.variant is None:
+        from grpolens.export import explanations
+
+        df = explanations.table(source.run, [int(r["step"]) for r in todo])
+        if df is not None:
+            exporter.log_table(explanations.NAME, df)
+            tables.append(explanations.NAME)
     where = exporter.finish()
     return {"exported": len(todo), "skipped": len(source.rows) - len(todo), "tables": tables, "where": where}

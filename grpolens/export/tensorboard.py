@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpolens.export.base import Exporter, needs, register_exporter
+from grpolens.export.base import Exporter, needs, register_exporter, tracker_name
+from grpolens.run.names import child
 
 SUFFIX = ".grpolens"
 
@@ -31,7 +32,7 @@ class TensorBoardExporter(Exporter):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         root = Path(options.logdir) if options.logdir is not None else source.out_dir / "tensorboard"
-        self.dir = root / (options.name or source.run_name)
+        self.dir = child(root, *tracker_name(source, options))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.previous = sorted(self.dir.glob(f"events.out.tfevents.*{SUFFIX}"))
         self.writer = EventFileWriter(str(self.dir), filename_suffix=SUFFIX)

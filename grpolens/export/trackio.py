@@ -14,6 +14,7 @@ import contextlib
 import io
 
 from grpolens.export.base import PREFIX, Exporter, needs, register_exporter
+from grpolens.run.names import path_component
 
 
 @register_exporter
@@ -23,6 +24,8 @@ class TrackioExporter(Exporter):
 
     def __init__(self, source, options):
         super().__init__(source, options)
+        # the project names trackio's database file (TRACKIO_DIR/<project>.db)
+        path_component(options.project, "--project")
         self.trackio = trackio = needs("trackio", "trackio")
         self.name = options.name or source.run_name
         with contextlib.redirect_stdout(io.StringIO()):  # trackio prints a banner on init

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from grpolens.export.base import PREFIX, STEP_KEY, Exporter, needs, register_exporter
+from grpolens.run.names import child
 
 
 @register_exporter
@@ -31,7 +32,8 @@ class WandbExporter(Exporter):
         super().__init__(source, options)
         self.wandb = wandb = needs("wandb", "wandb")
         self.run_id = options.resume or f"grpolens-{source.key}"
-        self.ledger = source.out_dir / "export" / f"wandb-{self.run_id}.json"
+        # the run id names the ledger file: an id given with --resume is checked like any name
+        self.ledger = child(source.out_dir / "export", f"wandb-{self.run_id}.json", "--resume")
         self.mode = "online" if options.online else os.environ.get("WANDB_MODE") or "offline"
         self.sent: set[int] = set()
         self._run = None

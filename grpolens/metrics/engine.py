@@ -118,9 +118,11 @@ class StepResult:
 
 
 def _threads() -> int:
-    env = os.environ.get("GRPOLENS_THREADS")
-    if env:
-        return max(1, int(env))
+    from grpolens.errors import env_int
+
+    env = env_int("GRPOLENS_THREADS")
+    if env is not None:
+        return env
     return max(1, min(4, os.cpu_count() or 1))
 
 

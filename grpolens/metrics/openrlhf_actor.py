@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
+from grpolens.functional import estimators as est
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import Family, Metric, register, register_family
@@ -144,7 +145,7 @@ def _openrlhf_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         lo, hi = (float(x) for x in s["actor.eps_clip_low_high"])
         corr = s["algo.advantage.is_correction_level"] != "off"
         if s["actor.policy_loss_type"] == "ppo":
-            r = np.exp(np.clip(d, -20.0, 20.0))
+            r = est.bounded_exp(d)
         else:
             ld = np.where(m, b.logp - b.cols["rollout_logp"], 0.0) if corr and b.has("rollout_logp") else d
             r = b.broadcast(np.exp(b.seq_sum(ld) / np.maximum(n, 1.0))) * mf

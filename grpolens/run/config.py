@@ -1,14 +1,18 @@
-"""Checking and normalising the algorithm config that metrics depend on.
+"""Checking and normalising the algorithm config that metrics depend on: the one schema.
 
 The config comes from the run's manifest, then ``--config FILE``, then ``--set key=value``. Every
 bad value is reported with the key that holds it, e.g. ``config key 'epsilon': must be a number
->= 0, got 'abc'``.
+>= 0, got 'abc'``. ``grpolens validate`` checks the manifest's config with :func:`check_config`
+and every command the resolved one, so the two never disagree. A key nobody reads is refused
+where it is given (:func:`check_keys`): a typo in ``--set`` would otherwise be a what-if equal to
+the run.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from grpolens.errors import UserError
 from grpolens.functional.rollout_is.config import MODES as IS_MODES, RS_OPTIONS
@@ -16,7 +20,7 @@ from grpolens.functional.estimators import LOG_RATIO_BOUND
 
 _SMALLEST_WEIGHT = math.exp(-LOG_RATIO_BOUND)
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo", "vespo")
 IS_LEVELS = ("token", "sequence", "sequence_token")
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -25,7 +29,12 @@ def _bad(key: str, why: str, value: Any) -> UserError:
     return UserError(f"config key {key!r}: {why}, got {value!r}")
 
 
-def _number(cfg: dict, key: str, *, minimum: float | None = None, strict: bool = False, allow_none: bool = False) -> None:
+#: The largest count a config key may hold: the format's positions and lengths are int32.
+MAX_COUNT = 2**31 - 1
+
+
+def _number(cfg: dict, key: str, *, minimum: float | None = None, strict: bool = False, allow_none: bool = False,
+            maximum: float | None = None) -> None:
     v = cfg.get(key)
     if v is None:
         if allow_none:
@@ -39,8 +48,12 @@ def _number(cfg: dict, key: str, *, minimum: float | None = None, strict: bool =
     v = float(v)
     if v != v:
         raise _bad(key, "must not be NaN", v)
+    if math.isinf(v):
+        raise _bad(key, "must be finite", cfg.get(key))
     if minimum is not None and (v <= minimum if strict else v < minimum):
         raise _bad(key, f"must be {'>' if strict else '>='} {minimum}", cfg.get(key))
+    if maximum is not None and v > maximum:
+        raise _bad(key, f"must be <= {maximum}", cfg.get(key))
     cfg[key] = v
 
 
@@ -48,8 +61,9 @@ def _int(cfg: dict, key: str, *, minimum: int = 1, allow_none: bool = True) -> N
     v = cfg.get(key)
     if v is None and allow_none:
         return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
-        raise _bad(key, f"must be an integer >= {minimum}", v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v \
+            or not minimum <= v <= MAX_COUNT:
+        raise _bad(key, f"must be an integer from {minimum} to {MAX_COUNT:,}", v)
     cfg[key] = int(v)
 
 
@@ -64,7 +78,7 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(lt, str) or lt.lower() not in LOSS_TYPES:
         raise _bad("loss_type", f"must be one of {', '.join(LOSS_TYPES)}", lt)
     cfg["loss_type"] = lt.lower()
-    _number(cfg, "epsilon", minimum=0.0)
+    _number(cfg, "epsilon", minimum=0.0, maximum=1.0)  # the ratio's lower clip 1 - epsilon stays >= 0
     if cfg.get("epsilon_high") is None:
         cfg["epsilon_high"] = cfg["epsilon"]
     _number(cfg, "epsilon_high", minimum=0.0)
@@ -73,6 +87,8 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     _number(cfg, "temperature", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_pos", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_neg", minimum=0.0, strict=True)
+    for k in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+        _number(cfg, k, minimum=0.0)
     _number(cfg, "entropy_coef", minimum=0.0, allow_none=True)
     _number(cfg, "log_ratio_clamp", minimum=0.0, strict=True, allow_none=True)
     lvl = cfg.get("importance_sampling_level")
@@ -97,6 +113,35 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise _bad("reward_weights", "must be a list of numbers or an object name -> weight", rw)
     cfg["rollout_is"] = normalize_rollout_is(cfg.get("rollout_is"))
     return cfg
+
+
+#: Config keys read outside :data:`~grpolens.run.format.CONFIG_DEFAULTS`: files and models the run
+#: names, and trainer settings that integrations record and profiles read.
+EXTRA_KEYS = ("vocab_file", "tokenizer", "top_k_tokens", "reward_funcs", "trl_args", "mask_truncated_completions",
+              "verl_actor", "verl_algorithm", "verl_rollout")
+
+
+def known_keys(manifest_config: Iterable[str] = ()) -> set[str]:
+    """The config keys a ``--set`` or ``--config`` may give: those grpolens reads, and those the
+    run's own manifest holds (a trainer's settings, kept as it wrote them)."""
+    from grpolens.run.format import CONFIG_DEFAULTS
+
+    return {*CONFIG_DEFAULTS, *EXTRA_KEYS, *manifest_config}
+
+
+def closest(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to ``name`` (difflib), or nothing."""
+    hit = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {hit[0]!r}?)" if hit else ""
+
+
+def check_keys(given: dict[str, Any], known: Iterable[str], source: str) -> None:
+    """Refuse the first key of ``given`` not in ``known``, naming it, ``source`` (``--set``,
+    ``--config FILE``) and the closest known key."""
+    known = set(known)
+    for key in given:
+        if key not in known:
+            raise UserError(f"{source}: unknown config key {key!r}{closest(str(key), known)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +299,8 @@ def normalize_rollout_is(value: Any, key: str = "rollout_is") -> dict[str, Any] 
         raise _bad(key, "must be a mapping of rollout IS settings (or null)", value)
     unknown = sorted(set(value) - _RIS_KEYS)
     if unknown:
-        raise _bad(key, f"unknown setting(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_RIS_KEYS))}", value)
+        raise _bad(key, f"unknown setting(s) {', '.join(unknown)}{closest(str(unknown[0]), _RIS_KEYS)}; "
+                        f"accepted: {', '.join(sorted(_RIS_KEYS))}", value)
     k = lambda name: f"{key}.{name}"  # noqa: E731
     v = dict(value)
     if v.get("vllm_importance_sampling_correction") is False:

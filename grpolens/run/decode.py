@@ -97,7 +97,7 @@ def make_decoder(run: Path, cfg: dict) -> tuple[Callable[[int], str], str]:
             data = json.loads(p.read_text())
             table = {int(k): str(v) for k, v in data.items()} if isinstance(data, dict) else dict(enumerate(map(str, data)))
             return (lambda i: table.get(int(i), f"⟨{int(i)}⟩")), "vocab"
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, RecursionError):
             pass
     name = cfg.get("tokenizer")
     if name:

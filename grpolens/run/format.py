@@ -127,6 +127,10 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "reward_weights": None,
     "sapo_temperature_pos": 1.0,
     "sapo_temperature_neg": 1.05,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
     "log_ratio_clamp": None,  # the loss clamps log(pi/pi_old) to +-this before exp (Twinkle, verl: 20)
     "rollout_is": None,  # {level, mode, lower, upper, veto_lower, veto_upper}
     "entropy_coef": 0.0,  # the loss subtracts entropy_coef * entropy per token (Twinkle's entropy bonus)
@@ -154,8 +158,12 @@ def arrow_schema(table: str, present: Iterable[str]) -> pa.Schema:
 # Paths
 # ---------------------------------------------------------------------------------------------
 
-_SHARD_RE = re.compile(r"^rank=(\d{5})(?:-(\d{4}))?\.parquet$")
-_STEP_RE = re.compile(r"^step=(\d{8})$")
+# [0-9], not \d: a str pattern's \d matches every Unicode digit (Arabic-Indic, fullwidth...), which
+# int() then reads as a step; a folder named with them is not this format's
+_SHARD_RE = re.compile(r"^rank=([0-9]{5})(?:-([0-9]{4}))?\.parquet$")
+_STEP_RE = re.compile(r"^step=([0-9]{8})$")
+#: Ranks are written as 5 digits: world_size can be at most this.
+MAX_WORLD_SIZE = 100_000
 
 
 def shard_relpath(table: str, step: int, rank: int, part: int | None = None) -> str:
@@ -175,8 +183,8 @@ def finished_relpath(rank: int) -> str:
     return f"{COMPLETE_DIR}/finished.rank={rank:05d}.json"
 
 
-MARKER_RE = re.compile(r"^step=(\d{8})\.rank=(\d{5})\.json$")
-FINISHED_RE = re.compile(r"^finished\.rank=(\d{5})\.json$")
+MARKER_RE = re.compile(r"^step=([0-9]{8})\.rank=([0-9]{5})\.json$")
+FINISHED_RE = re.compile(r"^finished\.rank=([0-9]{5})\.json$")
 
 
 @dataclass(frozen=True, order=True)
@@ -327,7 +335,10 @@ def derived_dir(run: os.PathLike | str) -> Path:
     if variant is not None:
         return variant.dir
     if is_remote_run(run):
-        return Path(f"{_remote_run_name(as_run(run))}.grpolens")
+        from grpolens.run.names import child
+
+        root = as_run(run)
+        return child(".", f"{_remote_run_name(root)}.grpolens", f"run_name in {root.url}/{MANIFEST_NAME}")
     return as_run(run) / DERIVED_DIR
 
 
@@ -443,18 +454,26 @@ def read_manifest(run: os.PathLike | str) -> Manifest:
     return _parse_manifest(path, text, Path(run).resolve().name)
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a bad value is quoted in one line, however big."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _parse_manifest(path, text: str, default_name: str) -> Manifest:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RunFormatError(path, f"manifest is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RunFormatError(path, "manifest is nested too deeply to read (a manifest is a few levels deep)") from None
     if not isinstance(data, dict):
         raise RunFormatError(path, "manifest must be a JSON object")
     if data.get("format") != FORMAT_NAME:
-        raise RunFormatError(path, f"'format' must be {FORMAT_NAME!r}, got {data.get('format')!r}")
+        raise RunFormatError(path, f"'format' must be {FORMAT_NAME!r}, got {_short(data.get('format'))}")
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise RunFormatError(path, f"'version' must be an integer, got {version!r}")
+        raise RunFormatError(path, f"'version' must be an integer, got {_short(version)}")
     if version > FORMAT_VERSION:
         raise RunFormatError(
             path, f"format version {version} is newer than this grpolens understands ({FORMAT_VERSION}); upgrade grpolens"
@@ -468,14 +487,18 @@ def _parse_manifest(path, text: str, default_name: str) -> Manifest:
     if not isinstance(trainer, dict):
         raise RunFormatError(path, "'trainer' must be a JSON object with 'name' and 'version'")
     world_size = data.get("world_size", 1)
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise RunFormatError(path, f"'world_size' must be a positive integer, got {world_size!r}")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise RunFormatError(path, f"'world_size' must be an integer from 1 to {MAX_WORLD_SIZE:,} (ranks are "
+                                   f"written as 5 digits), got {_short(world_size)}")
+    run_name = data.get("run_name")
+    if run_name is not None and not isinstance(run_name, str):
+        raise RunFormatError(path, f"'run_name' must be a string, got {_short(run_name)}")
     markers = data.get("completion_markers", False)
     if not isinstance(markers, bool):
         raise RunFormatError(path, f"'completion_markers' must be true or false, got {markers!r}")
     known = {"format", "version", "run_name", "created", "world_size", "trainer", "config", "completion_markers"}
     return Manifest(
-        run_name=str(data.get("run_name") or default_name),
+        run_name=run_name or default_name,
         world_size=world_size,
         trainer=trainer,
         config=config,
@@ -501,7 +524,9 @@ def referenced_path_problem(run: os.PathLike | str, key: str, value: Any) -> str
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        return f"config.{key} must be a non-empty string path, got {value!r}"
+        return f"config.{key} must be a non-empty string path, got {_short(value)}"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return f"config.{key} = {_short(value)} holds a control character (a NUL byte?): not a file name"
     p = Path(value)
     if p.is_absolute() or ".." in p.parts:
         return (f"config.{key} = {value!r} points outside the run directory; files a run references "
@@ -568,10 +593,6 @@ class Completion:
     def is_complete(self, step: int) -> bool:
         return len(self.done.get(step, ())) >= self.world_size and \
             set(range(self.world_size)) <= self.done.get(step, frozenset())
-
-    def missing_ranks(self, step: int) -> list[int]:
-        have = self.done.get(step, frozenset())
-        return [r for r in range(self.world_size) if r not in have]
 
     @property
     def complete_steps(self) -> list[int]:
@@ -662,11 +683,33 @@ def incomplete_policy() -> str:
     return p
 
 
+def absent_spans(present: Iterable[int], n: int) -> list[tuple[int, int]]:
+    """The ranks of ``range(n)`` not in ``present``, as inclusive ``(first, last)`` spans: the cost
+    is that of ``present`` (the files and markers on disk), never of ``n``."""
+    spans, nxt = [], 0
+    for r in sorted({x for x in present if 0 <= x < n}):
+        if r > nxt:
+            spans.append((nxt, r - 1))
+        nxt = r + 1
+    if nxt < n:
+        spans.append((nxt, n - 1))
+    return spans
+
+
+def describe_spans(spans: list[tuple[int, int]], limit: int = 8) -> str:
+    """``0-3, 7, 9-99999``: at most ``limit`` spans, then ``and N more``; one line however many
+    ranks a world_size of 100,000 leaves missing."""
+    text = ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans[:limit])
+    if len(spans) > limit:
+        text += f" and {sum(b - a + 1 for a, b in spans[limit:]):,} more"
+    return text
+
+
 def describe_incomplete(c: Completion, step: int) -> str:
-    missing = c.missing_ranks(step)
-    ranks = ", ".join(str(r) for r in missing)
-    return (f"step {step} is incomplete: rank{'s' if len(missing) != 1 else ''} {ranks} of {c.world_size} "
-            f"ha{'ve' if len(missing) != 1 else 's'} no completion marker")
+    spans = absent_spans(c.done.get(step, ()), c.world_size)
+    n = sum(b - a + 1 for a, b in spans)
+    return (f"step {step} is incomplete: rank{'s' if n != 1 else ''} {describe_spans(spans)} of "
+            f"{c.world_size} ha{'ve' if n != 1 else 's'} no completion marker")
 
 
 def complete_filter(run: os.PathLike | str):

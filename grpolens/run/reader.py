@@ -90,15 +90,17 @@ def load_config_file(path: os.PathLike | str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--config: no such file {p}")
-    text = p.read_text()
     try:
+        text = p.read_text()
         if p.suffix.lower() == ".toml":
             import tomllib
 
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+    except RecursionError:
+        raise UserError(f"--config: {p} is nested too deeply to read") from None
+    except Exception as e:  # noqa: BLE001 - any parse or decode error is the user's file
         raise UserError(f"--config: {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"--config: {p} must contain a table/object of config keys")
@@ -133,7 +135,7 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from grpolens.run.validate import key_order_problems
+    from grpolens.run.validate import key_order_problems, refuse_bad_values
 
     try:
         pf = pq.ParquetFile(fmt.parquet_source(path))
@@ -151,6 +153,7 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
 
             raise RunFormatError(path, f"unreadable: {describe(e)}") from None
         raise RunFormatError(path, f"unreadable or truncated Parquet file: {e}") from None
+    refuse_bad_values(path, fmt.TOKENS, table)
     problems = key_order_problems(*(table.column(c).to_numpy() for c in _KEYS))
     if problems:
         raise RunFormatError(path, problems[0])
@@ -167,7 +170,9 @@ def read_samples(run: os.PathLike | str, step: int):
     if not shards:
         return None
     from grpolens.run.text_columns import checked_text
+    from grpolens.run.validate import refuse_bad_values
 
+    max_len = _max_completion_length(run)
     frames = []
     for sh in shards:
         try:
@@ -176,9 +181,19 @@ def read_samples(run: os.PathLike | str, step: int):
             raise
         except Exception as e:  # noqa: BLE001
             raise RunFormatError(sh.path, f"unreadable or truncated Parquet file: {e}") from None
+        refuse_bad_values(sh.path, fmt.SAMPLES, table, max_len)
         # text that is not UTF-8 (a foreign writer's) is refused or replaced, never handed to polars
         frames.append(pl.from_arrow(checked_text(table, sh.path)))
     return pl.concat(frames, how="diagonal_relaxed")
+
+
+def _max_completion_length(run) -> int | None:
+    """The manifest's max_completion_length (what validate bounds completion_len by), or None."""
+    try:
+        limit = fmt.read_manifest(run).config.get("max_completion_length")
+    except RunFormatError:
+        return None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else None
 
 
 def sample_columns(run: os.PathLike | str) -> set[str]:
@@ -250,14 +265,19 @@ class RunReader:
 
     def config(self, overrides: dict | None = None, config_file: os.PathLike | str | None = None,
                *, check: bool = True) -> dict[str, Any]:
+        from grpolens.run.config import check_config, check_keys, known_keys
+
         cfg = self.manifest.resolved_config()
+        known = known_keys(self.manifest.config)
         if config_file is not None:
-            cfg = deep_update(cfg, load_config_file(config_file))
+            extra = load_config_file(config_file)
+            check_keys(extra, known, f"--config {config_file}")
+            cfg = deep_update(cfg, extra)
         if overrides:
+            check_keys(overrides, known, "--set")
             cfg = deep_update(cfg, overrides)
         if not check:
             return cfg
-        from grpolens.run.config import check_config
 
         return check_config(cfg)
 

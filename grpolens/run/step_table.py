@@ -14,6 +14,8 @@ type of its pieces, rows sorted by the given keys (step first).
 
 from __future__ import annotations
 
+import os
+
 import shutil
 import tempfile
 from pathlib import Path
@@ -82,6 +84,19 @@ class StepSpill:
         self.close()
 
 
+def _os_error(e: Exception, path: Path) -> Exception:
+    """polars reports a failed write (a full disk) as a ComputeError naming ``os error N``: the
+    OSError it is, with the path, so that the CLI says the one line it says for every write."""
+    import errno
+    import re
+
+    m = re.search(r"\(os error ([0-9]+)\)", str(e))
+    if not m:
+        return e
+    code = int(m.group(1))
+    return OSError(code, os.strerror(code) if code in errno.errorcode else str(e), str(path))
+
+
 class SpilledSteps(Mapping[int, pl.DataFrame]):
     """step -> that step's rows, read back from its spill file on access (steps without rows are absent)."""
 
@@ -96,7 +111,11 @@ class SpilledSteps(Mapping[int, pl.DataFrame]):
             return
         folder = self._folder()
         folder.mkdir(parents=True, exist_ok=True)
-        rows.write_parquet(folder / f"{step}.parquet", compression="lz4", statistics=False)  # read back once: fast, not small
+        path = folder / f"{step}.parquet"
+        try:
+            rows.write_parquet(path, compression="lz4", statistics=False)  # read back once: fast, not small
+        except pl.exceptions.ComputeError as e:
+            raise _os_error(e, path) from None
         self.adopt(step, rows.schema)
 
     def adopt(self, step: int, schema: pl.Schema) -> None:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from grpolens.run import format as fmt
+from grpolens.run.format import absent_spans, describe_spans
 from grpolens.run.tree import tree_digest
 from grpolens.run.storage import StorageError as _StorageError
 
@@ -49,6 +50,28 @@ def positive_logp_message(n: int) -> str:
             f"was a probability, a logit or a negated value stored?")
 
 
+#: Integer columns that count or identify something: a negative value is nonsense, not data.
+NON_NEGATIVE = {"tokens": _ORDER, "samples": ("sample_id", "group_id", "prompt_len", "completion_len")}
+NEGATIVE_MESSAGE = "negative values (must be >= 0)"
+
+
+def too_long_message(n: int, limit: int, first: int) -> str:
+    return (f"{n:,} completions longer than the manifest's max_completion_length {limit:,} (first: {first:,} "
+            f"tokens); a completion has at most that many")
+
+
+def _count_below(values: pa.Array | pa.ChunkedArray, bound: int) -> int:
+    """Values < ``bound`` (nulls skipped: a null is an error of its own)."""
+    return int(pc.sum(pc.less(values, bound)).as_py() or 0)
+
+
+def _count_above(values: pa.Array | pa.ChunkedArray, bound: int) -> tuple[int, int | None]:
+    """(values > ``bound``, the first of them), nulls skipped."""
+    above = pc.greater(values, bound)
+    n = int(pc.sum(above).as_py() or 0)
+    return n, (pc.filter(values, above)[0].as_py() if n else None)
+
+
 def rejected_in_loss_message(n: int) -> str:
     return (f"{n:,} rows are rollout_rejected and still in the loss (mask true); a token the rollout "
             f"correction rejected has mask false")
@@ -57,6 +80,38 @@ def rejected_in_loss_message(n: int) -> str:
 def _count_rejected_in_loss(rejected: pa.Array, mask: pa.Array) -> int:
     both = pc.and_(rejected, mask)  # a null on either side gives null, which the sum skips
     return int(pc.sum(both).as_py() or 0)
+
+
+def refuse_bad_values(path, table_name: str, table: pa.Table, max_len: int | None = None) -> None:
+    """Raise validate's first error about the values of ``table`` (the columns of one shard a
+    reader just read): nulls in a non-nullable column, negative ids, counts and positions, positive
+    log-probabilities, rejected tokens left in the loss, completions longer than ``max_len``.
+
+    The footer check (:func:`check_before_reading`) trusts a file's statistics to skip reading it;
+    statistics are the file's word, and a file can lie. So every reader refuses on the values it
+    holds what ``grpolens validate`` refuses on the rows, with the same messages: the footers only
+    save work, they are never the only guard."""
+    names = set(table.column_names)
+    for c in fmt.COLUMNS[table_name]:
+        if c.name in names and not c.nullable and table.column(c.name).null_count:
+            raise fmt.RunFormatError(path, f"{table.column(c.name).null_count:,} null values in a non-nullable "
+                                           "column", column=c.name)
+    for c in sorted(NON_NEGATIVE[table_name]):
+        if c in names and _count_below(table.column(c), 0):
+            raise fmt.RunFormatError(path, NEGATIVE_MESSAGE, column=c)
+    if table_name == fmt.TOKENS:
+        for c in _FLOAT_TOKEN_COLUMNS:
+            n = _count_positive(table.column(c)) if c in _LOGP_COLUMNS and c in names else 0
+            if n:
+                raise fmt.RunFormatError(path, positive_logp_message(n), column=c)
+        if {"rollout_rejected", "mask"} <= names:
+            n = _count_rejected_in_loss(table.column("rollout_rejected"), table.column("mask"))
+            if n:
+                raise fmt.RunFormatError(path, rejected_in_loss_message(n), column="rollout_rejected")
+    elif max_len is not None and "completion_len" in names:
+        n, first = _count_above(table.column("completion_len"), max_len)
+        if n:
+            raise fmt.RunFormatError(path, too_long_message(n, max_len, first), column="completion_len")
 
 
 def unsorted_message(row: int) -> str:
@@ -260,6 +315,7 @@ class _Validator:
         self.orphans = [0, [], None, None]  # rows, the orphan ids seen (per batch), first file, first id
         self.markers: bool | None = None  # the manifest says the writer leaves completion markers
         self.listed: dict[str, list[fmt.Shard]] = {}  # table -> its shards, as run() listed them
+        self.max_len: int | None = None  # the manifest's max_completion_length: no completion is longer
 
     def add(self, severity: str, path: Path | str, message: str, column: str | None = None) -> None:
         rel = path if isinstance(path, str) else self.rel(path)
@@ -316,6 +372,30 @@ class _Validator:
             if problem:
                 self.add(ERROR, fmt.MANIFEST_NAME, problem)
         self.markers = manifest.completion_markers
+        self.check_config(manifest)
+        from grpolens.run.names import name_problem
+
+        problem = name_problem(manifest.run_name)
+        if problem:
+            self.add(WARNING, fmt.MANIFEST_NAME, f"run_name {manifest.run_name!r} cannot name a directory: it "
+                     f"{problem}; export --to tensorboard needs --name")
+
+    #: check the manifest's config against the schema (commands check the config they resolve,
+    #: with their --set and --config, themselves: a bad manifest value can be overridden there)
+    checks_config = True
+
+    def check_config(self, manifest: fmt.Manifest) -> None:
+        from grpolens.errors import UserError
+        from grpolens.run.config import check_config
+
+        cfg = manifest.resolved_config()
+        try:
+            cfg = check_config(cfg)
+        except UserError as e:
+            if self.checks_config:
+                self.add(ERROR, fmt.MANIFEST_NAME, e.message)
+        limit = cfg.get("max_completion_length")
+        self.max_len = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else None
 
     def check_tokenizer(self, path) -> None:
         """``tokenizer.json`` must load with the ``tokenizers`` library; otherwise views show ids."""
@@ -496,7 +576,7 @@ class _Validator:
         if any(nulls.get(c) for c in _ORDER):  # keys with nulls are their error: order and uniqueness
             unsorted_at, dups = None, 0  # are not judged on the stand-in value (_ints' -1)
         for c in sorted(negatives):
-            self.add(ERROR, rel, "negative values (must be >= 0)", column=c)
+            self.add(ERROR, rel, NEGATIVE_MESSAGE, column=c)
         for c, n in positive.items():
             if n:
                 self.add(ERROR, rel, positive_logp_message(n), column=c)
@@ -529,7 +609,9 @@ class _Validator:
         from grpolens.run.text_columns import REPLACE, invalid_rows, invalid_utf8_message, policy
 
         non_null = {c.name for c in fmt.SAMPLE_COLUMNS if not c.nullable}
-        columns = [c for c in usable if c in non_null or c in _TEXT_COLUMNS]
+        columns = [c for c in usable if c in non_null or c in _TEXT_COLUMNS or c in NON_NEGATIVE[fmt.SAMPLES]]
+        negatives: set[str] = set()
+        too_long = [0, None]  # completions longer than max_completion_length, the first length
         nulls: dict[str, int] = {}
         bad_path: dict[str, list] = {}
         bad_text: dict[str, list[int]] = {}  # column -> [count, first row]
@@ -546,6 +628,13 @@ class _Validator:
             row0 += batch.num_rows
             vals = {c: _ints(batch.column(c)) for c in ("step", "rank") if c in usable}
             self._check_path_agrees(shard, batch, vals, bad_path)
+            for c in NON_NEGATIVE[fmt.SAMPLES]:
+                if c in usable and _count_below(batch.column(c), 0):
+                    negatives.add(c)
+            if "completion_len" in usable and self.max_len is not None:
+                n, first = _count_above(batch.column("completion_len"), self.max_len)
+                too_long[0] += n
+                too_long[1] = too_long[1] if too_long[1] is not None else first
             if "sample_id" in usable:
                 col = batch.column("sample_id")
                 ids.append(col.drop_null().to_numpy().astype(np.int64) if col.null_count else _ints(col))
@@ -554,6 +643,10 @@ class _Validator:
         for c, (n, first) in bad_text.items():
             # readable with the bytes replaced when the user chose so: then only a warning
             self.add(WARNING if policy() == REPLACE else ERROR, rel, invalid_utf8_message(n, first), column=c)
+        for c in sorted(negatives):
+            self.add(ERROR, rel, NEGATIVE_MESSAGE, column=c)
+        if too_long[0]:
+            self.add(ERROR, rel, too_long_message(too_long[0], self.max_len, too_long[1]), column="completion_len")
         if ids:
             self.sample_ids.append(np.concatenate(ids))
             self.sample_id_files.append(rel)
@@ -607,28 +700,41 @@ class _Validator:
                 self.add(ERROR, entry, "stray entry: expected step=<8 digits>.rank=<5 digits>.json or "
                          "finished.rank=<5 digits>.json")
         steps = sorted({s for s, _ in on_disk} | {s for s, _ in marked})
+        ws = self.world_size
         for step in steps:
-            for rank in range(self.world_size):
-                key = (step, rank)
-                where = fmt.marker_relpath(step, rank)
-                if key not in marked:
-                    if not self.reports_incomplete_steps:
-                        continue
-                    if key in on_disk:
-                        self.add(ERROR, where, f"step {step} rank {rank}: shards without a completion marker (its "
-                                 f"writer stopped before the step ended); readers skip step {step}")
-                    else:
-                        self.add(ERROR, where, f"step {step} rank {rank}: missing (no shards and no completion "
-                                 f"marker, world_size {self.world_size}); readers skip step {step}")
-                    continue
-                self._check_marker(marked[key], step, rank, on_disk.get(key, set()))
+            # what is on disk drives the cost, not world_size (up to 100,000 ranks)
+            have = {r for (s, r) in on_disk if s == step}
+            done = {r for (s, r) in marked if s == step}
+            if self.reports_incomplete_steps:
+                unmarked = sorted(r for r in have - done if r < ws)
+                self._report_ranks(step, [(r, r) for r in unmarked], "shards without a completion marker (its "
+                                   f"writer stopped before the step ended); readers skip step {step}")
+                self._report_ranks(step, absent_spans(have | done, ws), "missing (no shards and no completion "
+                                   f"marker, world_size {ws}); readers skip step {step}")
+            for rank in sorted(r for r in done if r < ws):
+                self._check_marker(marked[(step, rank)], step, rank, on_disk.get((step, rank), set()))
         for step, rank in sorted(marked):
-            if rank >= self.world_size:
-                self.add(ERROR, marked[(step, rank)], f"completion marker of rank {rank}, outside world_size {self.world_size}")
-        unfinished = [r for r in range(self.world_size) if r not in finished]
+            if rank >= ws:
+                self.add(ERROR, marked[(step, rank)], f"completion marker of rank {rank}, outside world_size {ws}")
+        unfinished = absent_spans(finished, ws)
         if unfinished and (shards or marked):
-            self.add(WARNING, fmt.COMPLETE_DIR, f"no finished record for rank(s) {', '.join(map(str, unfinished))}: "
+            self.add(WARNING, fmt.COMPLETE_DIR, f"no finished record for rank(s) {describe_spans(unfinished)}: "
                      "still training, or stopped before the writer was closed")
+
+    #: up to this many ranks of a step are reported one by one; more, in one summary line
+    RANKS_LISTED = 8
+
+    def _report_ranks(self, step: int, spans: list[tuple[int, int]], what: str) -> None:
+        n = sum(b - a + 1 for a, b in spans)
+        if not n:
+            return
+        if n <= self.RANKS_LISTED:
+            for a, b in spans:
+                for rank in range(a, b + 1):
+                    self.add(ERROR, fmt.marker_relpath(step, rank), f"step {step} rank {rank}: {what}")
+            return
+        self.add(ERROR, fmt.marker_relpath(step, spans[0][0]),
+                 f"step {step}: {n:,} ranks ({describe_spans(spans)}) {what}")
 
     def _check_marker(self, path: Path, step: int, rank: int, files: set[str]) -> None:
         import json
@@ -638,8 +744,8 @@ class _Validator:
             listed = set(data["files"])
             if not all(isinstance(f, str) for f in listed):
                 raise TypeError("files must be strings")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self.add(ERROR, path, f"unreadable completion marker: {e}")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            self.add(ERROR, path, f"unreadable completion marker: {'nested too deeply' if isinstance(e, RecursionError) else e}")
             return
         for f in sorted(files - listed):
             self.add(ERROR, f, f"not named by the completion marker of step {step} rank {rank}: written after it "
@@ -733,7 +839,7 @@ class _CheckMemo:
             if data.get("checker") == cls.checker() and isinstance(data.get("files"), dict) \
                     and isinstance(data.get("markers"), dict):
                 return cls(data["files"], data["markers"], data.get("tree"))
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             pass  # none yet, or damaged: every file is checked, and the memo written anew
         return cls()
 
@@ -764,6 +870,8 @@ class _FooterValidator(_Validator):
 
     #: an incomplete step is no reason to refuse the run: readers leave it out, with their own line
     reports_incomplete_steps = False
+    #: every command checks the config it resolves (manifest, --config, --set) with the same schema
+    checks_config = False
 
     def __init__(self, run: Path, memo: _CheckMemo | None = None):
         super().__init__(run)
@@ -794,7 +902,7 @@ class _FooterValidator(_Validator):
                 facts = [span]
             else:
                 self.samples_incomplete |= "sample_id" not in usable
-                if _samples_suspicious(stats, shard, usable):
+                if _samples_suspicious(stats, shard, usable, self.max_len):
                     self.check_sample_rows(rel, shard, pf, usable)
                     return
                 if "sample_id" not in usable:
@@ -841,19 +949,23 @@ class _FooterValidator(_Validator):
         import pyarrow.parquet as pq
 
         for key, parts in self.parts.items():
-            spans = sorted((min(m), max(m)) for _, m, _ in parts if m)
+            # a range from the statistics (its ends are O(1)), or the exact set of a file whose rows were read
+            spans = sorted((m[0], m[-1]) if isinstance(m, range) else (min(m), max(m)) for _, m, _ in parts if m)
             if any(b[0] <= a[1] for a, b in zip(spans, spans[1:])):
                 exact = []
                 for rel, _, part in parts:
                     col = pq.read_table(fmt.parquet_source(self.root / rel), columns=["micro_batch"]).column(0)
                     exact.append((rel, set(np.unique(_ints(col.drop_null())).tolist()), part))
                 self.parts[key] = exact
+            else:  # disjoint ranges split no loss call (and a range is never listed value by value)
+                self.parts[key] = []
         super().check_parts()
 
 
-def _span_set(span: list[int] | None) -> set[int]:
-    """The micro_batch values a file may hold, from its statistics' [min, max] (None: no rows)."""
-    return set(range(span[0], span[1] + 1)) if span else set()
+def _span_set(span: list[int] | None) -> range:
+    """The micro_batch values a file may hold, from its statistics' [min, max] (None: no rows): a
+    range, not a set, since the statistics are the file's word (0 and 2**31 - 1 are two numbers)."""
+    return range(span[0], span[1] + 1) if span else range(0)
 
 
 def _column_stats(pf, usable: set[str]) -> dict[str, tuple | None]:
@@ -912,5 +1024,12 @@ def _tokens_suspicious(stats: dict, shard: fmt.Shard, usable: set[str]) -> bool:
     return False
 
 
-def _samples_suspicious(stats: dict, shard: fmt.Shard, usable: set[str]) -> bool:
-    return _path_and_nulls_suspicious(stats, shard, usable, fmt.SAMPLES)
+def _samples_suspicious(stats: dict, shard: fmt.Shard, usable: set[str], max_len: int | None = None) -> bool:
+    if _path_and_nulls_suspicious(stats, shard, usable, fmt.SAMPLES):
+        return True
+    for c in NON_NEGATIVE[fmt.SAMPLES]:
+        s = stats.get(c)
+        if c in usable and (s is None or (s[0] is not None and s[0] < 0)):
+            return True
+    s = stats.get("completion_len")
+    return max_len is not None and "completion_len" in usable and s is not None and s[1] is not None and s[1] > max_len

@@ -102,7 +102,7 @@ def _read(run, d: Path) -> Variant | None:
         if not isinstance(overrides, dict) or variant_key(overrides) != d.name:
             return None  # moved or edited by hand: its outputs are not what the record says
         return Variant(run, d.name, overrides, variant_label(overrides))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -133,3 +133,74 @@ def test_not_decomposable_is_one_line(tmp_path, metric, says):
     e = explain(run, metric, 1)
     assert says in e.to_dict()["note"] and "\n" not in e.headline()
     assert e.to_dict()["by"] == {}
+
+
+def _rewarded(step_rewards: dict[int, list[tuple[int, int, float, int]]]):
+    """Steps of completions (sample_id, group_id, reward, length) with unremarkable tokens."""
+    return {s: [Completion(sid, gid, r, np.arange(n), np.full(n, -1.0), np.full(n, -1.0), np.full(n, -1.0),
+                           np.ones(n), 0.0) for sid, gid, r, n in rows] for s, rows in step_rewards.items()}
+
+
+def test_mean_of_the_samples(tmp_path):
+    # reward/mean: step 0 rewards [1, 0] (group 0) -> 0.5; step 1: group 1 [1, 1], group 2 [0, 0.5] -> 0.625
+    # group: 1 -> (1 + 1)/4 = 0.5, 2 -> 0.5/4 = 0.125, 0 (baseline only) -> −0.5; sum 0.125 = delta
+    # outcome "reward > 0, mixed": step 1 sample 0.5 of group 2 -> 0.125, step 0 sample 1 of group 0 -> 0.5:
+    #   −0.375; W_S = 1/4, W_B = 1/2, r_S = 0.5, r_B = 1 -> mix = (−1/4)(1.5)/2 = −0.1875, rate = −0.1875
+    run = write_run(tmp_path / "r", _rewarded({0: [(10, 0, 1.0, 3), (11, 0, 0.0, 5)],
+                                               1: [(20, 1, 1.0, 2), (21, 1, 1.0, 4), (22, 2, 0.0, 6), (23, 2, 0.5, 40)]}),
+                    micro_batches=1)
+    d = explain(run, "reward/mean", 1).to_dict()
+    assert d["units"] == "completions" and d["delta"] == pytest.approx(0.125)
+    g = _by(d, "group")
+    assert (g[1]["contribution"], g[2]["contribution"], g[0]["contribution"]) == pytest.approx((0.5, 0.125, -0.5))
+    o = _by(d, "outcome")
+    mixed = o["reward > 0, mixed"]
+    assert mixed["contribution"] == pytest.approx(-0.375)
+    assert (mixed["mix"], mixed["rate"]) == pytest.approx((-0.1875, -0.1875))
+    assert o["reward > 0, all correct"]["contribution"] == pytest.approx(0.5)
+    assert _by(d, "length")["33-64"]["contribution"] == pytest.approx(0.125)  # sample 23, 40 tokens
+    assert "token_id" not in d["by"]
+
+
+def test_samples_std_quantile_and_extremum_say_what_can_be_said(tmp_path):
+    run = write_run(tmp_path / "r", _rewarded({0: [(10, 0, 1.0, 3), (11, 0, 0.0, 5)],
+                                               1: [(20, 1, 1.0, 2), (21, 1, 3.0, 4), (22, 2, 0.0, 6), (23, 2, 0.0, 9)]}),
+                    micro_batches=1)
+    # rewards 1, 3, 0, 0: mean 1, squared deviations 0, 4, 1, 1 -> sample 21 holds 4/6
+    std = explain(run, "reward/std", 1).to_dict()
+    assert "standard deviation" in std["note"] and "sample 21 (reward 3, 67 %)" in std["note"] and std["by"] == {}
+    assert "sample" in explain(run, "reward/p50", 1).to_dict()["note"]
+    mx = explain(run, "completions/length/max", 1).to_dict()
+    assert mx["extremum"]["step"]["sample_id"] == 23 and mx["extremum"]["baseline"][0]["sample_id"] == 11
+
+
+def test_sequence_level_terms_use_sequence_dimensions_only(tmp_path):
+    # GSPO: the clip decision is per sequence (its geometric-mean ratio and mean advantage), so no
+    # token holds a term of its own: the explanation is over completions, token_id does not apply
+    from tests.explain.runs import random_step
+
+    rng = np.random.default_rng(4)
+    cfg = {"loss_type": "gspo", "epsilon": 0.01, "epsilon_high": 0.01, "beta": 0.0, "importance_sampling_level": "sequence"}
+    run = write_run(tmp_path / "r", {s: random_step(rng, s) for s in range(2)}, config=cfg)
+    e = explain(run, "clip/region", 1, by=["token_id", "completion", "group"])
+    d = e.to_dict()
+    assert d["units"] == "sequences" and "token_id" not in d["by"] and {"completion", "group"} <= set(d["by"])
+    assert any("token_id" in n for n in d["notes"])
+    for entries in d["by"].values():
+        assert sum(x["contribution"] for x in entries) == pytest.approx(d["delta"], rel=1e-9, abs=1e-15)
+
+
+def test_nonfinite_tokens_and_an_all_masked_step(tmp_path):
+    # a NaN log-prob and an infinite one are left out of kl/k3 (as the metric does); a step whose
+    # every token is masked has no kl/k3 at all: said in one line
+    lp = -1.0
+    a = _c(10, 0, [1, 2, 3], logp=[lp, float("nan"), lp], ref=[lp - 1, lp, lp])
+    a.logp[2] = -np.inf
+    masked = _c(11, 1, [1, 2], logp=[lp, lp], ref=[lp - 1, lp])
+    masked.mask[:] = False
+    run = write_run(tmp_path / "r", {0: [_c(9, 0, [1], logp=[lp], ref=[lp])], 1: [a], 2: [masked]}, micro_batches=1)
+    d = explain(run, "kl/k3", 1).to_dict()
+    assert d["value"] == pytest.approx(math.exp(-1) + 1 - 1) and d["by"]["token_id"][0]["key"] == 1
+    assert d["by"]["token_id"][0]["contribution"] == pytest.approx(d["delta"])
+    e = explain(run, "kl/k3", 2)
+    assert e.to_dict()["by"] == {} and "no value at step 2" in e.headline()

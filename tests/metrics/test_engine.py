@@ -8,10 +8,10 @@ from grpolens.metrics import engine
 from grpolens.metrics.engine import ENGINES, InlineEngine, ThreadEngine, make_engine, visitor, visitor_factories
 
 
-@pytest.mark.parametrize("env, cpus, want", [("3", 8, 3), ("1", 8, 1), ("0", 8, 1), ("-2", 8, 1),
+@pytest.mark.parametrize("env, cpus, want", [("3", 8, 3), ("1", 8, 1), (" 2 ", 8, 2), ("1024", 8, 1024), ("", 8, 4),
                                              (None, 8, 4), (None, 3, 3), (None, 1, 1), (None, None, 1)])
 def test_thread_count(monkeypatch, env, cpus, want):
-    """GRPOLENS_THREADS when set (at least 1), else the CPUs up to 4 (1 when unknown)."""
+    """GRPOLENS_THREADS when set (1 to 1,024), else the CPUs up to 4 (1 when unknown)."""
     if env is None:
         monkeypatch.delenv("GRPOLENS_THREADS", raising=False)
     else:
@@ -20,6 +20,14 @@ def test_thread_count(monkeypatch, env, cpus, want):
     assert engine._threads() == want
     assert ThreadEngine().threads == want
     assert ThreadEngine(2).threads == 2
+
+
+@pytest.mark.parametrize("env", ["abc", "0", "-2", "1025", "2.5", "\u0663", "1e3"])
+def test_a_thread_count_that_is_no_count_is_one_line(monkeypatch, env):
+    """GRPOLENS_THREADS=abc (0, 1,025, an Arabic-Indic 3 that int() would read) names the variable."""
+    monkeypatch.setenv("GRPOLENS_THREADS", env)
+    with pytest.raises(UserError, match=rf"^GRPOLENS_THREADS: expected a whole number from 1 to 1,024, got {env!r}$"):
+        engine._threads()
 
 
 def test_engine_choice_and_its_messages():

@@ -72,8 +72,21 @@ def explain(run: os.PathLike | str, metric: str, step: int, *, baseline: Baselin
         e.note = f"{shown} has no value at step {step} (nothing to average)"
         return e
     forms = [reductions.linearize(m, t.sd, v) for t, v in zip([t_s, *t_b], [v_s, *v_bs])]
+    if forms[0] == "samples":
+        forms = [reductions.linearize_samples(m, t.sd, v) for t, v in zip([t_s, *t_b], [v_s, *v_bs])]
+        if isinstance(forms[0], str):
+            e.note = forms[0].replace(m.name, shown)
+            said = reductions.samples_answer(m, t_s.sd.samples, v_s, step, shown) if t_s.sd.samples is not None else None
+            if said is not None:
+                e.note, unit = said
+                if unit is not None:
+                    e.extremum = {"step": unit, "baseline": [
+                        (reductions.samples_answer(m, t.sd.samples, v, t.step, shown) or (None, None))[1]
+                        for t, v in zip(t_b, v_bs) if t.sd.samples is not None]}
+            return e
+        return _explain_samples(e, [t_s, *t_b], forms, dims, by, top, delta, index)
     if isinstance(forms[0], str):
-        e.note = _samples_note(shown) if forms[0] == "samples" else forms[0].replace(m.name, shown)
+        e.note = forms[0].replace(m.name, shown)
         return e
     if isinstance(forms[0], reductions.Extremum):
         _explain_extremum(e, m, [t_s, *t_b], forms, reader)
@@ -87,14 +100,18 @@ def explain(run: os.PathLike | str, metric: str, step: int, *, baseline: Baselin
         e.notes.append(f"{shown} is not a sum of per-token terms ({forms[0].num} is computed per sequence): "
                        "token_id and position do not apply")
     decode = _decoder(reader) if "token_id" in dims and level == "tokens" else None
+    per_seq = [u.per_sequence(t.n_seq) for u, t in zip(units, [t_s, *t_b])]
     for dim in dims:
-        keyed = [_keys(t, dim, level) for t in [t_s, *t_b]]
+        # a sequence's property: its tokens summed first (the same sums, far fewer units)
+        on_seq = dim not in dimensions.TOKEN_ONLY
+        keyed = [(dimensions.seq_keys(t, dim) if on_seq else _keys(t, dim, level)) for t in [t_s, *t_b]]
         if any(k is None for k in keyed):
             if by is not None:
                 e.notes.append(_why_not(dim, level))
             continue
-        tab = decompose.table((units[0], keyed[0]), list(zip(units[1:], keyed[1:])))
-        e.by[dim] = _entries(tab, dim, delta, top, dimensions.labeller(dim, decode), t_s, units[0], keyed[0])
+        us = per_seq if on_seq else units
+        tab = decompose.table((us[0], keyed[0]), list(zip(us[1:], keyed[1:])))
+        e.by[dim] = _entries(tab, dim, delta, top, dimensions.labeller(dim, decode), t_s, us[0], keyed[0])
     e.concentration = decompose.concentration(units[0], t_s.n_seq)
     return e
 
@@ -287,9 +304,30 @@ def _decoder(reader):
     return None if source == "ids" else decode
 
 
-def _samples_note(shown: str) -> str:
-    return (f"{shown} is computed from the samples table; its decomposition along completions, "
-            "prompts and outcomes is not built yet")
+def _explain_samples(e: Explanation, terms: list[StepTerms], forms: list, dims, by, top: int, delta: float,
+                     index: SampleIndex) -> Explanation:
+    """A metric of the samples table: the units are the completions generated at each step."""
+    if not all(isinstance(f, reductions.Linear) and f.num == forms[0].num for f in forms):
+        e.note = f"{e.metric} is not reduced the same way at step {e.step} and its baseline: no exact decomposition"
+        return e
+    e.units = "completions"
+    units, keyed_by = [], []
+    for t, f in zip(terms, forms):
+        x = t.sd.samples[f.num].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64)
+        a = np.where(np.isfinite(x), f.g * np.where(np.isfinite(x), x, 0.0), 0.0)
+        units.append(decompose.Units(a, np.isfinite(x).astype(np.float64)))
+        keyed_by.append(dimensions.sample_keys(t.sd.samples))
+    for dim in dims:
+        keyed = [k.get(dim) for k in keyed_by]
+        if any(k is None for k in keyed):
+            if by is not None:
+                e.notes.append(f"{dim}: not a property of a completion's row in the samples table")
+            continue
+        tab = decompose.table((units[0], keyed[0]), list(zip(units[1:], keyed[1:])))
+        sub = StepTerms(terms[0].step, terms[0].sd, group=keyed_by[0].get("group"))
+        e.by[dim] = _entries(tab, dim, delta, top, dimensions.labeller(dim, None), sub, units[0], keyed[0])
+    e.concentration = decompose.concentration(units[0], len(units[0].terms))
+    return e
 
 
 # ---------------------------------------------------------------------------------------------

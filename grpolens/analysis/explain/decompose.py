@@ -34,11 +34,22 @@ class Units:
     weight: np.ndarray
     #: per unit, the row of its sequence (tokens), or None when the units are sequences
     seq: np.ndarray | None = None
+    #: per unit, how many counted units it stands for (None: itself, when it takes part)
+    n: np.ndarray | None = None
 
     @property
     def counted(self) -> np.ndarray:
         """Units that take part: a weight or a term (masked-out tokens do not)."""
+        if self.n is not None:
+            return self.n > 0
         return (self.weight != 0) | (self.terms != 0)
+
+    def per_sequence(self, n_seq: int) -> "Units":
+        """Token units summed per sequence (the same sums for any key that is a sequence's)."""
+        if self.seq is None:
+            return self
+        return Units(np.bincount(self.seq, self.terms, n_seq), np.bincount(self.seq, self.weight, n_seq), None,
+                     np.bincount(self.seq, self.counted.astype(np.float64), n_seq))
 
 
 @dataclass
@@ -58,19 +69,30 @@ def _per_key(u: Units, codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     a = np.bincount(codes, u.terms, k)
     wtot = u.weight.sum()
     w = np.bincount(codes, u.weight, k) / wtot if wtot else np.zeros(k)
-    n = np.bincount(codes[u.counted], minlength=k)
+    n = np.bincount(codes, u.n, k) if u.n is not None else np.bincount(codes[u.counted], minlength=k).astype(np.float64)
     return a, w, n
+
+
+#: Keys below this are counted densely (token ids, buckets): no sort of the keys.
+_DENSE = 1 << 21
 
 
 def table(step: tuple[Units, np.ndarray], base: list[tuple[Units, np.ndarray]]) -> Table:
     """Contributions of each key of one dimension: ``step`` and every baseline step as
     (units, key per unit)."""
-    keys = np.unique(np.concatenate([step[1], *(k for _, k in base)]))
+    every = np.concatenate([step[1], *(k for _, k in base)])
+    dense = len(every) and every.min() >= 0 and every.max() < _DENSE
+    if dense:
+        keys = np.arange(int(every.max()) + 1)
+        code = lambda kk: kk  # noqa: E731
+    else:
+        keys = np.unique(every)
+        code = lambda kk: np.searchsorted(keys, kk)  # noqa: E731
     k = len(keys)
-    a_s, w_s, n_s = _per_key(step[0], np.searchsorted(keys, step[1]), k)
+    a_s, w_s, n_s = _per_key(step[0], code(step[1]), k)
     a_b, w_b, n_b = np.zeros(k), np.zeros(k), np.zeros(k)
     for u, kk in base:
-        a, w, n = _per_key(u, np.searchsorted(keys, kk), k)
+        a, w, n = _per_key(u, code(kk), k)
         a_b += a
         w_b += w
         n_b += n
@@ -84,6 +106,12 @@ def table(step: tuple[Units, np.ndarray], base: list[tuple[Units, np.ndarray]]) 
         r_s, r_b = a_s / w_s, a_b / w_b
         mix = np.where(shared, (w_s - w_b) * (r_s + r_b) / 2, np.nan)
     rate = np.where(shared, c - mix, np.nan)
+    if dense:  # only the keys some step has
+        at = np.zeros(k, dtype=bool)
+        at[step[1]] = True
+        for _, kk in base:
+            at[kk] = True
+        return Table(keys[at], c[at], mix[at], rate[at], n_s[at].astype(np.int64), in_s[at], in_b[at])
     return Table(keys, c, mix, rate, n_s.astype(np.int64), in_s, in_b)
 
 

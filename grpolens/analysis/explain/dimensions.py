@@ -103,3 +103,19 @@ def json_key(dim: str, k: int):
     if dim == "outcome":
         return OUTCOME_LABELS[k]
     return int(k)
+
+
+def sample_keys(df) -> dict[str, np.ndarray]:
+    """Per row of a samples table (completions generated at a step), the keys of the dimensions
+    that are a completion's properties: completion, group, rank, length, outcome."""
+    out = {"completion": df["sample_id"].to_numpy().astype(np.int64)}
+    if "group_id" in df.columns:
+        out["group"] = df["group_id"].fill_null(-1).to_numpy().astype(np.int64)
+    if "rank" in df.columns:
+        out["rank"] = df["rank"].to_numpy().astype(np.int64)
+    if "completion_len" in df.columns:
+        out["length"] = bucket_of(df["completion_len"].cast(float).fill_null(0.0).to_numpy()).astype(np.int64)
+    if "reward" in df.columns and df["reward"].null_count() < df.height:
+        reward = df["reward"].cast(float).fill_null(float("nan")).to_numpy()
+        out["outcome"] = outcome_codes(reward, out.get("group", np.full(df.height, -1))).astype(np.int64)
+    return out

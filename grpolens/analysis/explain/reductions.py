@@ -117,6 +117,11 @@ def linearize(metric: Metric, sd: StepData, v0: float | None) -> Linear | Extrem
     n = sd.n_seq
     rng = np.random.default_rng(sd.step)
     u, w = rng.standard_normal(n), rng.standard_normal(n)
+    # the likeliest numerator first (kl/k3 -> kl.k3.sum): only the order of the tries, each is checked
+    import difflib
+
+    tail = metric.name.rsplit("/", 1)[-1]
+    cols = sorted(cols, key=lambda c: -difflib.SequenceMatcher(None, tail, c).ratio())
     for c in cols:
         if merge_rules().get(c, "sum") != "sum":
             continue
@@ -125,9 +130,11 @@ def linearize(metric: Metric, sd: StepData, v0: float | None) -> Linear | Extrem
         if a is None or b is None:
             continue
         scale = abs(a) + abs(b)
+        if a == 0 and b == 0:  # the value does not depend on this column
+            continue
         if not (_close(ab, a + b, scale) and _close(a2, 2.5 * a, abs(a))):
             continue
-        g = _weights(metric, sd, c)
+        g = _weights(metric, sd, c, cols)
         if g is None:
             continue
         x = sd.seqs[c]
@@ -140,22 +147,52 @@ def linearize(metric: Metric, sd: StepData, v0: float | None) -> Linear | Extrem
     return _nonlinear_note(metric)
 
 
-def _weights(metric: Metric, sd: StepData, col: str) -> np.ndarray | None:
-    """g_s = the value with x = the unit vector of sequence s (the reduction being linear in x):
-    one probe per sequence, each a run of the reduction itself."""
+def _weights(metric: Metric, sd: StepData, col: str, others: list[str]) -> np.ndarray | None:
+    """g_s = the value with x = the unit vector of sequence s (the reduction being linear in x).
+
+    Fewer probes first: the weights of every reduction grpolens knows are alike across all
+    sequences (a pooled mean, a sum) or within a loss call (TRL's slots, xtuner's packs), so those
+    hypotheses are tried first, one probe per class (x = the class's indicator), and kept only when
+    they rebuild the value at random inputs; otherwise one probe per sequence."""
     n = sd.n_seq
+    x = sd.seqs[col]
+    rng = np.random.default_rng(n)
+    u = rng.standard_normal(n)
+    want = [(x, compute_value(metric, sd, col, x)), (u, _probe(metric, sd, col, u))]
+    for by in ((), ("rank", "micro_batch")):
+        if by and not all(k in sd.seqs for k in by):
+            continue
+        if by:
+            keys = np.stack([np.asarray(sd.seqs[k], dtype=np.int64) for k in by], axis=1)
+            _, cls = np.unique(keys, axis=0, return_inverse=True)
+            cls = cls.reshape(-1)
+        else:
+            cls = np.zeros(n, dtype=np.int64)
+        k = int(cls.max()) + 1 if n else 0
+        if k > n // 2 and by:
+            break  # no saving over one probe per sequence
+        g_cls = np.empty(k)
+        for c in range(k):
+            member = cls == c
+            v = _probe(metric, sd, col, member.astype(np.float64))
+            g_cls[c] = (v or 0.0) / member.sum()
+        g = g_cls[cls]
+        if all(v is not None and _close(float(np.sum(g * vec)), v, float(np.sum(np.abs(g * vec)))) for vec, v in want):
+            return g
     g = np.empty(n)
     e = np.zeros(n)
     for s in range(n):
         e[s] = 1.0
         v = _probe(metric, sd, col, e)
         e[s] = 0.0
-        if v is None:
-            # "nothing to average" for this unit alone while the step has a value: a unit the
-            # reduction leaves out (den 0 in a seq-mean)
-            v = 0.0
-        g[s] = v
+        # None: "nothing to average" for this unit alone while the step has a value (a unit the
+        # reduction leaves out: den 0 in a seq-mean)
+        g[s] = 0.0 if v is None else v
     return g
+
+
+def compute_value(metric: Metric, sd: StepData, col: str, x: np.ndarray) -> float | None:
+    return _probe(metric, sd, col, x)
 
 
 def _extremum(metric: Metric, sd: StepData, cols: list[str], v0: float) -> Extremum | None:
@@ -182,11 +219,111 @@ def _extremum(metric: Metric, sd: StepData, cols: list[str], v0: float) -> Extre
 def _nonlinear_note(metric: Metric) -> str:
     name = metric.name
     if name.endswith(("/std", "/std_pop", "/seq_std")) or "std" in name.rsplit("/", 1)[-1]:
-        return (f"{name} is a standard deviation: not a sum of per-unit terms, so no exact "
-                "decomposition; the units with the largest squared deviations are listed instead")
+        return f"{name} is a standard deviation: not a sum of per-unit terms, so no exact decomposition"
     if any(name.endswith(f"/p{q:02d}") for q in range(101)) or "quantile" in name:
-        return f"{name} is a quantile: set by the one unit at that rank, not a sum of terms"
+        return f"{name} is a quantile: set by the one unit at that rank, not a sum of terms, so no exact decomposition"
     if name.endswith("/ess"):
         return f"{name} is an effective sample size (a ratio of squared sums): not decomposable exactly"
     return (f"{name}'s reduction is not a sum, mean or fraction of per-token or per-sequence terms "
             "(e.g. the exp of a mean): no exact decomposition")
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics of the samples table (rewards, lengths): the same probing over the step's sample rows
+# ---------------------------------------------------------------------------------------------
+
+#: Numeric sample columns a samples metric may be linear in (rewards are ``reward/<name>`` too).
+SAMPLE_NUMERIC = ("reward", "completion_len", "prompt_len", "advantage", "truncated")
+
+
+def _with_samples(sd: StepData, df) -> StepData:
+    extra = {k: v for k, v in sd.extra.items() if k in _KEEP_EXTRA}
+    return StepData(sd.step, sd.seqs, sd.cfg, sd.profile, df, sd.present, extra)
+
+
+def _probe_samples(metric: Metric, sd: StepData, col: str, vec: np.ndarray) -> float | None:
+    import polars as pl
+
+    try:
+        v = compute(metric, _with_samples(sd, sd.samples.with_columns(pl.Series(col, vec, dtype=pl.Float64))))
+    except Exception:  # noqa: BLE001 - a probe the reduction cannot take means "not linear in this column"
+        return None
+    return None if v is None else float(v)
+
+
+def linearize_samples(metric: Metric, sd: StepData, v0: float | None) -> Linear | str:
+    """:func:`linearize` for a metric of the step's samples: ``g`` per sample row."""
+    if v0 is None:
+        return f"{metric.name} has no value at step {sd.step}"
+    df = sd.samples
+    if df is None or df.height == 0:
+        return f"{metric.name}: step {sd.step} has no samples"
+    cols = [c for c in df.columns if c in SAMPLE_NUMERIC or c.startswith("reward/")]
+    if metric.column:  # a template's own column first (rewards/<name>/mean)
+        cols = [metric.column] + [c for c in cols if c != metric.column]
+    rng = np.random.default_rng(sd.step)
+    n = df.height
+    for c in cols:
+        x = df[c].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64)
+        ok = np.isfinite(x)
+        u, w = np.where(ok, rng.standard_normal(n), x), np.where(ok, rng.standard_normal(n), x)
+        a, b = _probe_samples(metric, sd, c, u), _probe_samples(metric, sd, c, w)
+        if a is None or b is None:
+            continue
+        if a == 0 and b == 0:  # the value does not depend on this column
+            continue
+        ab, a2 = _probe_samples(metric, sd, c, np.where(ok, u + w, x)), _probe_samples(metric, sd, c, np.where(ok, 2.5 * u, x))
+        if not (_close(ab, a + b, abs(a) + abs(b)) and _close(a2, 2.5 * a, abs(a))):
+            continue
+        g = np.zeros(n)
+        for s in np.flatnonzero(ok):
+            e = np.where(ok, 0.0, x)
+            e[s] = 1.0
+            g[s] = _probe_samples(metric, sd, c, e) or 0.0
+        terms = np.where(ok, g * np.where(ok, x, 0.0), 0.0)
+        if _close(float(terms.sum()), v0, float(np.abs(terms).sum())):
+            return Linear(c, g, ())
+    return _nonlinear_note(metric)
+
+
+def sample_column(metric: Metric, df) -> str | None:
+    """The samples column a samples metric is about: a template's own column, else the first
+    numeric sample column it requires, else ``completion_len`` for the length metrics."""
+    if metric.column and metric.column in df.columns:
+        return metric.column
+    for c in metric.requires:
+        if c in df.columns and (c in SAMPLE_NUMERIC or c.startswith("reward/")):
+            return c
+    return "completion_len" if "length" in metric.name and "completion_len" in df.columns else None
+
+
+def samples_answer(metric: Metric, df, v0: float, step: int, shown: str) -> tuple[str, dict | None] | None:
+    """What can be said of a samples metric that is no sum: the row attaining an extremum, the row
+    at a quantile, the rows with the largest squared deviations of a standard deviation."""
+    col = sample_column(metric, df)
+    if col is None or df.height == 0:
+        return None
+    x = df[col].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64)
+    sid = df["sample_id"].to_numpy()
+    ok = np.flatnonzero(np.isfinite(x))
+    if not len(ok):
+        return None
+    name = metric.name
+    for which, pick in (("max", np.argmax), ("min", np.argmin)):
+        r = ok[pick(x[ok])]
+        if x[r] == v0:
+            unit = {"step": step, "sample_id": int(sid[r]), "column": col, "value": float(x[r])}
+            return f"{shown} is the step's {which}imum of {col}, attained by sample {sid[r]} ({col} {x[r]:.6g})", unit
+    if "std" in name.rsplit("/", 1)[-1]:
+        dev = (x[ok] - x[ok].mean()) ** 2
+        top = ok[np.argsort(-dev, kind="stable")[:3]]
+        total = dev.sum()
+        parts = [f"sample {sid[r]} ({col} {x[r]:.4g}, {100 * (x[r] - x[ok].mean()) ** 2 / total:.0f} %)" for r in top] if total else []
+        if parts:
+            return (f"{shown} is a standard deviation, not a sum of terms; the largest squared deviations from "
+                    f"the step's mean {x[ok].mean():.4g}: " + ", ".join(parts)), None
+    if any(name.endswith(f"/p{q:02d}") for q in range(101)):
+        near = ok[np.argmin(np.abs(x[ok] - v0))]
+        return (f"{shown} is a quantile, not a sum of terms: the completion at it is sample {sid[near]} "
+                f"({col} {x[near]:.4g})"), None
+    return None

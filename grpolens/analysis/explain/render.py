@@ -21,7 +21,7 @@ def _num(v) -> str:
 
 
 def _pct(v) -> str:
-    return "" if v is None else f"{100 * v:.1f} %"
+    return "" if v is None else f"{100 * v + 0.0:.1f} %" if abs(v) >= 0.0005 else "0.0 %"
 
 
 def render(e: Explanation, console) -> None:
@@ -36,19 +36,26 @@ def render(e: Explanation, console) -> None:
         for u in [e.extremum["step"], *e.extremum["baseline"]]:
             if u is None:
                 continue
-            where = f"sample {u['sample_id']} (rank {u['rank']}, micro-batch {u['micro_batch']})"
+            where = f"sample {u['sample_id']}"
+            if "rank" in u:
+                where += f" (rank {u['rank']}, micro-batch {u['micro_batch']})"
             if u.get("pos") is not None:
                 where += f", position {u['pos']}, token {printable(str(u['label']), keep_newlines=False)!s}"
             console.print(Text(f"step {u['step']}: {u['column']} = {u['value']:.6g} at {where}"))
     for dim, entries in e.by.items():
         t = Table(title=f"by {dim}", box=box.SIMPLE_HEAD, padding=(0, 1), title_justify="left")
-        for c, j in (("key", "left"), ("contribution", "right"), ("share", "right"), ("mix", "right"),
-                     ("rate", "right"), (e.units or "units", "right"), ("completions", "right"), ("in", "left")):
+        per_completion = e.units == "completions"  # the count is the completions then
+        columns = [("key", "left"), ("contribution", "right"), ("share", "right"), ("mix", "right"),
+                   ("rate", "right"), (e.units or "units", "right")]
+        columns += [] if per_completion else [("completions", "right")]
+        for c, j in columns + [("in", "left")]:
             t.add_column(c, justify=j, no_wrap=c != "key")
         for r in entries:
             label = Text(printable(str(r["label"]), keep_newlines=False))
-            t.add_row(label, _num(r["contribution"]), _pct(r["share"]), _num(r["mix"]), _num(r["rate"]),
-                      str(r["count"]), "" if r.get("completions") is None else str(r["completions"]), _IN.get(r.get("present"), ""))
+            cells = [label, _num(r["contribution"]), _pct(r["share"]), _num(r["mix"]), _num(r["rate"]), str(r["count"])]
+            if not per_completion:
+                cells.append("" if r.get("completions") is None else str(r["completions"]))
+            t.add_row(*cells, _IN.get(r.get("present"), ""))
         console.print(t)
     if e.concentration and any(v is not None for v in e.concentration.values()):
         parts = [f"{label} {_pct(e.concentration.get(k))}" for k, label in _CONC if e.concentration.get(k) is not None]
