@@ -29,7 +29,8 @@ def _sums_to_delta(d: dict) -> None:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), mbs=st.integers(1, 3),
-       metric=st.sampled_from(["kl/k3", "kl/k1", "entropy", "clip/region", "policy/approx_kl", "kl/k3_loss_norm", "loss"]),
+       metric=st.sampled_from(["kl/k3", "kl/k1", "entropy", "clip/region", "policy/approx_kl", "kl/k3_loss_norm", "loss",
+                              "reward/mean", "completions/length/mean"]),
        profile=st.sampled_from(["grpolens", "trl", "xtuner", "verl"]))
 def test_every_dimension_sums_to_the_change(tmp_path_factory, seed, ranks, mbs, metric, profile):
     rng = np.random.default_rng(seed)
