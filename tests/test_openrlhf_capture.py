@@ -35,7 +35,7 @@ def experience(i: int, rng) -> SimpleNamespace:
     ones = torch.nonzero(am[0]).flatten()
     return SimpleNamespace(
         action_mask=am, action_log_probs=old, base_action_log_probs=None,
-        rollout_log_probs=old + 0.01 * am, advantages=torch.full((1, A), 0.5 - i, dtype=torch.float32) * am,
+        rollout_log_probs=old - 0.01 * am, advantages=torch.full((1, A), 0.5 - i, dtype=torch.float32) * am,
         response_length=torch.tensor([int(ones[-1] - ones[0] + 1)]), total_length=torch.tensor([float(obs)]),
         truncated=torch.tensor([i == 3]), index=[i],
         info={"reward": torch.tensor([float(i)]), "response_clip_ratio": torch.tensor([False])})
@@ -72,7 +72,7 @@ def test_a_step_through_the_capture(tmp_path):
     assert cap.begin_step(exps) == 3  # the step travels with the ids
     for rows in ([2, 0], [3, 1]):
         mb = collate([exps[i] for i in rows])
-        logp = mb.action_log_probs + 0.05 * mb.action_mask
+        logp = mb.action_log_probs - 0.05 * mb.action_mask
         ent = torch.ones(mb.action_mask.shape[0], mb.action_mask.shape[1] + 1)  # the forward's, over the sequence
         cap.log_micro_batch(mb, logp, entropy=ent)
         assert not {SAMPLE_ID_KEY, GROUP_ID_KEY, REF_KEY} & set(mb.info)  # nothing reaches OpenRLHF's status

@@ -226,3 +226,29 @@ def test_failure_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk on fire"):
         synth.synth_run(tmp_path / "run", steps=4)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_bundled_synthetic_run_is_what_its_documented_command_makes(tmp_path):
+    """sample_runs/README.md's command regenerates sample_runs/tiny: the same rows and values in
+    every shard (the Parquet bytes follow the writer's settings of the day, and the manifest's
+    `created`, name and completion markers are the new run's)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "sample_runs" / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"^grpolens synth sample_runs/tiny .*$", readme, re.M)
+    assert command, "sample_runs/README.md no longer shows the command that makes sample_runs/tiny"
+    args = shlex.split(command.group(0))[1:]
+    args[1] = str(tmp_path / "tiny")
+    main(args)
+    bundled = root / "sample_runs" / "tiny"
+    shards = sorted(p.relative_to(bundled) for p in bundled.rglob("*.parquet"))
+    assert shards == sorted(p.relative_to(tmp_path / "tiny") for p in (tmp_path / "tiny").rglob("*.parquet"))
+    for shard in shards:
+        assert pl.read_parquet(bundled / shard).equals(pl.read_parquet(tmp_path / "tiny" / shard)), shard
+    made = json.loads((tmp_path / "tiny" / "grpolens.json").read_text())
+    kept = json.loads((bundled / "grpolens.json").read_text())
+    assert {k: v for k, v in made.items() if k not in ("created", "run_name", "completion_markers")} == \
+        {k: v for k, v in kept.items() if k not in ("created", "run_name")}

@@ -9,6 +9,9 @@ import typer
 
 from grpolens.commands.storage_option import STORAGE_OPTION, refuse_unless_remote
 from grpolens.commands.variant_option import VARIANT_OPTION
+from grpolens.export import TRACKERS
+
+_TRACKERS = f"{', '.join(list(TRACKERS)[:-1])} or {list(TRACKERS)[-1]}"  # the built-ins; plugins may add more
 
 
 #: the tracker-specific options, checked in this order, and what the refusal adds
@@ -18,7 +21,7 @@ _OWNED = {"resume": "", "online": " (the other trackers are local unless given a
 
 def export_cmd(
     run: str = typer.Argument(..., help="Run directory (contains grpolens.json), or s3://bucket/prefix (local files go to ./<run name>.grpolens/)."),
-    to: str = typer.Option(..., "--to", metavar="TRACKER", help="Tracker: wandb, tensorboard, mlflow or trackio."),
+    to: str = typer.Option(..., "--to", metavar="TRACKER", help=f"Tracker: {_TRACKERS}."),
     profile: str = typer.Option("grpolens", "--profile", "-p", metavar="PROFILE",
                                 help="Metric names and reductions exported (as for recompute)."),
     project: str = typer.Option("grpolens", "--project", metavar="NAME",

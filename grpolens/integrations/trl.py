@@ -132,6 +132,8 @@ def run_config(trainer: GRPOTrainer) -> dict[str, Any]:
         "reward_weights": dict(zip(names, weights)),
         "sapo_temperature_pos": float(getattr(a, "sapo_temperature_pos", 1.0)),
         "sapo_temperature_neg": float(getattr(a, "sapo_temperature_neg", 1.05)),
+        **{k: float(getattr(a, k, d)) for k, d in (("vespo_k_pos", 2.0), ("vespo_lambda_pos", 3.0),
+                                                     ("vespo_k_neg", 3.0), ("vespo_lambda_neg", 2.0))},
         "rollout_is": rollout_is,
         # TRL settings outside CONFIG_DEFAULTS that change what TRL logs
         "reward_funcs": names,

@@ -8,6 +8,8 @@ when that is set, as Twinkle, verl and xtuner do with 20):
     grpo, bnpo, dr_grpo, dapo, luspo, gspo   L = −min(min(c, delta)·A, clip(c, 1 − ε, 1 + ε_high)·A)
     cispo                                    L = −min(c, ε_high)·A·logp     (ε_high: absolute cap)
     sapo                                     L = −(4/τ)·σ(τ(c − 1))·A,  τ = τ_pos if A > 0 else τ_neg
+    vespo                                    L = −φ·A·logp, φ = e^(λ + k·ℓ − λ·e^ℓ) per sequence,
+                                             ℓ = clamp(Σ_t clamp(d, ±20)·v, ln 1e-8, 20), (k, λ) by A ≥ 0
     with a rollout IS config (rollout_is)     L ×= a,  tokens the correction rejects leave v
     all, when β ≠ 0                          L += β·k3,  k3 = e^x − x − 1, x = ref − logp
                                              (× c when use_bias_correction_kl, c before delta)
@@ -24,7 +26,7 @@ only when TRL's correction is on), because it is part of the loss the trainer op
 pooled, normalised the way the variant normalises:
 
     grpo, sapo, gspo   mean over the step's sequences of Σ_t L / max(Σ_t v, 1)
-    bnpo, dapo, cispo  Σ L / Σ v   (bnpo's per-micro-batch token mean, pooled over the step)
+    bnpo, dapo, cispo, vespo  Σ L / Σ v   (bnpo's per-micro-batch token mean, pooled over the step)
     dr_grpo            Σ L / (sequences · max_completion_length)   (null if that is unset)
     luspo              mean over sequences of Σ_t L
 
@@ -61,7 +63,9 @@ from grpolens.functional.rollout_is import ISConfig, loss_weights
 
 #: Loss types that average each sequence's tokens first, then the sequences.
 #: Loss types normalised by a (global) token count.
-TOKEN_MEAN_LOSSES = ("bnpo", "dapo", "cispo")
+TOKEN_MEAN_LOSSES = ("bnpo", "dapo", "cispo", "vespo")
+#: VESPO's sequence weight: TRL clamps the summed log-ratio to [ln 1e-8, 20] (``get_gamma_weights``)
+_VESPO_LOG_MIN = float(np.log(1e-8))
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -89,10 +93,12 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
         elif lt == "sapo":
             tau = np.where(a > 0, cfg["sapo_temperature_pos"], cfg["sapo_temperature_neg"])
             L = -(4.0 / tau) * _sigmoid(tau * (c - 1.0)) * a
+        elif lt == "vespo":
+            L = -b.broadcast(vespo_phi(b, cfg)) * a * np.where(v, b.logp, 0.0)
         else:  # config.check_config only lets known loss types through
             raise ValueError(f"loss_type {lt!r} has no loss formula")
         isc = ISConfig.from_cfg(cfg)
-        if isc.configured and b.has("rollout_logp"):  # the trainer's rollout IS correction, before + β·kl
+        if isc.configured and b.has("rollout_logp") and lt != "vespo":  # the trainer's rollout IS correction, before + β·kl
             w, keep = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
             v = v & keep
             L = np.where(v, L * w, 0.0)
@@ -105,10 +111,27 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
     return L, v
 
 
-@producer("loss", merge={"loss.sum": "sum", "loss.n": "sum"})
+def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:
+    """VESPO's gamma weight per sequence (TRL's ``get_gamma_weights``, no rollout IS term):
+    φ = exp(λ + k·ℓ − λ·e^ℓ), ℓ the sequence's Σ of clamp(logp − old, ±20) over its masked tokens
+    with both log-probs finite (TRL sums over the mask), clamped to [ln 1e-8, 20]; k, λ the ``vespo_*_pos`` values where the sequence's advantage is
+    >= 0, else ``vespo_*_neg`` (λ at least 1e-4); a non-finite φ is 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = b.mask & np.isfinite(b.logp) & np.isfinite(b.old)
+        d = np.where(v, np.clip(b.logp - b.old, -20.0, 20.0), 0.0)
+        ell = np.clip(b.seq_sum(d), _VESPO_LOG_MIN, 20.0)
+        pos = b.seq_first(b.adv) >= 0
+        k = np.where(pos, cfg["vespo_k_pos"], cfg["vespo_k_neg"])
+        lam = np.maximum(np.where(pos, cfg["vespo_lambda_pos"], cfg["vespo_lambda_neg"]), 1e-4)
+        phi = np.exp(lam + k * ell - lam * np.exp(ell))
+    return np.where(np.isfinite(phi), phi, 0.0)
+
+
+@producer("loss", merge={"loss.sum": "sum", "loss.n": "sum", "loss.phi": "sum", "loss.rows": "sum"})
 def _loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     L, v = per_token_loss(b, cfg)
-    return {"loss.sum": b.seq_sum(L), "loss.n": b.count(v)}
+    phi = vespo_phi(b, cfg) if cfg["loss_type"] == "vespo" else np.zeros(b.n_seq)
+    return {"loss.sum": b.seq_sum(L), "loss.n": b.count(v), "loss.phi": phi, "loss.rows": np.ones(b.n_seq)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +215,8 @@ def loss_value(sd, per_call: bool = False) -> float | None:
         return None  # the trainer added a KL term the run cannot reproduce
     if ISConfig.from_cfg(sd.cfg).configured and "rollout_logp" not in sd.present:
         return None  # the trainer weighted the loss by rollout IS weights the run cannot reproduce
+    if ISConfig.from_cfg(sd.cfg).configured and sd.cfg["loss_type"] == "vespo":
+        return None  # TRL folds its token IS ratios into VESPO's sequence weight: not reproduced
     s, n = sd.col("loss.sum"), sd.col("loss.n")
     if per_call:
         return per_call_loss(sd, s, n)
@@ -203,10 +228,10 @@ def loss_value(sd, per_call: bool = False) -> float | None:
 register(Metric(
     "loss", "loss",
     "The step's loss as its variant computes and normalises it: per-token L (PPO clip with delta; "
-    "CISPO −min(c, ε_high)·A·logp; SAPO soft gate) + β·k3 (× c if use_bias_correction_kl); grpo/"
-    "sapo/gspo: mean over sequences of their token mean; bnpo/dapo/cispo: Σ L / Σ tokens; dr_grpo: "
+    "CISPO −min(c, ε_high)·A·logp; SAPO soft gate; VESPO −φ·A·logp) + β·k3 (× c if use_bias_correction_kl); grpo/"
+    "sapo/gspo: mean over sequences of their token mean; bnpo/dapo/cispo/vespo: Σ L / Σ tokens; dr_grpo: "
     "Σ L / (sequences · max_completion_length); luspo: mean of per-sequence sums. trl: TRL's `loss` "
-    "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo: "
+    "(per-micro-batch returned loss summed over a rank's micro-batches, mean over ranks; dapo/cispo/vespo: "
     "÷ the tokens of the call's generation round (samples column `generation`, also for a round spanning "
     "optimizer steps; without it the step's tokens, exact when steps_per_generation = "
     "gradient_accumulation_steps); over a logging window the mean of the window's steps). With a rollout_is config (TRL: its vLLM "
@@ -214,10 +239,23 @@ register(Metric(
     "both profiles (null without rollout_logp). No entropy bonus.",
     kind="custom", fn=loss_value,
     config=("loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl",
-            "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg",
+            "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
+            "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
             "max_completion_length", "log_ratio_clamp", "rollout_is", "steps_per_generation",
             "gradient_accumulation_steps"),
     reads_samples=True,  # the samples' generation rounds (see _round_tokens)
+))
+
+
+register(Metric(
+    "loss/vespo_phi_mean", "loss",
+    "VESPO's gamma weight φ = exp(λ + k·ℓ − λ·e^ℓ) per sequence (ℓ: its Σ clamp(logp − old_logp, ±20) over "
+    "valid tokens, clamped to [ln 1e-8, 20]; k, λ = vespo_k/lambda_pos for A >= 0, else _neg), the mean over "
+    "every sequence, fully masked ones included (φ = 1 there). trl: per micro-batch slot over all ranks, then "
+    "the mean over slots (TRL's vespo/phi_seq_mean). Not with a rollout_is config (TRL folds its IS ratios in).",
+    kind="token_mean", num="loss.phi", den="loss.rows",
+    when=lambda cfg: cfg.get("loss_type") == "vespo" and not ISConfig.from_cfg(cfg).configured,
+    config=("loss_type", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
 ))
 
 

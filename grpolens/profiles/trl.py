@@ -76,6 +76,7 @@ NAMES = {
     "clip/high_max": "clip_ratio/high_max",
     "clip/cispo": "cispo_clip_ratio",
     "loss": "loss",
+    "loss/vespo_phi_mean": "vespo/phi_seq_mean",
     "rollout_is/applied/mean": "sampling/importance_sampling_ratio/mean",
     "rollout_is/applied/min": "sampling/importance_sampling_ratio/min",
     "rollout_is/applied/max": "sampling/importance_sampling_ratio/max",

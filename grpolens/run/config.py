@@ -20,7 +20,7 @@ from grpolens.functional.estimators import LOG_RATIO_BOUND
 
 _SMALLEST_WEIGHT = math.exp(-LOG_RATIO_BOUND)
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo", "luspo", "vespo")
 IS_LEVELS = ("token", "sequence", "sequence_token")
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -87,6 +87,8 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     _number(cfg, "temperature", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_pos", minimum=0.0, strict=True)
     _number(cfg, "sapo_temperature_neg", minimum=0.0, strict=True)
+    for k in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+        _number(cfg, k, minimum=0.0)
     _number(cfg, "entropy_coef", minimum=0.0, allow_none=True)
     _number(cfg, "log_ratio_clamp", minimum=0.0, strict=True, allow_none=True)
     lvl = cfg.get("importance_sampling_level")

@@ -127,6 +127,10 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "reward_weights": None,
     "sapo_temperature_pos": 1.0,
     "sapo_temperature_neg": 1.05,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
     "log_ratio_clamp": None,  # the loss clamps log(pi/pi_old) to +-this before exp (Twinkle, verl: 20)
     "rollout_is": None,  # {level, mode, lower, upper, veto_lower, veto_upper}
     "entropy_coef": 0.0,  # the loss subtracts entropy_coef * entropy per token (Twinkle's entropy bonus)

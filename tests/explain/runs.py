@@ -50,14 +50,16 @@ def random_step(rng: np.random.Generator, step: int, groups: int = 4, generation
 
 
 def write_run(path, steps: dict[int, list[Completion]], ranks: int = 1, micro_batches: int = 2,
-              config: dict | None = None, deal=None):
+              config: dict | None = None, deal=None, max_part_rows: int | None = None):
     """Write ``steps`` as a run; completion i of a step goes to rank ``deal(i) % ranks`` (round
     robin by default), and into that rank's loss calls in order."""
     from grpolens.capture.writer import ShardWriter
     from grpolens.run.format import Manifest
 
     man = Manifest(run_name="explain-test", world_size=ranks, config=dict(config or CONFIG))
-    writers = [ShardWriter(path, rank=r, world_size=ranks, manifest=man if r == 0 else None) for r in range(ranks)]
+    parts = {} if max_part_rows is None else {"max_part_rows": max_part_rows}
+    writers = [ShardWriter(path, rank=r, world_size=ranks, manifest=man if r == 0 else None, **parts)
+               for r in range(ranks)]
     for step, comps in sorted(steps.items()):
         mine = [[c for i, c in enumerate(comps) if (deal(i) if deal else i) % ranks == r] for r in range(ranks)]
         for r, w in enumerate(writers):

@@ -172,3 +172,35 @@ def test_samples_std_quantile_and_extremum_say_what_can_be_said(tmp_path):
     assert "sample" in explain(run, "reward/p50", 1).to_dict()["note"]
     mx = explain(run, "completions/length/max", 1).to_dict()
     assert mx["extremum"]["step"]["sample_id"] == 23 and mx["extremum"]["baseline"][0]["sample_id"] == 11
+
+
+def test_sequence_level_terms_use_sequence_dimensions_only(tmp_path):
+    # GSPO: the clip decision is per sequence (its geometric-mean ratio and mean advantage), so no
+    # token holds a term of its own: the explanation is over completions, token_id does not apply
+    from tests.explain.runs import random_step
+
+    rng = np.random.default_rng(4)
+    cfg = {"loss_type": "gspo", "epsilon": 0.01, "epsilon_high": 0.01, "beta": 0.0, "importance_sampling_level": "sequence"}
+    run = write_run(tmp_path / "r", {s: random_step(rng, s) for s in range(2)}, config=cfg)
+    e = explain(run, "clip/region", 1, by=["token_id", "completion", "group"])
+    d = e.to_dict()
+    assert d["units"] == "sequences" and "token_id" not in d["by"] and {"completion", "group"} <= set(d["by"])
+    assert any("token_id" in n for n in d["notes"])
+    for entries in d["by"].values():
+        assert sum(x["contribution"] for x in entries) == pytest.approx(d["delta"], rel=1e-9, abs=1e-15)
+
+
+def test_nonfinite_tokens_and_an_all_masked_step(tmp_path):
+    # a NaN log-prob and an infinite one are left out of kl/k3 (as the metric does); a step whose
+    # every token is masked has no kl/k3 at all: said in one line
+    lp = -1.0
+    a = _c(10, 0, [1, 2, 3], logp=[lp, float("nan"), lp], ref=[lp - 1, lp, lp])
+    a.logp[2] = -np.inf
+    masked = _c(11, 1, [1, 2], logp=[lp, lp], ref=[lp - 1, lp])
+    masked.mask[:] = False
+    run = write_run(tmp_path / "r", {0: [_c(9, 0, [1], logp=[lp], ref=[lp])], 1: [a], 2: [masked]}, micro_batches=1)
+    d = explain(run, "kl/k3", 1).to_dict()
+    assert d["value"] == pytest.approx(math.exp(-1) + 1 - 1) and d["by"]["token_id"][0]["key"] == 1
+    assert d["by"]["token_id"][0]["contribution"] == pytest.approx(d["delta"])
+    e = explain(run, "kl/k3", 2)
+    assert e.to_dict()["by"] == {} and "no value at step 2" in e.headline()

@@ -29,7 +29,8 @@ def _sums_to_delta(d: dict) -> None:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), mbs=st.integers(1, 3),
-       metric=st.sampled_from(["kl/k3", "kl/k1", "entropy", "clip/region", "policy/approx_kl", "kl/k3_loss_norm", "loss"]),
+       metric=st.sampled_from(["kl/k3", "kl/k1", "entropy", "clip/region", "policy/approx_kl", "kl/k3_loss_norm", "loss",
+                              "reward/mean", "completions/length/mean"]),
        profile=st.sampled_from(["grpolens", "trl", "xtuner", "verl"]))
 def test_every_dimension_sums_to_the_change(tmp_path_factory, seed, ranks, mbs, metric, profile):
     rng = np.random.default_rng(seed)
@@ -55,7 +56,9 @@ def test_splitting_ranks_and_loss_calls_changes_nothing(tmp_path, metric):
     rng = np.random.default_rng(7)
     steps = {s: random_step(rng, s) for s in range(2)}
     one = explain(write_run(tmp_path / "one", steps, ranks=1, micro_batches=1), metric, 1, top=1000).to_dict()
-    three = explain(write_run(tmp_path / "three", steps, ranks=3, micro_batches=2), metric, 1, top=1000).to_dict()
+    three = explain(write_run(tmp_path / "three", steps, ranks=3, micro_batches=2, max_part_rows=50), metric, 1,
+                    top=1000).to_dict()
+    assert len(list((tmp_path / "three" / "tokens" / "step=00000001").glob("*.parquet"))) > 3  # parts of ranks
     assert three["value"] == pytest.approx(one["value"], rel=1e-12)
     for dim in SPLIT_FREE:
         a = {e["key"]: e for e in one["by"][dim]}
@@ -68,3 +71,19 @@ def test_splitting_ranks_and_loss_calls_changes_nothing(tmp_path, metric):
                 else:
                     assert b[k][f] == pytest.approx(a[k][f], rel=1e-9, abs=1e-15), (dim, k, f)
     assert one["concentration"] == pytest.approx(three["concentration"], rel=1e-9)
+
+
+def test_every_step_of_the_real_trl_run(tmp_path):
+    """The bundled real TRL run: every step of its loss-side and reward metrics explains without an
+    error, each dimension summing to the change."""
+    from pathlib import Path
+
+    from grpolens.run import format as fmt
+
+    run = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
+    for metric in ("kl", "entropy", "clip_ratio/region_mean", "loss", "reward"):
+        steps = fmt.list_steps(run, fmt.SAMPLES if metric == "reward" else fmt.TOKENS)
+        for step in steps[1::3]:
+            d = explain(run, metric, step, profile="trl", top=3).to_dict()
+            if d.get("note") is None and d["delta"] is not None:
+                _sums_to_delta(d)

@@ -162,7 +162,7 @@ DEFAULT_CONFIGS: dict[str, list[str]] = {
 #: summary, 5), one per loss type TRL 1.16 has, plus GSPO, rounds within a step and vLLM-IS.
 WINDOW = ["--logging-steps", "3", "--max-steps", "5"]
 WINDOW_CONFIGS: dict[str, list[str]] = {
-    **{f"window_{lt}": ["--loss-type", lt, *WINDOW] for lt in ("grpo", "dapo", "dr_grpo", "bnpo", "sapo")},
+    **{f"window_{lt}": ["--loss-type", lt, *WINDOW] for lt in ("grpo", "dapo", "dr_grpo", "bnpo", "sapo", "vespo")},
     "window_cispo": ["--loss-type", "cispo", "--epsilon-high", "1.02", *WINDOW],
     "window_luspo": ["--loss-type", "luspo", "--importance-sampling-level", "sequence", "--epsilon", "0.01",
                      "--epsilon-high", "0.015", *WINDOW],

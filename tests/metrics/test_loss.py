@@ -8,7 +8,23 @@ from tests.refdata import approx, f32, random_calls, write_run
 
 DEFAULTS = {"epsilon": 0.2, "epsilon_high": None, "delta": None, "beta": 0.0, "use_bias_correction_kl": False,
             "importance_sampling_level": "token", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
-            "max_completion_length": None, "log_ratio_clamp": None}
+            "max_completion_length": None, "log_ratio_clamp": None,
+            "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
+
+
+def ref_vespo_phi(c, cfg):
+    """TRL 1.16's ``get_gamma_weights`` on one padded call, per row: ℓ = Σ_t clamp(logp − old, ±20)·M
+    clamped to [ln 1e-8, 20], (k, λ) by the row's advantage >= 0, φ = exp(λ + kℓ − λe^ℓ), NaN/inf → 0."""
+    cfg = {**DEFAULTS, **cfg}
+    with np.errstate(all="ignore"):
+        rv = c.mask & np.isfinite(c.logp) & np.isfinite(c.old)
+        ell = np.where(rv, np.clip(c.logp - c.old, -20, 20), 0.0).sum(1)
+        ell = np.clip(ell, np.log(1e-8), 20.0)
+        pos = c.advantages >= 0
+        k = np.where(pos, cfg["vespo_k_pos"], cfg["vespo_k_neg"])
+        lam = np.maximum(np.where(pos, cfg["vespo_lambda_pos"], cfg["vespo_lambda_neg"]), 1e-4)
+        phi = np.exp(lam + k * ell - lam * np.exp(ell))
+    return np.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def ref_is_weight(c, ris):
@@ -67,6 +83,8 @@ def ref_token_loss(c, cfg):
         elif lt == "sapo":
             tau = np.where(A > 0, cfg["sapo_temperature_pos"], cfg["sapo_temperature_neg"])
             L = -(4 / tau) / (1 + np.exp(-tau * (coef - 1))) * A
+        elif lt == "vespo":
+            L = -ref_vespo_phi(c, cfg)[:, None] * A * c.logp
         else:
             c1 = coef if cfg["delta"] is None else np.minimum(coef, cfg["delta"])
             c2 = np.clip(coef, 1 - eps_lo, 1 + eps_hi)
@@ -126,7 +144,7 @@ def ref_trl(calls, step, cfg):
                 val = L.sum() / (B * cfg["max_completion_length"]) / G
             elif lt == "luspo":
                 val = np.mean(L.sum(1)) / G
-            else:  # dapo, cispo
+            else:  # dapo, cispo, vespo
                 val = L.sum() / (max(N, 1) / len(ranks))
             total += val
         per_rank.append(total)
@@ -149,6 +167,9 @@ CASES = [
     {"loss_type": "luspo", "beta": 0.04},
     {"loss_type": "grpo", "log_ratio_clamp": 0.3, "importance_sampling_level": "sequence"},
     {"loss_type": "dapo", "importance_sampling_level": "sequence_token", "delta": 1.2},
+    {"loss_type": "vespo"},
+    {"loss_type": "vespo", "beta": 0.04, "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 4.0,
+     "vespo_lambda_neg": 0.0},
 ]
 
 
@@ -595,3 +616,40 @@ def test_trl_token_count_of_rounds_straddling_steps_with_ids_beyond_float_precis
     for step in range(4):
         total = sum(ref_token_loss(c, cfg)[0].sum() for c in calls if c.step == step)
         assert approx(trl.filter(trl["step"] == step)["loss"][0], 4 / 2 * total / n_round[step // 2]), step
+
+
+@pytest.mark.parametrize("cfg", [{"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_k_neg": 0.5, "vespo_lambda_pos": 1.0}])
+def test_vespo_phi_mean(tmp_path, cfg):
+    """TRL's ``vespo/phi_seq_mean``: per micro-batch slot Σ φ over every row of every rank (fully
+    masked rows count, with φ = 1) ÷ the rows, then the mean over the step's slots; the canonical
+    value is the mean over all the step's sequences."""
+    rng = np.random.default_rng(8)
+    calls = random_calls(rng, nonfinite=0.05, spread=0.6, batch=5, max_len=12)
+    calls[0].mask[1] = False  # a fully masked row
+    run = write_run(tmp_path / "run", calls, config=cfg)
+    got = grpolens.recompute(run, write=False)
+    trl = grpolens.recompute(run, profile="trl", write=False, per_step=True)
+    for step in (0, 1):
+        cs = [c for c in calls if c.step == step]
+        phis = [ref_vespo_phi(c, cfg) for c in cs]
+        assert approx(got.filter(got["step"] == step)["loss/vespo_phi_mean"][0], np.mean(np.concatenate(phis)), rel=1e-12)
+        slots = sorted({c.micro_batch for c in cs})
+        per_slot = [np.concatenate([p for c, p in zip(cs, phis) if c.micro_batch == m]).mean() for m in slots]
+        assert approx(trl.filter(trl["step"] == step)["vespo/phi_seq_mean"][0], np.mean(per_slot), rel=1e-12)
+    assert ref_vespo_phi(calls[0], cfg)[1] == 1.0
+
+
+def test_vespo_hand_worked(tmp_path):
+    """One row, A = +1, log-ratios 0.2 and 0.1: ℓ = 0.3, φ = e^(3 + 2·0.3 − 3·e^0.3)."""
+    from tests.refdata import LossCall
+
+    logp = f32(np.array([[-1.0, -2.0]]))
+    old = f32(logp - np.array([[0.2, 0.1]]))
+    c = LossCall(0, 0, 0, np.array([0]), np.array([2]), logp, np.ones((1, 2), bool), np.array([1.0]), old=old)
+    run = write_run(tmp_path / "run", [c], config={"loss_type": "vespo"})
+    row = grpolens.recompute(run, write=False).row(0, named=True)
+    ell = float((logp - old).sum())
+    phi = np.exp(3 + 2 * ell - 3 * np.exp(ell))
+    assert abs(ell - 0.3) < 1e-6
+    assert approx(row["loss/vespo_phi_mean"], phi, rel=1e-12)
+    assert approx(row["loss"], -phi * float(logp.sum()) / 2, rel=1e-12)  # Σ −φ·A·logp / 2 tokens

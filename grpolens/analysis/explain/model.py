@@ -9,6 +9,8 @@ from grpolens.text import printable
 
 #: Dimension whose top keys the headline names, in order of preference.
 HEADLINE_DIMS = ("token_id", "group", "completion")
+#: below this share for the top key of every headline dimension, a change is called spread
+SPREAD = 0.1
 
 
 @dataclass
@@ -78,7 +80,14 @@ class Explanation:
             if entries:
                 parts = [_phrase(dim, e, self.step) for e in entries[:k]]
                 break
-        return f"{head}: {'; '.join(parts)}" if parts else head
+        if not parts:
+            return head
+        tops = [abs(e["share"]) for d in HEADLINE_DIMS for e in self.by.get(d, [])[:1]
+                if e["key"] != "other" and e.get("share") is not None]
+        if tops and max(tops) < SPREAD:
+            # no token id, prompt or completion stands out: say so before the largest ones
+            return f"{head}: spread, no token id, prompt or completion above {SPREAD:.0%}; largest: {'; '.join(parts)}"
+        return f"{head}: {'; '.join(parts)}"
 
 
 def _phrase(dim: str, e: dict[str, Any], step: int) -> str:

@@ -21,7 +21,7 @@ def _num(v) -> str:
 
 
 def _pct(v) -> str:
-    return "" if v is None else f"{100 * v:.1f} %"
+    return "" if v is None else f"{100 * v + 0.0:.1f} %" if abs(v) >= 0.0005 else "0.0 %"
 
 
 def render(e: Explanation, console) -> None:
