@@ -33,6 +33,7 @@ ENTRY_POINT_GROUP = "grpolens.plugins"
 BUILTIN_VISITORS = (
     "grpolens.analysis.drilldown",  # the top-tokens visitor
     "grpolens.analysis.sidecars",  # the completions-table visitor
+    "grpolens.analysis.is_weights",  # the IS-weight histograms (is_hist.parquet)
 )
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpolens.functional import estimators as est
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.clip import PPO_CLIP_LOSSES
 from grpolens.metrics.partials import producer
@@ -118,8 +119,8 @@ def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:
     >= 0, else ``vespo_*_neg`` (λ at least 1e-4); a non-finite φ is 0."""
     with np.errstate(invalid="ignore", over="ignore"):
         v = b.mask & np.isfinite(b.logp) & np.isfinite(b.old)
-        d = np.where(v, np.clip(b.logp - b.old, -20.0, 20.0), 0.0)
-        ell = np.clip(b.seq_sum(d), _VESPO_LOG_MIN, 20.0)
+        d = np.where(v, est.clip_log_ratio(b.logp - b.old), 0.0)
+        ell = np.clip(b.seq_sum(d), _VESPO_LOG_MIN, est.LOG_RATIO_BOUND)
         pos = b.seq_first(b.adv) >= 0
         k = np.where(pos, cfg["vespo_k_pos"], cfg["vespo_k_neg"])
         lam = np.maximum(np.where(pos, cfg["vespo_lambda_pos"], cfg["vespo_lambda_neg"]), 1e-4)

@@ -33,12 +33,12 @@ def default_runs(runs: RunSet) -> list[str]:
 
 
 def header(runs: RunSet) -> html.Header:
-    from grpolens.serve.pages import all_pages
+    from grpolens.serve.pages import nav_order
 
     selected = default_runs(runs)
     return html.Header([
         html.Span("grpolens", className="brand"),
-        html.Nav([dcc.Link(p.label, href=p.path, id=f"nav-{p.id}", className="nav-link") for p in all_pages()],
+        html.Nav([dcc.Link(p.label, href=p.path, id=f"nav-{p.id}", className="nav-link") for p in nav_order(runs)],
                  className="nav"),
         html.Div(dcc.Dropdown(id="runs", options=run_options(runs), value=selected, multi=True,
                               placeholder="runs", clearable=False), className="run-select"),

@@ -611,3 +611,32 @@ def test_why_panel(server, browser):
     assert parse_qs(urlparse(browser.current_url).query)["why"] == ["kl/k3"]  # the panel stays open
     assert not [e.text for e in css(browser, ".error") if e.is_displayed()]
     assert severe_logs(browser) == []
+
+
+def test_findings_page(server, browser):
+    """The runs have planted pathologies: the Findings page leads the navigation bar (issue #31);
+    a finding's links open its curve and the Why panel of its worst step."""
+    go(browser, server, "/")
+    nav = css(browser, ".nav .nav-link")
+    assert nav[0].text == "Findings"
+    nav[0].click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/findings", what="the Findings page")
+    wait(browser, lambda d: css(d, "#find-list .finding"), what="finding cards")
+    wait(browser, lambda d: len(css(d, "#find-detectors tbody tr")) > 3, what="the detectors")
+    card = css(browser, "#find-list .finding")[0]
+    assert "kl-spike" in card.text and "critical" in card.text.lower()
+    shot(browser, "findings")
+    card.find_elements("css selector", ".find-why")[0].click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/tokens", what="the Tokens page")
+    q = parse_qs(urlparse(browser.current_url).query)
+    assert q["why"] == ["kl/k3"] and q["step"] == ["9"] and q["run"] == ["alpha"]
+    wait(browser, lambda d: css(d, "#why-headline") and "kl/k3" in css(d, "#why-headline")[0].text,
+         what="the Why panel")
+    browser.back()
+    wait(browser, lambda d: css(d, "#find-list .finding"), what="finding cards again")
+    css(browser, "#find-list .finding")[0].find_elements("css selector", ".find-link")[0].click()
+    wait(browser, lambda d: urlparse(d.current_url).path == "/policy", what="the kl/k3 curve")
+    wait(browser, lambda d: visible_graphs(d, "policy"), what="its curves")
+    assert parse_qs(urlparse(browser.current_url).query)["filter"] == ["kl/k3"]
+    assert not [e.text for e in css(browser, ".error") if e.is_displayed()]
+    assert severe_logs(browser) == []

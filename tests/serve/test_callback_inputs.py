@@ -59,6 +59,7 @@ def _outputs(spec: str) -> list[dict]:
 def _page_for(cb) -> str:
     ids = " ".join(str(d["id"]) for d in cb["inputs"] + cb["state"]) + " " + cb["output"]
     for key, path in (("tok-", "/tokens"), ("comp-", "/completions"), ("cmp-", "/compare"), ("runs-table", "/runs"),
+                      ("find-", "/findings"),
                       ("mismatch", "/mismatch"), ("policy-graphs", "/policy"), ("rewards-graphs", "/rewards"),
                       ("panel-log", "/policy")):
         if key in ids:

@@ -44,7 +44,7 @@ def test_catalogue_is_consistent():
     assert dict(urlstate.GROUP_OF_PATH) == {p.path: p.group for p in every}
     assert set(urlstate.KEYS) == {p.group for p in every}
     assert set(pages.csv_builders()) == {"runs", "curve", "band", "is_hist", "is_step", "sweep", "tokens",
-                                         "completion", "completions", "compare", "delta"}
+                                         "completion", "completions", "compare", "delta", "findings"}
 
 
 def test_layout_has_a_container_and_a_link_per_page(runset):
@@ -54,7 +54,8 @@ def test_layout_has_a_container_and_a_link_per_page(runset):
         assert f"page-{p.id}" in ids and f"nav-{p.id}" in ids, p.path
     nav = next(c for c in walk(app.layout) if isinstance(c, html.Nav))
     assert all(isinstance(c, dcc.Link) for c in nav.children)
-    assert [(c.href, c.children) for c in nav.children] == [(p.path, p.label) for p in pages.all_pages()]
+    assert [(c.href, c.children) for c in nav.children] == [(p.path, p.label) for p in pages.nav_order(runset)]
+    assert sorted(c.href for c in nav.children) == sorted(p.path for p in pages.all_pages())
 
 
 @pytest.fixture

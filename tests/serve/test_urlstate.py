@@ -133,7 +133,7 @@ def test_docs_list_every_key():
         if len(cells) == 2 and cells[0] not in ("page", "---"):
             rows[cells[0]] = set(re.findall(r"`([a-z]+)`", re.sub(r"\([^)]*\)", "", cells[1])))  # values in ()
     groups = {"Overview, Policy, Mismatch, Rewards, Health": "curves", "Tokens": "tokens", "Completions": "completions",
-              "Compare": "compare", "Runs": "runs"}
+              "Compare": "compare", "Runs": "runs", "Findings": "findings"}
     assert set(rows) == set(groups)
     for label, group in groups.items():
         assert rows[label] == set(urlstate.KEYS[group]), label

@@ -6,15 +6,14 @@ filters, partials, the canonical summary); this package runs them on a batch and
 ``inputs``     δ, the valid tokens and the IS partials of a batch, computed once per batch
 ``producers``  the per-sequence partials (IS, and the mismatch KL / perplexities / χ²)
 ``summary``    the canonical step summary and the mismatch summary the profiles' own summaries reuse
-``visitors``   per-step pieces besides the partials: δ quantiles, rejection-filter partials, the
-               IS-weight histograms (``is_hist.parquet``)
+``visitors``   per-step pieces besides the partials: δ quantiles, rejection-filter partials
 ``offset``     the constant train–rollout offset: its thresholds and ``recompute``'s note
 ``catalogue``  the metrics, their docs, the family and its ``grpolens check`` rules
 
 Each trainer's own summary is in its profile (``rollout_is_summary`` of
 ``grpolens/profiles/xtuner.py`` and ``trl.py``; verl's, which its actor family shares, in
-:mod:`grpolens.metrics.verl_rollout_corr`); the ``--is-weights`` writer in
-:mod:`grpolens.analysis.is_weights`.
+:mod:`grpolens.metrics.verl_rollout_corr`); the outputs it writes (``is_hist.parquet``,
+``--is-weights``) in :mod:`grpolens.analysis.is_weights`.
 
 Aggregation per profile (names change, and the grouping each trainer uses; never a formula):
 
@@ -37,12 +36,11 @@ from grpolens.metrics.rollout_is.offset import OFFSET_MIN_AGREEMENT, OFFSET_MIN_
 from grpolens.metrics.rollout_is.producers import MM_MERGE, _mismatch_partials
 from grpolens.metrics.rollout_is.summary import (canonical_summary, mismatch_rows, mismatch_summary, step_summary, step_rows,
                                                sub_rows)
-from grpolens.metrics.rollout_is.visitors import HIST_EDGES, DeltaQuantiles, ISHistogram, RSPartials, hist_frame, rs_summary
+from grpolens.metrics.rollout_is.visitors import DeltaQuantiles, RSPartials, rs_summary
 
 __all__ = [
     "IS_METRICS", "MISMATCH_METRICS", "RS_STATS", "RULES", "WHEN", "DELTA_VISITOR", "FAMILY", "REQ", "RS_VISITOR",
     "batch_inputs", "batch_partials", "batch_token_weights", "batch_valid_weights", "OFFSET_MIN_AGREEMENT",
     "OFFSET_MIN_NATS", "offset_notes", "MM_MERGE", "_mismatch_partials", "canonical_summary", "mismatch_rows",
-    "mismatch_summary", "step_summary", "step_rows", "sub_rows", "HIST_EDGES", "DeltaQuantiles", "ISHistogram",
-    "RSPartials", "hist_frame", "rs_summary",
+    "mismatch_summary", "step_summary", "step_rows", "sub_rows", "DeltaQuantiles", "RSPartials", "rs_summary",
 ]

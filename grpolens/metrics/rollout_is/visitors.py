@@ -1,30 +1,23 @@
 """Per-step visitors of the rollout-IS family: what one pass over the tokens gives besides the
 per-sequence partials.
 
-Feeding the family's metrics: the exact δ quantiles (:class:`DeltaQuantiles`) and verl's
-rejection-filter partials (:class:`RSPartials`). Writing an output: the IS-weight histograms
-(``RUN/grpolens/is_hist.parquet``, :class:`ISHistogram`). The ``--is-weights`` writer is
-:mod:`grpolens.analysis.is_weights`.
+The exact δ quantiles (:class:`DeltaQuantiles`) and verl's rejection-filter partials
+(:class:`RSPartials`), both read by the family's metrics. The visitors that write outputs (the
+IS-weight histograms, the ``--is-weights`` files) are in :mod:`grpolens.analysis.is_weights`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import polars as pl
 
 from grpolens.functional import rollout_is as ris
 from grpolens.functional.histogram import LogHistogram
-from grpolens.functional.estimators import LOG_RATIO_BOUND, clip_log_ratio
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
-from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs, batch_valid_weights
+from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs
 from grpolens.metrics.rollout_is.offset import OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS
-from grpolens.run.step_table import write_step_table
 
 
 class DeltaQuantiles(Visitor):
@@ -61,67 +54,6 @@ class DeltaQuantiles(Visitor):
 @visitor(DELTA_VISITOR, families=(FAMILY,))
 def _delta_visitor(cfg: dict) -> DeltaQuantiles:
     return DeltaQuantiles()
-
-
-#: Histogram bins on δ = ln w: 0.1-decade log-spaced |δ| from 1e-6 to the ±20 safety bound, both
-#: signs, plus one centre bin (−1e-6, 1e-6): bf16 noise (~1e-3) and catastrophic tails both resolve.
-_HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(LOG_RATIO_BOUND), 0.1), LOG_RATIO_BOUND))
-HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
-
-
-def histogram(log_w: np.ndarray) -> np.ndarray:
-    x = clip_log_ratio(log_w)
-    return np.histogram(x, bins=HIST_EDGES)[0].astype(np.int64)
-
-
-@dataclass
-class ISHistogram(Visitor):
-    """Per-step histograms of the token raw weight e^δ and of the applied weight at the configured
-    level (zero weights counted apart); written to ``is_hist.parquet`` by every recompute."""
-
-    c: ISConfig
-    name: str = "rollout_is.hist"
-    collect: bool = True
-
-    def shard(self, b: TokenBatch, shard) -> dict | None:
-        if not b.has("rollout_logp"):
-            return None
-        x = batch_inputs(b)
-        a = batch_valid_weights(b, self.c)[1]
-        with np.errstate(divide="ignore"):
-            la = np.log(a[a > 0])
-        return {"raw": histogram(x.dv), "applied": histogram(la), "applied_zero": int((a == 0).sum())}
-
-    def combine(self, step: int, pieces: list) -> dict | None:
-        parts = [p for p in pieces if p is not None]
-        if not parts:
-            return None
-        return {k: sum(p[k] for p in parts) for k in parts[0]}
-
-    def at_step(self, step: int, h: dict | None, samples, run) -> pl.DataFrame | None:
-        return None if h is None else hist_frame(step, h)
-
-    def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
-        """``by_step``: each recomputed step's :meth:`at_step` table."""
-        write_step_table(out_dir / "is_hist.parquet", by_step, kept_steps, sort=["step", "kind", "lo"],
-                         schemas=getattr(by_step, "schemas", None))
-
-
-def hist_frame(step: int, h: dict) -> pl.DataFrame:
-    """Long format: step, kind (``raw``/``applied``), weight bin [lo, hi), count; applied zeros as [0, 0]."""
-    lo, hi = np.exp(HIST_EDGES[:-1]), np.exp(HIST_EDGES[1:])
-    nb = len(lo)
-    return pl.DataFrame({
-        "step": np.full(2 * nb + 1, step, dtype=np.int64),
-        "kind": ["raw"] * nb + ["applied"] * (nb + 1),
-        "lo": np.concatenate([lo, lo, [0.0]]), "hi": np.concatenate([hi, hi, [0.0]]),
-        "count": np.concatenate([h["raw"], h["applied"], [h["applied_zero"]]]).astype(np.int64),
-    })
-
-
-@visitor("rollout_is.hist")
-def _hist_visitor(cfg: dict) -> ISHistogram:
-    return ISHistogram(ISConfig.from_cfg(cfg))
 
 
 class RSPartials(Visitor):

@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Callable
 
 #: The page modules, in the navigation bar's order.
-PAGE_MODULES = ("runs", "curves", "tokens", "completions", "compare")
+PAGE_MODULES = ("runs", "curves", "tokens", "completions", "compare", "findings")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class Page:
     curve_controls: bool = False
     #: the curve page's name ("overview", or the registry's page); None for other pages
     curves: str | None = None
+    #: ``lead(runs) -> bool``: the page goes first in the navigation bar for these runs (the
+    #: Findings page when a run has a warning or critical finding)
+    lead: Callable | None = None
 
     @property
     def id(self) -> str:
@@ -60,6 +63,13 @@ def all_pages() -> tuple[Page, ...]:
     if dupes:
         raise ValueError(f"dashboard pages declared twice: {', '.join(dupes)}")
     return tuple(out)
+
+
+def nav_order(runs) -> list[Page]:
+    """The pages in the navigation bar's order for ``runs``: those that lead for them first."""
+    every = all_pages()
+    first = [p for p in every if p.lead is not None and p.lead(runs)]
+    return first + [p for p in every if p not in first]
 
 
 def by_path(path: str) -> Page | None:
