@@ -12,6 +12,8 @@ of ``policy_loss.loss_mode`` (``verl/trainer/ppo/core_algos.py``):
              pg_clipfrac = mm[L2 > L1]; ppo_kl from the unclamped d
     cispo    L = −clip(r, 1 − ε_l, 1 + ε_h)·A·logp;  pg_clipfrac = mm[r ≠ clip(r)]
     sapo     L = −(4/τ)·σ(τ(r − 1))·A, τ = tau_pos if A > 0 else tau_neg; aggregated seq-mean-token-mean
+    gpg      L = −A·logp; no metrics of its own (no pg_clipfrac, pg_clipfrac_lower, ppo_kl)
+    dro      L = −(A·logp − β/2·d²), β = policy_loss.dro_beta; ppo_kl from the unclamped d, no clip fractions
     ppo_kl = mm(−d) (d clamped except gspo);  L ×= w
 
 ``mm`` is verl's masked mean over the call, Σ x·m / (Σ m + 1e-8). Each call's loss terms are
@@ -200,8 +202,18 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             tau = np.where(A > 0, float(a.get("tau_pos", 1.0)), float(a.get("tau_neg", 1.05)))
             L = -(4.0 / tau) * _sigmoid(tau * (r - 1.0)) * A
             clip = np.zeros(b.n)
+        elif mode == "gpg":  # compute_policy_loss_gpg: −logp·A, no ratio, no metrics of its own
+            L = -A * np.where(m, b.logp, 0.0)
+            clip = np.zeros(b.n)
+        elif mode == "dro":  # compute_policy_loss_dro: −(logp·A − β/2·d²), ppo_kl unclamped
+            beta = (a.get("policy_loss") or {}).get("dro_beta")
+            if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not beta > 0:
+                raise _unsupported("policy_loss.dro_beta", beta, "a positive number (verl requires one for dro)")
+            L = -(np.where(m, b.logp, 0.0) * A - 0.5 * float(beta) * d * d)
+            clip = np.zeros(b.n)
+            kl_tok = -d
         else:
-            raise _unsupported("policy_loss.loss_mode", mode, "vanilla, gspo, cispo and sapo")
+            raise _unsupported("policy_loss.loss_mode", mode, "vanilla, gspo, cispo, sapo, gpg and dro")
         isc = ISConfig.from_cfg(cfg)
         if isc.configured and b.has("rollout_logp") and not by:
             w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
@@ -334,8 +346,12 @@ def _values(sd) -> dict[str, float]:
                               "loss": sum(acc["loss"]) / dp, "clip": np.mean(acc["clip"]),
                               "low": np.mean(acc["low"]), "ppo_kl": np.mean(acc["ppo_kl"])}
         mean = lambda k: float(np.mean([v[k] for v in per_mini.values()]))  # noqa: E731
-        out = {"pg_loss": mean("pg"), "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
-        if bypass_loss(sd.cfg) != "reinforce":  # verl's REINFORCE loss reports no clip fractions
+        out = {"pg_loss": mean("pg"), "loss": mean("loss")}
+        # the policy loss' own metrics: verl's REINFORCE and DRO report ppo_kl only, GPG nothing
+        pg_mode = "reinforce" if bypass_loss(sd.cfg) == "reinforce" else ("vanilla" if bypass(sd.cfg) else _mode(a))
+        if pg_mode != "gpg":
+            out["ppo_kl"] = mean("ppo_kl")
+        if pg_mode not in ("reinforce", "gpg", "dro"):
             out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
         if with_ent:
             out["entropy_loss"] = mean("ent")
