@@ -319,3 +319,64 @@ def test_ctrl_c_in_a_command_is_one_line_and_130(good, capsys, monkeypatch):
     monkeypatch.setattr(validate, "validate_run", interrupted)
     rc, err = cli(["validate", good], capsys)
     assert (rc, err) == (130, "error: interrupted")
+
+
+# -- class 10: numbers a tracker cannot take are said, not dropped -------------------------------
+def _source_with(tmp_path: Path, values: dict[str, list[float]]):
+    import math
+
+    import polars as pl
+
+    from grpolens.analysis.recompute import to_jsonl
+    from grpolens.export.base import ExportSource
+
+    df = pl.DataFrame({"step": [0, 1, 2], **values})
+    df.write_parquet(tmp_path / "metrics.parquet")
+    rows = [json_row for json_row in map(__import__("json").loads, to_jsonl(df).splitlines())]
+    assert all(math.isfinite(v) for r in rows for v in r.values())  # what metrics.jsonl holds
+    return ExportSource(tmp_path, "run", "grpolens", tmp_path, rows)
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow"])
+def test_an_infinite_metric_is_named_not_silently_dropped(tmp_path, tracker):
+    from grpolens.export import ExportOptions, export_run, exporter_class
+    from grpolens.export.base import describe_not_exported
+
+    pytest.importorskip(tracker)
+
+    source = _source_with(tmp_path, {"loss": [0.5, float("inf"), 0.25], "kl": [float("nan"), 0.1, -float("inf")],
+                                     "entropy": [1.0, 1.0, 1.0]})
+    options = ExportOptions(logdir=tmp_path / "tb", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    out = export_run(source, exporter_class(tracker)(source, options))
+    assert out["exported"] == 3
+    assert out["not_exported"] == [(0, "kl", pytest.approx(float("nan"), nan_ok=True)), (1, "loss", float("inf")),
+                                   (2, "kl", -float("inf"))]
+    line = describe_not_exported(out["not_exported"])
+    assert line == ("3 value(s) not exported, as trackers take finite numbers only: kl at step 0 (NaN), loss at step 1 "
+                    "(+inf), kl at step 2 (-inf) (grpolens recompute shows them)")
+    assert describe_not_exported(out["not_exported"], limit=2).endswith("loss at step 1 (+inf) and 1 more "
+                                                                        "(grpolens recompute shows them)")
+
+
+def test_a_finite_run_reports_nothing_missing(tmp_path):
+    source = _source_with(tmp_path, {"loss": [0.5, 1e308, -1e-308]})
+    assert source.nonfinite == []
+
+
+def test_no_pattern_reads_a_non_ascii_digit_as_a_number():
+    r"""``\d`` in a str pattern and ``str.isdigit()`` accept every Unicode digit, which ``int()``
+    then reads: a folder ``step=٠٠٠٠٠٠٠١`` was step 1. Names read from a run, a file or an option
+    are matched with ``[0-9]`` (or ``re.ASCII``), and isdigit() only after isascii()."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "grpolens"
+    bad = []
+    for p in sorted(root.rglob("*.py")):
+        if "serve" in p.relative_to(root).parts:  # the dashboard's (issue #28 item 8, its owner's)
+            continue
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"\\d", line) and "re.ASCII" not in line and "(?a)" not in line and not line.lstrip().startswith("#"):
+                bad.append(f"{p.relative_to(root)}:{n}")
+            if ".isdigit()" in line and ".isascii()" not in line:
+                bad.append(f"{p.relative_to(root)}:{n}")
+    assert not bad, bad

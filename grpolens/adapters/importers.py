@@ -44,7 +44,7 @@ _VERL_NOT_REWARDS = {"input", "output", "gts", "score", "step"}
 #: MaxEnt sidecar columns with a home in the samples table (the others are listed as dropped).
 _MAXENT_USED = {"step", "prompt_index", "completion_index", "group_size", "prompt", "completion", "reward_total",
                 "advantage"}
-_SIDECAR_RE = re.compile(r"^(?P<key>.+)_step_(?P<step>\d+)\.json$")
+_SIDECAR_RE = re.compile(r"^(?P<key>.+)_step_(?P<step>[0-9]+)\.json$")
 
 
 @dataclass
@@ -213,7 +213,7 @@ def read_verl_jsonl(src: Path) -> dict[int, list[dict[str, Any]]]:
         raise UserError(f"{src}: no *.jsonl files (verl writes <global_step>.jsonl into rollout_data_dir)")
     steps: dict[int, list[dict[str, Any]]] = {}
     for path in files:
-        name_step = int(path.stem) if path.stem.isdigit() else None
+        name_step = int(path.stem) if path.stem.isascii() and path.stem.isdigit() else None
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():

@@ -66,7 +66,7 @@ def parse_injection(spec: str | Injection) -> Injection:
     if isinstance(spec, Injection):
         return spec
     kind, sep, step = str(spec).partition("@")
-    if not sep or kind not in PATHOLOGIES or not step.isdigit():
+    if not sep or kind not in PATHOLOGIES or not (step.isascii() and step.isdigit()):
         raise UserError(f"--inject {spec!r}: expected KIND@STEP with KIND one of {', '.join(PATHOLOGIES)}")
     return Injection(kind, int(step))
 

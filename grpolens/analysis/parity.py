@@ -98,7 +98,7 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
 
 
 #: OpenRLHF's console line per global step (``PPOTrainer.fit``: ``✨ Global step N: {status}``)
-_OPENRLHF_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$", re.MULTILINE)
+_OPENRLHF_LINE = re.compile(r"Global step ([0-9]+): (\{.*\})\s*$", re.MULTILINE)
 
 
 def _openrlhf_status(line: str, path, i: int) -> dict | None:

@@ -90,6 +90,10 @@ def export_cmd(
     exporter = cls(source, options)
     with progress_bar(console, f"export to {to}", enabled=not quiet) as tick:
         out = export_run(source, exporter, progress=tick)
+    if out["not_exported"]:  # said even with --quiet: a number is missing from the tracker
+        from grpolens.export.base import describe_not_exported
+
+        console.print(f"warning: {describe_not_exported(out['not_exported'])}", highlight=False, markup=False)
     if not quiet:
         tabs = f"; tables: {', '.join(out['tables'])}" if out["tables"] else ""
         console.print(f"{out['exported']} step(s) exported, {out['skipped']} already there{tabs} -> {out['where']}",

@@ -41,6 +41,25 @@ class ExportSource:
     variant: str | None = None  # the what-if variant's key (grpolens.run.variants), None for the run's own metrics
 
     @property
+    def nonfinite(self) -> list[tuple[int, str, float]]:
+        """``(step, metric, value)`` of every NaN or infinite metric value: ``metrics.jsonl`` (what
+        is exported) leaves them out, and no tracker takes them alike (TensorBoard and W&B store
+        them, MLflow and trackio refuse or drop them), so none exports them and the export says so."""
+        import polars as pl
+
+        path = self.out_dir / "metrics.parquet"
+        if not path.is_file():
+            return []
+        df = pl.read_parquet(path)
+        out = []
+        for c in df.columns:
+            if c == "step" or not df.schema[c].is_float():
+                continue
+            bad = df.filter(pl.col(c).is_nan() | pl.col(c).is_infinite())
+            out += [(int(st), c, float(v)) for st, v in zip(bad["step"], bad[c])]
+        return sorted(out)
+
+    @property
     def key(self) -> str:
         """A stable id of this run, profile (and variant): the same destination run on every re-export."""
         what = f"{self.where}|{self.profile}" + (f"|{self.variant}" if self.variant else "")
@@ -183,4 +202,15 @@ def export_run(source: ExportSource, exporter: Exporter, progress: Callable[[int
             exporter.log_table(explanations.NAME, df)
             tables.append(explanations.NAME)
     where = exporter.finish()
-    return {"exported": len(todo), "skipped": len(source.rows) - len(todo), "tables": tables, "where": where}
+    new = {int(r["step"]) for r in todo}
+    not_exported = [x for x in source.nonfinite if x[0] in new]
+    return {"exported": len(todo), "skipped": len(source.rows) - len(todo), "tables": tables, "where": where,
+            "not_exported": not_exported}
+
+
+def describe_not_exported(values: list[tuple[int, str, float]], limit: int = 5) -> str:
+    """One line naming the values an export left out (NaN or infinite), the first ``limit`` of them."""
+    shown = ", ".join(f"{m} at step {st} ({'NaN' if v != v else f'{v:+}'})" for st, m, v in values[:limit])
+    more = f" and {len(values) - limit:,} more" if len(values) > limit else ""
+    return (f"{len(values):,} value(s) not exported, as trackers take finite numbers only: {shown}{more} "
+            f"(grpolens recompute shows them)")

@@ -88,7 +88,7 @@ def _check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
 
     hostport = address.removeprefix("ray://")
     host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit() or "/" in hostport:
+    if not sep or not (port.isascii() and port.isdigit()) or "/" in hostport:
         return
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):

@@ -121,7 +121,7 @@ def parse_version(text: Any) -> tuple[int, ...] | None:
     """``"1.8.0"`` -> (1, 8, 0); ``"1.10.0.dev0"`` -> (1, 10, 0); None when unreadable."""
     if not isinstance(text, str):
         return None
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    m = re.match(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?", text.strip())
     return tuple(int(x) for x in m.groups(default="0")) if m else None
 
 

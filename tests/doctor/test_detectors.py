@@ -96,3 +96,21 @@ def test_flat_noise_is_silent(det, seed):
             "completions/length/mean": noise(n, 120, 0.05, seed + 5), "completions/truncated_frac": noise(n, 0.04, 0.3, seed),
             "reward/mean": noise(n, 0.5, 0.1, seed + 6), "rewards/a/mean": noise(n, 0.3, 0.1, seed + 7)}
     assert run(det, ctx(cols)) == []
+
+
+def test_reward_hacking_by_entropy_halving_at_the_rewards_jump():
+    r = np.r_[noise(20, 0.5, 0.05, 3), noise(20, 0.9, 0.05, 4)]
+    locked = np.r_[noise(20, 0.8, 0.03, 5), noise(20, 0.25, 0.03, 6)]
+    (f,) = run("reward-hacking", ctx({"reward/mean": r, "entropy": locked}))
+    assert f.steps[0] == 20 and "entropy fell" in f.summary
+    # the same jump with a healthy, gradual entropy decay: nothing diverges
+    decay = 0.8 * np.exp(-np.arange(40) / 80) * (1 + 0.02 * np.random.default_rng(7).standard_normal(40))
+    assert run("reward-hacking", ctx({"reward/mean": r, "entropy": decay})) == []
+
+
+def test_reward_hacking_by_a_falling_component():
+    r = np.r_[noise(20, 0.5, 0.05, 8), noise(20, 0.9, 0.05, 9)]
+    judge = np.r_[noise(20, 0.2, 0.05, 10), noise(20, 0.7, 0.05, 11)]
+    correct = np.r_[noise(20, 0.6, 0.05, 12), noise(20, 0.3, 0.05, 13)]
+    (f,) = run("reward-hacking", ctx({"reward/mean": r, "rewards/judge/mean": judge, "rewards/correct/mean": correct}))
+    assert "rewards/correct/mean fell" in f.summary and f.steps[0] == 20

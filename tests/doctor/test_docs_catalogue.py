@@ -10,7 +10,8 @@ from grpolens.analysis.doctor import load_detectors
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
 QUOTED = re.compile(r"`(\w+)\.([A-Z_]+) = ([^`]+)`")
-MODULES = {"signals": "grpolens.analysis.doctor.signals", "context": "grpolens.analysis.doctor.context"}
+MODULES = {"signals": "grpolens.analysis.doctor.signals", "context": "grpolens.analysis.doctor.context",
+           "diagnose": "grpolens.analysis.doctor.diagnose"}
 
 
 def test_every_detector_has_a_catalogue_row():

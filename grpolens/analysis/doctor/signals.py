@@ -14,6 +14,8 @@ from grpolens.analysis.doctor import stats
 TREND_ALPHA = 0.01
 #: a change point is moved to the first value this many robust standard deviations beyond the earlier level
 BAND = 3.0
+#: sharpness compares the medians of this many values on each side of the onset with the two levels
+SHARP_WINDOW = 5
 #: a shift is held when this share of the values after it lie beyond the midpoint of the two levels
 HELD = 0.8
 
@@ -24,6 +26,7 @@ class Shift:
     before: float  # median level before
     after: float  # median level from the onset on
     held: float  # share of the later values beyond the midpoint
+    sharpness: float  # how much of the move happens across the onset: 1 for a step, near 0 for a slow trend
 
     @property
     def ratio(self) -> float:
@@ -46,7 +49,9 @@ def shift(x: np.ndarray, y: np.ndarray, *, up: bool = True, log: bool = False, m
     held = float(np.mean(later > mid) if up else np.mean(later < mid))
     if held < HELD:
         return None
-    return Shift(int(x[k]), before, after, held)
+    w = min(SHARP_WINDOW, k, len(y) - k)
+    sharp = (float(np.median(y[k:k + w])) - float(np.median(y[k - w:k]))) / (after - before)
+    return Shift(int(x[k]), before, after, held, sharp)
 
 
 def _refine(t: np.ndarray, k: int, direction: int, min_size: int) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from grpolens.metrics.engine import Visitor
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.partials import PRODUCERS, merge_rules
 from grpolens.metrics.reduce import StepData
@@ -49,7 +50,7 @@ def token_terms(b: TokenBatch, cfg: dict, families: frozenset[str]) -> dict[str,
     return out
 
 
-class TokenTermsVisitor:
+class TokenTermsVisitor(Visitor):
     """A visitor of the engine's pass (:mod:`grpolens.metrics.engine`): each shard's
     :func:`token_terms`, concatenated per step."""
 

@@ -42,7 +42,7 @@ COMPLETIONS_FILE = "completions.parquet"
 SIDECAR_DIR = "rich_completions"
 DEFAULT_KEY = "rich_completions"
 Q_COLUMN = "q_mass"
-_STEP_FILE = re.compile(r"_step_(\d+)\.json$")
+_STEP_FILE = re.compile(r"_step_([0-9]+)\.json$")
 
 
 # ---------------------------------------------------------------------------------------------
