@@ -138,6 +138,10 @@ CASES = [
     Case("dro_seq_mean_token_mean_kl_dp2", actor={"policy_loss": {"loss_mode": "dro", "dro_beta": 1.0},
                                                   "loss_agg_mode": "seq-mean-token-mean", "use_kl_loss": True},
          dp=2, mini_batches=2, seed=28, drift=0.3),
+    # GMPO (geo_mean): its defaults, then with token IS weights (their geometric mean per row) over two ranks
+    Case("geo_mean", actor={"policy_loss": {"loss_mode": "geo_mean"}}, seed=29, drift=0.3),
+    Case("geo_mean_tis_dp2_clip_high", actor={"policy_loss": {"loss_mode": "geo_mean"}, "clip_ratio_high": 0.28},
+         corr={**YAML_CORR, "rollout_is": "token"}, dp=2, mini_batches=2, seed=30, wild=0.3, drift=0.3),
     # bypass mode, ppo_clip: no IS weight in the loss, so the batch normalisation divides nothing
     Case("bypass_ppo_clip_tis_batch_normalize", corr={**YAML_CORR, "bypass_mode": True, "rollout_is": "token",
                                                       "rollout_is_batch_normalize": True},
