@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+from grpolens.errors import MAX_PARALLEL
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
 #: every exit status the command line returns (tests/test_doc_lists.py finds them in the code)
@@ -26,9 +28,11 @@ EXIT_STATUS = {
 #: every environment variable grpolens reads (tests/test_doc_lists.py finds them in the code); the
 #: first cell names them, the second says what they do and where the docs say more
 ENVIRONMENT = {
-    ("GRPOLENS_WORKERS",): "the default of `recompute --workers` (a whole number ≥ 1; "
+    ("GRPOLENS_WORKERS",): "the default of `recompute --workers` (a whole number from 1 to "
+                           f"{MAX_PARALLEL:,}; "
                            "[distributed.md](distributed.md))",
-    ("GRPOLENS_THREADS",): "threads that read a step's shards within one process (a whole number ≥ 1; "
+    ("GRPOLENS_THREADS",): "threads that read a step's shards within one process (a whole number from 1 to "
+                           f"{MAX_PARALLEL:,}; "
                            "[distributed.md](distributed.md))",
     ("GRPOLENS_INVALID_UTF8",): "`refuse` or `replace`: the default of `--invalid-utf8` (above)",
     ("GRPOLENS_INCOMPLETE",): "`skip` (the default) or `fail`: what every command does with a step a killed rank "

@@ -12,6 +12,10 @@ of ``policy_loss.loss_mode`` (``verl/trainer/ppo/core_algos.py``):
              pg_clipfrac = mm[L2 > L1]; ppo_kl from the unclamped d
     cispo    L = −clip(r, 1 − ε_l, 1 + ε_h)·A·logp;  pg_clipfrac = mm[r ≠ clip(r)]
     sapo     L = −(4/τ)·σ(τ(r − 1))·A, τ = tau_pos if A > 0 else tau_neg; aggregated seq-mean-token-mean
+    geo_mean ℓ = −Ā·exp(Σ_t sgn(A)·min(sgn(A)·d, sgn(A)·clip(d, −ε_l, ε_h))·m / (T + 1e-8)) per row, pg_loss the
+             mean over the call's rows (fully masked ones too); pg_clipfrac(_lower) = mm[d ≠ clip(d) ∧ A ≷ 0]
+    gpg      L = −A·logp; no metrics of its own (no pg_clipfrac, pg_clipfrac_lower, ppo_kl)
+    dro      L = −(A·logp − β/2·d²), β = policy_loss.dro_beta; ppo_kl from the unclamped d, no clip fractions
     ppo_kl = mm(−d) (d clamped except gspo);  L ×= w
 
 ``mm`` is verl's masked mean over the call, Σ x·m / (Σ m + 1e-8). Each call's loss terms are
@@ -61,7 +65,7 @@ from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, batch_in
 from grpolens.metrics.verl_rollout_corr import VERL_KEYS, verl_batch_summary, verl_summary
 
 _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
-         "va.kld_tm", "va.width", "va.old_n", "va.old_ent")
+         "va.kld_tm", "va.width", "va.old_n", "va.old_ent", "va.pg_row")
 _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
 
 
@@ -172,7 +176,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         eh = a.get("clip_ratio", 0.2) if eh is None else eh
         # bypass mode: ppo_clip is verl's vanilla loss whatever loss_mode says, reinforce its own
         mode = {"ppo_clip": "vanilla", "reinforce": "reinforce"}[bypass_loss(cfg)] if by else _mode(a)
-        low = np.zeros(b.n)
+        low = clip = np.zeros(b.n)
         kl_tok = -dc
         if mode == "vanilla":
             c3 = float(a.get("clip_ratio_c", 3.0))
@@ -184,7 +188,6 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             low = ((lc > l3) & (A < 0)).astype(np.float64)
         elif mode == "reinforce":  # compute_policy_loss_reinforce: no ratio, no clipping, ppo_kl unclamped
             L = -A * np.where(m, b.logp, 0.0)
-            clip = np.zeros(b.n)
             kl_tok = -d
         elif mode == "gspo":
             s = np.exp(np.minimum(b.broadcast(b.seq_sum(d) / np.maximum(n, 1.0)), 10.0))
@@ -199,10 +202,24 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         elif mode == "sapo":
             tau = np.where(A > 0, float(a.get("tau_pos", 1.0)), float(a.get("tau_neg", 1.05)))
             L = -(4.0 / tau) * _sigmoid(tau * (r - 1.0)) * A
-            clip = np.zeros(b.n)
+        elif mode == "gpg":  # compute_policy_loss_gpg: −logp·A, no ratio, no metrics of its own
+            L = -A * np.where(m, b.logp, 0.0)
+        elif mode == "dro":  # compute_policy_loss_dro: −(logp·A − β/2·d²), ppo_kl unclamped
+            beta = (a.get("policy_loss") or {}).get("dro_beta")
+            if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not beta > 0:
+                raise _unsupported("policy_loss.dro_beta", beta, "a positive number (verl requires one for dro)")
+            L = -(np.where(m, b.logp, 0.0) * A - 0.5 * float(beta) * d * d)
+            kl_tok = -d
+        elif mode == "geo_mean":  # compute_policy_loss_geo_mean (GMPO): one term per row, see _geo_mean_row
+            L = np.zeros(b.n)
+            clipped = (d != np.clip(d, -float(el), float(eh))) & m
+            clip = (clipped & (A > 0)).astype(np.float64)
+            low = (clipped & (A < 0)).astype(np.float64)
+            kl_tok = -d
         else:
-            raise _unsupported("policy_loss.loss_mode", mode, "vanilla, gspo, cispo and sapo")
+            raise _unsupported("policy_loss.loss_mode", mode, "vanilla, gspo, cispo, sapo, gpg, dro and geo_mean")
         isc = ISConfig.from_cfg(cfg)
+        w = None
         if isc.configured and b.has("rollout_logp") and not by:
             w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
             L = L * w
@@ -210,6 +227,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             # bypass reinforce: the loss' own IS weights, current policy against the rollout
             # (bypass ppo_clip applies none: its ratio is already against the rollout)
             L = L * loss_weights(_current(b), isc)[0]
+        row = _geo_mean_row(b, m, A, d, float(el), float(eh), w) if mode == "geo_mean" else np.zeros(b.n_seq)
         L = np.where(mp, L, 0.0)
         ent = np.where(m, b.cols["entropy"], 0.0) if b.has("entropy") else np.zeros(b.n)
         if b.has("ref_logp") and a.get("use_kl_loss"):
@@ -225,7 +243,21 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     return {"va.n": n, "va.n_pg": n_pg, "va.pg": pg, "va.pg_tm": tm(pg, n_pg), "va.clip": per(clip * mf),
             "va.clip_low": per(low * mf), "va.kl": per(np.where(mp, kl_tok, 0.0)), "va.ent": es, "va.ent_tm": tm(es), "va.kld": ks,
             "va.kld_tm": tm(ks), "va.width": b.lengths.astype(np.float64), "va.old_n": b.count(pre),
-            "va.old_ent": old_ent}
+            "va.old_ent": old_ent, "va.pg_row": row}
+
+
+def _geo_mean_row(b: TokenBatch, m: np.ndarray, A: np.ndarray, d: np.ndarray, el: float, eh: float,
+                  w: np.ndarray | None) -> np.ndarray:
+    """GMPO's term of each row (see the module doc; Ā the row's masked mean advantage), × the geometric
+    mean of its rollout IS weights exp(Σ_t ln(w + 1e-10)·m / (T + 1e-8)) when verl applies them."""
+    sg = np.sign(A)
+    dmin = sg * np.minimum(sg * d, sg * np.clip(d, -el, eh))
+    T = b.count(m)
+    ratio = np.exp(b.seq_sum(np.where(m, dmin, 0.0)) / (T + 1e-8))
+    row = -(b.seq_sum(A) / (T + 1e-8)) * ratio
+    if w is not None:
+        row = row * np.exp(b.seq_sum(np.where(m, np.log(w + 1e-10), 0.0)) / (T + 1e-8))
+    return row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +339,7 @@ def _values(sd) -> dict[str, float]:
         dp = len({c[0] for c in calls})
         G = _global_batch(a)
         sapo = _mode(a) == "sapo" and not bypass(sd.cfg)
+        geo = _mode(a) == "geo_mean" and not bypass(sd.cfg)
         with_ent = bool(a.get("calculate_entropy")) or float(a.get("entropy_coeff", 0.0) or 0.0) != 0.0
         with_kl = bool(a.get("use_kl_loss")) and "ref_logp" in sd.present
         ec, kc = float(a.get("entropy_coeff", 0.0) or 0.0), float(a.get("kl_loss_coef", 0.001))
@@ -317,7 +350,9 @@ def _values(sd) -> dict[str, float]:
             acc: dict[str, list] = {k: [] for k in ("pg", "ent", "kl", "clip", "low", "ppo_kl", "loss")}
             for r, u, _, idx in cs:
                 nt = sd.col("va.n_pg")[idx].sum()
-                if sapo:  # verl's SAPO always aggregates seq-mean-token-mean
+                if geo:  # verl's GMPO: the mean of its rows' terms, whatever loss_agg_mode says
+                    pg = float(sd.col("va.pg_row")[idx].sum() / len(idx))
+                elif sapo:  # verl's SAPO always aggregates seq-mean-token-mean
                     pg = float(sd.col("va.pg_tm")[idx].sum() / G * dp)
                 else:
                     pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G)
@@ -334,8 +369,12 @@ def _values(sd) -> dict[str, float]:
                               "loss": sum(acc["loss"]) / dp, "clip": np.mean(acc["clip"]),
                               "low": np.mean(acc["low"]), "ppo_kl": np.mean(acc["ppo_kl"])}
         mean = lambda k: float(np.mean([v[k] for v in per_mini.values()]))  # noqa: E731
-        out = {"pg_loss": mean("pg"), "ppo_kl": mean("ppo_kl"), "loss": mean("loss")}
-        if bypass_loss(sd.cfg) != "reinforce":  # verl's REINFORCE loss reports no clip fractions
+        out = {"pg_loss": mean("pg"), "loss": mean("loss")}
+        # the policy loss' own metrics: verl's REINFORCE and DRO report ppo_kl only, GPG nothing
+        pg_mode = "reinforce" if bypass_loss(sd.cfg) == "reinforce" else ("vanilla" if bypass(sd.cfg) else _mode(a))
+        if pg_mode != "gpg":
+            out["ppo_kl"] = mean("ppo_kl")
+        if pg_mode not in ("reinforce", "gpg", "dro"):
             out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
         if with_ent:
             out["entropy_loss"] = mean("ent")

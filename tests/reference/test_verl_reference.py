@@ -129,6 +129,19 @@ CASES = [
                 "clip_ratio_c": 1.5}, dp=2, mini_batches=2, seed=22, drift=0.5),
     # SAPO over two ranks, short responses (sequences of one token)
     Case("sapo_dp2_short_responses", actor={"policy_loss": {"loss_mode": "sapo"}}, dp=2, seed=23, width=4, drift=0.2),
+    # GPG (−logp·A, no metrics of its own) and DRO (quadratic log-ratio penalty, ppo_kl) at verl's
+    # defaults (DRO has none for dro_beta: verl requires one), then with rollout IS and over two ranks
+    Case("gpg", actor={"policy_loss": {"loss_mode": "gpg"}}, seed=25),
+    Case("gpg_tis_dp2_epochs2", actor={"policy_loss": {"loss_mode": "gpg"}, "ppo_epochs": 2},
+         corr={**YAML_CORR, "rollout_is": "token"}, dp=2, epochs=2, seed=26, wild=0.3),
+    Case("dro", actor={"policy_loss": {"loss_mode": "dro", "dro_beta": 0.1}}, seed=27, drift=0.3),
+    Case("dro_seq_mean_token_mean_kl_dp2", actor={"policy_loss": {"loss_mode": "dro", "dro_beta": 1.0},
+                                                  "loss_agg_mode": "seq-mean-token-mean", "use_kl_loss": True},
+         dp=2, mini_batches=2, seed=28, drift=0.3),
+    # GMPO (geo_mean): its defaults, then with token IS weights (their geometric mean per row) over two ranks
+    Case("geo_mean", actor={"policy_loss": {"loss_mode": "geo_mean"}}, seed=29, drift=0.3),
+    Case("geo_mean_tis_dp2_clip_high", actor={"policy_loss": {"loss_mode": "geo_mean"}, "clip_ratio_high": 0.28},
+         corr={**YAML_CORR, "rollout_is": "token"}, dp=2, mini_batches=2, seed=30, wild=0.3, drift=0.3),
     # bypass mode, ppo_clip: no IS weight in the loss, so the batch normalisation divides nothing
     Case("bypass_ppo_clip_tis_batch_normalize", corr={**YAML_CORR, "bypass_mode": True, "rollout_is": "token",
                                                       "rollout_is_batch_normalize": True},
