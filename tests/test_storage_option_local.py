@@ -19,12 +19,13 @@ COMMANDS = sorted(name for name, cmd in command().commands.items()
 def test_every_run_command_takes_the_option():
     # the list below must not silently shrink: a new RUN command shares the option
     assert {"validate", "recompute", "parity", "tokens", "completions", "sidecars", "check", "serve", "sweep",
-            "export"} <= set(COMMANDS)
+            "export", "explain", "doctor"} <= set(COMMANDS)
 
 
 def _args(name: str, run: Path) -> list[str]:
     extra = {"tokens": ["--step", "0"], "completions": ["--step", "0"], "export": ["--to", "tensorboard"],
-             "sweep": ["--param", "rollout_is.threshold=2"], "serve": ["--port", "8059"]}
+             "sweep": ["--param", "rollout_is.threshold=2"], "serve": ["--port", "8059"],
+             "explain": ["--metric", "kl", "--step", "1"]}
     return [name, str(run), *extra.get(name, [])]
 
 

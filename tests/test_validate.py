@@ -295,7 +295,7 @@ def test_unsorted_file(run):
 def test_unsorted_across_record_batches(run, monkeypatch, first):
     import grpolens.run.validate as v
 
-    monkeypatch.setattr(v, "_BATCH_ROWS", 5)
+    monkeypatch.setattr(v.validator, "_BATCH_ROWS", 5)
     _rewrite(run / TOK, lambda t: t.take(np.r_[np.arange(first), first + 1, first, np.arange(first + 2, t.num_rows)]))
     p = _only(validate_run(run))
     assert p.message == f"rows are not sorted by (micro_batch, sample_id, pos) as the writer promises " \
@@ -308,7 +308,7 @@ def test_problems_of_an_early_record_batch_are_counted_whatever_follows(run, mon
     4 rows: with batches of 4 rows they lie in the first of many batches, and count as in one batch."""
     import grpolens.run.validate as v
 
-    monkeypatch.setattr(v, "_BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(v.validator, "_BATCH_ROWS", batch_rows)
 
     def damage(t):
         t = t.take(np.r_[0, 0, np.arange(1, t.num_rows)])  # row 0 twice: still sorted, one duplicate
@@ -405,7 +405,7 @@ def test_an_orphan_id_cut_by_record_batches_is_counted_once(run, monkeypatch):
     """Token files are read in record batches: a sequence that spans two of them is one id."""
     from grpolens.run import validate
 
-    monkeypatch.setattr(validate, "_BATCH_ROWS", 7)  # smaller than a completion: every id is cut
+    monkeypatch.setattr(validate.validator, "_BATCH_ROWS", 7)  # smaller than a completion: every id is cut
     other = TOK.replace("rank=00000", "rank=00001")
     rows = sum(pq.ParquetFile(run / f).metadata.num_rows for f in (TOK, other))
     shutil.rmtree((run / SMP).parent)
@@ -807,7 +807,7 @@ def test_content_disagreeing_with_the_path_is_counted_over_record_batches(run, m
     first named."""
     import grpolens.run.validate as v
 
-    monkeypatch.setattr(v, "_BATCH_ROWS", 4)
+    monkeypatch.setattr(v.validator, "_BATCH_ROWS", 4)
 
     def steps(t):
         values = t["step"].to_pylist()
@@ -1075,7 +1075,7 @@ def test_invalid_utf8_names_its_row_counting_every_record_batch_before(run, monk
     """Batches of 2 rows: row 1 is in the first batch, row 5 in the third, after 4 rows."""
     import grpolens.run.validate as v
 
-    monkeypatch.setattr(v, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(v.validator, "_BATCH_ROWS", 2)
     monkeypatch.delenv("GRPOLENS_INVALID_UTF8", raising=False)
     _rewrite(run / SMP, lambda t: _not_utf8(t, "completion", bad_row))
     assert pq.ParquetFile(run / SMP).metadata.num_rows > bad_row
@@ -1089,7 +1089,7 @@ def test_invalid_utf8_in_several_record_batches_is_counted_over_all(run, monkeyp
     the first at row 1."""
     import grpolens.run.validate as v
 
-    monkeypatch.setattr(v, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(v.validator, "_BATCH_ROWS", 2)
     monkeypatch.delenv("GRPOLENS_INVALID_UTF8", raising=False)
     _rewrite(run / SMP, lambda t: _not_utf8(t, "completion", 1, 5))
     p = _only(validate_run(run))

@@ -19,7 +19,7 @@ def doctor_cmd(
     steps: Optional[str] = typer.Option(None, "--steps", help="Diagnose steps A:B only (inclusive; A: or :B open)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="info|warning|critical",
                                           help="Exit 1 when a finding of this severity or worse exists, else 0."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"run", "findings", "detectors"} as JSON (no tables).'),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the run, its findings and each detector's status (no tables)."),
     explain: bool = typer.Option(True, "--explain/--no-explain", help="Decompose each finding's worst step into "
                                  "tokens, completions and prompts (reads those steps' tokens)."),
     detector: List[str] = typer.Option([], "--detector", "-d", help="Run only this detector (repeatable)."),

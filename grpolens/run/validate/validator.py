@@ -1,206 +1,48 @@
-"""Check a run against the format contract and report every problem at once.
-
-:func:`validate_run` streams the run one Parquet file at a time, reading only the columns a check
-needs, in record batches, so its memory is bounded by one batch plus one integer per completion
-(the set of sample ids, for the tokens→samples join). Problems are *errors* (the run breaks the
-contract; analysis may be wrong or fail) or *warnings* (suspicious but analysable: non-finite
-log-probs, token rows without a samples row, leftover temporary files).
-
-Every other command reads a run only after :func:`check_before_reading`, which applies the same
-checks with the same messages at the cost of the Parquet footers: the manifest, the layout, each
-file's schema, and the row-group statistics (nulls, negative keys, step/rank against the path,
-positive log-probs, micro-batch ranges of part files). A file whose statistics are suspicious or
-absent gets the full row checks of ``grpolens validate``. What statistics cannot show -- the order
-and uniqueness of the keys within a tokens shard, and invalid UTF-8 in text -- is checked by the
-readers on the columns they hold in memory (:func:`key_order_problems`, :mod:`grpolens.run.text_columns`),
-with these same messages.
-"""
+"""``grpolens validate``: every check of the format, on every row (:func:`validate_run`)."""
 
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from grpolens.run import format as fmt
 from grpolens.run.format import absent_spans, describe_spans
-from grpolens.run.tree import tree_digest
 from grpolens.run.storage import StorageError as _StorageError
+from grpolens.run.validate.checks import (  # noqa: F401
+    ERROR,
+    WARNING,
+    _TMP_RE,
+    _FLOAT_TOKEN_COLUMNS,
+    _LOGP_COLUMNS,
+    _ORDER,
+    _TEXT_COLUMNS,
+    positive_logp_message,
+    NON_NEGATIVE,
+    NEGATIVE_MESSAGE,
+    too_long_message,
+    _count_below,
+    _count_above,
+    rejected_in_loss_message,
+    _count_rejected_in_loss,
+    unsorted_message,
+    duplicates_message,
+    _adjacent_order,
+    Problem,
+    Report,
+    _same_type,
+    _ints,
+    _non_null,
+    _NonFinite,
+    _count_duplicates,
+    _count_positive,
+)
 
-ERROR, WARNING = "error", "warning"
+
+#: Rows per record batch the row checks read (a test makes it small).
 _BATCH_ROWS = 1 << 20
-# what format.atomic_write_* leaves behind when killed; on object storage, a temporary key of an atomic upload
-_TMP_RE = re.compile(r"^(\..+\.tmp|\.grpolens-tmp-.+)$")
-_FLOAT_TOKEN_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy", "old_entropy")
-_LOGP_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp")
-#: A log-probability above this is an error (float32 log_softmax can round a near-certain token a
-#: hair above 0; +1e-3 is already a probability of 1.001).
-POSITIVE_LOGP_TOLERANCE = 1e-3
-_ORDER = ("micro_batch", "sample_id", "pos")
-_TEXT_COLUMNS = ("prompt", "completion")
-
-
-def positive_logp_message(n: int) -> str:
-    return (f"{n:,} positive log-probabilities (> {POSITIVE_LOGP_TOLERANCE:g}); a log-probability is <= 0: "
-            f"was a probability, a logit or a negated value stored?")
-
-
-#: Integer columns that count or identify something: a negative value is nonsense, not data.
-NON_NEGATIVE = {"tokens": _ORDER, "samples": ("sample_id", "group_id", "prompt_len", "completion_len")}
-NEGATIVE_MESSAGE = "negative values (must be >= 0)"
-
-
-def too_long_message(n: int, limit: int, first: int) -> str:
-    return (f"{n:,} completions longer than the manifest's max_completion_length {limit:,} (first: {first:,} "
-            f"tokens); a completion has at most that many")
-
-
-def _count_below(values: pa.Array | pa.ChunkedArray, bound: int) -> int:
-    """Values < ``bound`` (nulls skipped: a null is an error of its own)."""
-    return int(pc.sum(pc.less(values, bound)).as_py() or 0)
-
-
-def _count_above(values: pa.Array | pa.ChunkedArray, bound: int) -> tuple[int, int | None]:
-    """(values > ``bound``, the first of them), nulls skipped."""
-    above = pc.greater(values, bound)
-    n = int(pc.sum(above).as_py() or 0)
-    return n, (pc.filter(values, above)[0].as_py() if n else None)
-
-
-def rejected_in_loss_message(n: int) -> str:
-    return (f"{n:,} rows are rollout_rejected and still in the loss (mask true); a token the rollout "
-            f"correction rejected has mask false")
-
-
-def _count_rejected_in_loss(rejected: pa.Array, mask: pa.Array) -> int:
-    both = pc.and_(rejected, mask)  # a null on either side gives null, which the sum skips
-    return int(pc.sum(both).as_py() or 0)
-
-
-def refuse_bad_values(path, table_name: str, table: pa.Table, max_len: int | None = None) -> None:
-    """Raise validate's first error about the values of ``table`` (the columns of one shard a
-    reader just read): nulls in a non-nullable column, negative ids, counts and positions, positive
-    log-probabilities, rejected tokens left in the loss, completions longer than ``max_len``.
-
-    The footer check (:func:`check_before_reading`) trusts a file's statistics to skip reading it;
-    statistics are the file's word, and a file can lie. So every reader refuses on the values it
-    holds what ``grpolens validate`` refuses on the rows, with the same messages: the footers only
-    save work, they are never the only guard."""
-    names = set(table.column_names)
-    for c in fmt.COLUMNS[table_name]:
-        if c.name in names and not c.nullable and table.column(c.name).null_count:
-            raise fmt.RunFormatError(path, f"{table.column(c.name).null_count:,} null values in a non-nullable "
-                                           "column", column=c.name)
-    for c in sorted(NON_NEGATIVE[table_name]):
-        if c in names and _count_below(table.column(c), 0):
-            raise fmt.RunFormatError(path, NEGATIVE_MESSAGE, column=c)
-    if table_name == fmt.TOKENS:
-        for c in _FLOAT_TOKEN_COLUMNS:
-            n = _count_positive(table.column(c)) if c in _LOGP_COLUMNS and c in names else 0
-            if n:
-                raise fmt.RunFormatError(path, positive_logp_message(n), column=c)
-        if {"rollout_rejected", "mask"} <= names:
-            n = _count_rejected_in_loss(table.column("rollout_rejected"), table.column("mask"))
-            if n:
-                raise fmt.RunFormatError(path, rejected_in_loss_message(n), column="rollout_rejected")
-    elif max_len is not None and "completion_len" in names:
-        n, first = _count_above(table.column("completion_len"), max_len)
-        if n:
-            raise fmt.RunFormatError(path, too_long_message(n, max_len, first), column="completion_len")
-
-
-def unsorted_message(row: int) -> str:
-    return (f"rows are not sorted by (micro_batch, sample_id, pos) as the writer promises "
-            f"(first out of order at row {row:,})")
-
-
-def duplicates_message(n: int) -> str:
-    return f"{n:,} duplicate (step, rank, micro_batch, sample_id, pos) keys"
-
-
-def key_order_problems(micro_batch: np.ndarray, sample_id: np.ndarray, pos: np.ndarray) -> list[str]:
-    """Validate's messages for the key order of one tokens shard held in memory (empty: fine).
-
-    One vectorised comparison of each row with the next; only an unsorted shard pays for a sort
-    (adjacent comparison undercounts duplicates then)."""
-    keys = [np.asarray(micro_batch), np.asarray(sample_id), np.asarray(pos)]
-    if len(keys[0]) < 2:
-        return []
-    lt, eq = _adjacent_order(keys)
-    out = []
-    if lt.any():
-        out.append(unsorted_message(int(np.argmax(lt)) + 1))
-        dups = _sorted_duplicates(keys)
-    else:
-        dups = int(eq.sum())
-    if dups:
-        out.append(duplicates_message(dups))
-    return out
-
-
-def _adjacent_order(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(row i+1 sorts before row i, row i+1 has the same key) for lexicographic (mb, sample, pos)."""
-    d = [k[1:].astype(np.int64, copy=False) - k[:-1] for k in keys]
-    lt = d[0] < 0
-    lt |= (d[0] == 0) & ((d[1] < 0) | ((d[1] == 0) & (d[2] < 0)))
-    return lt, (d[0] == 0) & (d[1] == 0) & (d[2] == 0)
-
-
-def _sorted_duplicates(keys: list[np.ndarray]) -> int:
-    order = np.lexsort(keys[::-1])
-    k = [a[order] for a in keys]
-    same = np.ones(len(k[0]) - 1, bool)  # callers pass 2 rows or more (an unsorted shard)
-    for a in k:
-        same &= a[1:] == a[:-1]
-    return int(same.sum())
-
-
-@dataclass(frozen=True)
-class Problem:
-    severity: str  # ERROR or WARNING
-    path: str  # relative to the run ("." for the run itself)
-    column: str | None
-    message: str
-
-    def __str__(self) -> str:
-        col = f" (column {self.column!r})" if self.column else ""
-        return f"{self.severity}: {self.path}{col}: {self.message}"
-
-
-@dataclass
-class Report:
-    run: Path
-    problems: list[Problem] = field(default_factory=list)
-    files: dict[str, int] = field(default_factory=lambda: {fmt.TOKENS: 0, fmt.SAMPLES: 0})
-    rows: dict[str, int] = field(default_factory=lambda: {fmt.TOKENS: 0, fmt.SAMPLES: 0})
-    #: :func:`check_before_reading` with a memo: the memo, updated with what passed (the caller saves it)
-    memo: "_CheckMemo | None" = field(default=None, repr=False, compare=False)
-
-    @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == ERROR]
-
-    @property
-    def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == WARNING]
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def raise_for_errors(self) -> None:
-        """Raise :class:`~grpolens.run.format.RunFormatError` for the first error (naming how many more)."""
-        errors = self.errors
-        if not errors:
-            return
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more problems: run `grpolens validate {self.run}`)" if len(errors) > 1 else ""
-        raise fmt.RunFormatError(self.run / first.path, first.message + more, column=first.column)
 
 
 def validate_run(run: os.PathLike | str) -> Report:
@@ -216,84 +58,6 @@ def validate_run(run: os.PathLike | str) -> Report:
     return _Validator(run).run()
 
 
-def check_before_reading(run: os.PathLike | str, memo: os.PathLike | str | None = None,
-                         tree: str | None = None) -> Report:
-    """What a command checks before it reads ``run``: every error ``grpolens validate`` would
-    report that the Parquet footers can show, with the same messages; raises
-    :class:`~grpolens.errors.RunFormatError` for the first (as :meth:`Report.raise_for_errors`).
-
-    ``memo``: a JSON file (``recompute`` keeps one in its cache) remembering the files and
-    completion markers that passed, by size and modification time; those are not opened again,
-    so a re-run costs a ``stat`` per file plus the run-wide checks, and a new step costs its own
-    files. The updated memo is ``report.memo``; the caller saves it (``report.memo.save(memo)``)
-    once its own work succeeded, so that a command that fails writes nothing."""
-    run = Path(run)
-    if not run.exists():
-        raise fmt.RunFormatError(run, "run directory does not exist")
-    if not run.is_dir():
-        raise fmt.RunFormatError(run, "not a directory (a run is a directory with grpolens.json)")
-    memo_state = _CheckMemo.load(memo) if memo is not None else None
-    if memo_state is not None and tree is None:  # ``tree``: a digest the caller took just before
-        tree = tree_digest(run)
-    if tree is not None and memo_state.tree == tree:  # not one entry of the run changed since it passed
-        report = Report(run)
-        report.memo = memo_state
-        return report
-    v = _FooterValidator(run, memo_state)
-    report = v.run()
-    report.raise_for_errors()
-    if v.memo is not None:
-        v.memo.tree, v.memo.changed = tree, True
-    report.memo = v.memo
-    return report
-
-
-def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
-    if actual.equals(expected):
-        return True
-    if pa.types.is_dictionary(actual):
-        return _same_type(actual.value_type, expected)
-    strings = (pa.types.is_string, pa.types.is_large_string, getattr(pa.types, "is_string_view", lambda t: False))
-    return any(f(expected) for f in strings) and any(f(actual) for f in strings)
-
-
-def _ints(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Integer values, a null read as -1: callers keep nulls out with :func:`_non_null`."""
-    if col.null_count:
-        col = col.fill_null(-1)
-    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-
-
-def _non_null(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Per row, whether the value is not null (a null key is an error of its own, not -1)."""
-    return col.is_valid().to_numpy(zero_copy_only=False)
-
-
-class _NonFinite:
-    """Run-wide count of NaN / +inf / -inf per float column, to report once per column."""
-
-    def __init__(self):
-        self.counts: dict[str, list] = {}
-
-    def add(self, column: str, values: pa.Array, path: str) -> None:
-        a = values.fill_null(0).to_numpy(zero_copy_only=False) if values.null_count else values.to_numpy(zero_copy_only=False)
-        bad = ~np.isfinite(a)
-        if not bad.any():
-            return
-        c = self.counts.setdefault(column, [0, 0, 0, 0, path, set()])
-        c[0] += int(np.isnan(a).sum())
-        c[1] += int(np.isposinf(a).sum())
-        c[2] += int(np.isneginf(a).sum())
-        c[3] += int(bad.sum())
-        c[5].add(path)
-
-    def problems(self) -> list[Problem]:
-        out = []
-        for column, (nan, pinf, ninf, total, first, files) in self.counts.items():
-            out.append(Problem(WARNING, first, column, (
-                f"{total:,} non-finite values ({nan:,} NaN, {pinf:,} +inf, {ninf:,} -inf) in {len(files)} "
-                f"file(s), first in this one; metrics skip or propagate them")))
-        return out
 
 
 class _Validator:
@@ -797,239 +561,3 @@ class _Validator:
                                       f"across the part files of step {step} rank {rank}")
 
 
-def _count_duplicates(pf, columns: list[str]) -> int:
-    t = pf.read(columns=columns)
-    return _sorted_duplicates([_ints(t.column(c)) for c in columns])
-
-
-def _count_positive(values: pa.Array) -> int:
-    a = values.to_numpy(zero_copy_only=False)
-    # null -> NaN, not counted; +inf is a non-finite value (a warning of its own), not counted here
-    return int(np.count_nonzero(np.isfinite(a) & (a > POSITIVE_LOGP_TOLERANCE)))
-
-
-class _CheckMemo:
-    """Files and markers that passed :func:`check_before_reading`, keyed by relative path, with the
-    (size, mtime_ns, inode) they had. A changed file, an edited checker or a damaged memo: checked
-    again. Like ``make``, it trusts that a file with the same size, time and inode is the same file;
-    ``recompute --full`` checks every file."""
-
-    @staticmethod
-    def checker() -> str:
-        """Which checks the memo vouches for: this grpolens, and these very modules (a checkout
-        whose checks were edited does not trust what an older copy passed)."""
-        from grpolens import __version__
-
-        return ":".join([__version__, *(f"{st.st_size}.{st.st_mtime_ns}" for st in
-                                        (os.stat(__file__), os.stat(fmt.__file__)))])
-
-    def __init__(self, files: dict | None = None, markers: dict | None = None, tree: str | None = None):
-        self.files: dict[str, list] = files or {}
-        self.markers: dict[str, list] = markers or {}
-        #: :func:`grpolens.run.tree.tree_digest` of the whole run when it last passed
-        self.tree = tree
-        self.changed = False
-
-    @classmethod
-    def load(cls, path: os.PathLike | str) -> "_CheckMemo":
-        import json
-
-        try:
-            data = json.loads(Path(path).read_text())
-            if data.get("checker") == cls.checker() and isinstance(data.get("files"), dict) \
-                    and isinstance(data.get("markers"), dict):
-                return cls(data["files"], data["markers"], data.get("tree"))
-        except (OSError, ValueError, AttributeError, RecursionError):
-            pass  # none yet, or damaged: every file is checked, and the memo written anew
-        return cls()
-
-    def save(self, path: os.PathLike | str) -> None:
-        import json
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fmt.atomic_write_bytes(path, json.dumps({"checker": self.checker(), "files": self.files,
-                                                 "markers": self.markers, "tree": self.tree}).encode())
-
-
-def _stat(path) -> list[int]:
-    # the inode too: shards are written by rename, so a rewrite within the file system's time
-    # resolution, at the same size, still shows as a new file
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-class _FooterValidator(_Validator):
-    """The checks of :class:`_Validator` that the Parquet footers can answer.
-
-    Per file: readability, schema, rank against world_size, and the row-group statistics --
-    null counts of non-nullable columns, minima of the key columns, step and rank against the path,
-    maxima of the log-prob columns. A file whose statistics show a problem, or that has none, gets
-    the full row checks, so the message (with its counts) is validate's own. The samples' sample_id
-    column (one integer per completion) is read for the run-wide uniqueness check. Warnings that
-    need the rows (non-finite values, token rows without a samples row) are validate's alone."""
-
-    #: an incomplete step is no reason to refuse the run: readers leave it out, with their own line
-    reports_incomplete_steps = False
-    #: every command checks the config it resolves (manifest, --config, --set) with the same schema
-    checks_config = False
-
-    def __init__(self, run: Path, memo: _CheckMemo | None = None):
-        super().__init__(run)
-        self.memo = memo
-
-    def check_file(self, shard: fmt.Shard, table: str) -> None:
-        import pyarrow.parquet as pq
-
-        rel = self.begin_file(shard, table)
-        stat = _stat(shard.path) if self.memo is not None else None
-        if stat is not None and self._recall(rel, shard, table, stat):
-            return
-        before = len(self.report.problems)
-        try:
-            pf = pq.ParquetFile(fmt.parquet_source(shard.path))
-            schema = pf.schema_arrow
-            rows = pf.metadata.num_rows
-            self.report.rows[table] += rows
-            usable = self.check_schema(rel, schema, table)
-            stats = _column_stats(pf, usable)
-            if table == fmt.TOKENS:
-                if _tokens_suspicious(stats, shard, usable):
-                    self.check_token_rows(rel, shard, pf, usable)
-                    return
-                mb = stats.get("micro_batch")
-                span = [int(mb[0]), int(mb[1])] if mb and rows else None
-                self.parts.setdefault((shard.step, shard.rank), []).append((rel, _span_set(span), shard.part))
-                facts = [span]
-            else:
-                self.samples_incomplete |= "sample_id" not in usable
-                if _samples_suspicious(stats, shard, usable, self.max_len):
-                    self.check_sample_rows(rel, shard, pf, usable)
-                    return
-                if "sample_id" not in usable:
-                    return
-                ids = _ints(pf.read(columns=["sample_id"]).column(0))
-                self.sample_ids.append(ids)
-                self.sample_id_files.append(rel)
-                facts = [ids.tolist()]
-        except Exception as e:  # pyarrow raises several types for truncated/garbage files
-            self.add(ERROR, rel, f"unreadable or truncated Parquet file: {e}")
-            self.samples_incomplete |= table == fmt.SAMPLES
-            return
-        if stat is not None and len(self.report.problems) == before:
-            self.memo.files[rel] = [*stat, table, rows, *facts]
-
-    def _recall(self, rel: str, shard: fmt.Shard, table: str, stat: list[int]) -> bool:
-        """Restore what ``check_file`` learnt of an unchanged file that passed before."""
-        hit = self.memo.files.get(rel)
-        if not isinstance(hit, list) or len(hit) != 6 or hit[:4] != [*stat, table]:
-            return False
-        self.report.rows[table] += hit[4]
-        if table == fmt.TOKENS:
-            self.parts.setdefault((shard.step, shard.rank), []).append((rel, _span_set(hit[5]), shard.part))
-        else:
-            self.sample_ids.append(np.asarray(hit[5], dtype=np.int64))
-            self.sample_id_files.append(rel)
-        return True
-
-    def _check_marker(self, path: Path, step: int, rank: int, files: set[str]) -> None:
-        if self.memo is None:
-            return super()._check_marker(path, step, rank, files)
-        rel = self.rel(path)
-        seen = [*_stat(path), sorted(files)]
-        if self.memo.markers.get(rel) == seen:
-            return
-        before = len(self.report.problems)
-        super()._check_marker(path, step, rank, files)
-        if len(self.report.problems) == before:
-            self.memo.markers[rel] = seen
-
-    def check_parts(self) -> None:
-        """Part files whose micro_batch ranges overlap get their exact micro_batch sets read (the
-        ranges are what the statistics give); then validate's own check."""
-        import pyarrow.parquet as pq
-
-        for key, parts in self.parts.items():
-            # a range from the statistics (its ends are O(1)), or the exact set of a file whose rows were read
-            spans = sorted((m[0], m[-1]) if isinstance(m, range) else (min(m), max(m)) for _, m, _ in parts if m)
-            if any(b[0] <= a[1] for a, b in zip(spans, spans[1:])):
-                exact = []
-                for rel, _, part in parts:
-                    col = pq.read_table(fmt.parquet_source(self.root / rel), columns=["micro_batch"]).column(0)
-                    exact.append((rel, set(np.unique(_ints(col.drop_null())).tolist()), part))
-                self.parts[key] = exact
-            else:  # disjoint ranges split no loss call (and a range is never listed value by value)
-                self.parts[key] = []
-        super().check_parts()
-
-
-def _span_set(span: list[int] | None) -> range:
-    """The micro_batch values a file may hold, from its statistics' [min, max] (None: no rows): a
-    range, not a set, since the statistics are the file's word (0 and 2**31 - 1 are two numbers)."""
-    return range(span[0], span[1] + 1) if span else range(0)
-
-
-def _column_stats(pf, usable: set[str]) -> dict[str, tuple | None]:
-    """column -> (min, max, null count) over the row groups; None where a row group lacks them."""
-    md = pf.metadata
-    index = {md.schema.column(i).name: i for i in range(md.num_columns)}
-    out: dict[str, tuple | None] = {}
-    for name in usable:
-        i = index[name]  # ``usable`` names top-level primitive columns: each is a Parquet leaf of that name
-        lo = hi = None
-        nulls = 0
-        for g in range(md.num_row_groups):
-            col = md.row_group(g).column(i)
-            s = col.statistics
-            if md.row_group(g).num_rows == 0:
-                continue
-            if s is None or not s.has_null_count or (not s.has_min_max and s.null_count < col.num_values):
-                out[name] = None
-                break
-            nulls += s.null_count
-            if s.has_min_max:
-                lo = s.min if lo is None else min(lo, s.min)
-                hi = s.max if hi is None else max(hi, s.max)
-        else:
-            out[name] = (lo, hi, nulls)
-    return out
-
-
-def _path_and_nulls_suspicious(stats: dict, shard: fmt.Shard, usable: set[str], table: str) -> bool:
-    for c in fmt.COLUMNS[table]:
-        if c.name in usable and not c.nullable:
-            s = stats.get(c.name)
-            if s is None or s[2]:
-                return True
-    for name in ("step", "rank"):
-        s = stats.get(name)
-        expected = getattr(shard, name)
-        if s is not None and s[0] is not None and (s[0] != expected or s[1] != expected):
-            return True
-    return False
-
-
-def _tokens_suspicious(stats: dict, shard: fmt.Shard, usable: set[str]) -> bool:
-    if _path_and_nulls_suspicious(stats, shard, usable, fmt.TOKENS):
-        return True
-    for c in _ORDER:
-        s = stats.get(c)
-        if c in usable and (s is None or (s[0] is not None and s[0] < 0)):
-            return True
-    for c in _LOGP_COLUMNS:
-        if c in usable:
-            s = stats.get(c)
-            # NaN never enters Parquet statistics; an all-NaN/null column has no maximum
-            if s is None or (s[1] is not None and s[1] > POSITIVE_LOGP_TOLERANCE):
-                return True
-    return False
-
-
-def _samples_suspicious(stats: dict, shard: fmt.Shard, usable: set[str], max_len: int | None = None) -> bool:
-    if _path_and_nulls_suspicious(stats, shard, usable, fmt.SAMPLES):
-        return True
-    for c in NON_NEGATIVE[fmt.SAMPLES]:
-        s = stats.get(c)
-        if c in usable and (s is None or (s[0] is not None and s[0] < 0)):
-            return True
-    s = stats.get("completion_len")
-    return max_len is not None and "completion_len" in usable and s is not None and s[1] is not None and s[1] > max_len
