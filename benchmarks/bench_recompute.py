@@ -1,6 +1,7 @@
 """Recompute speed and memory on a synthetic run, against the read floor and two hand-written baselines.
 
-    python benchmarks/bench_recompute.py --tokens 10e6                 # the main table
+    python benchmarks/bench_recompute.py --tokens 10e6                 # the main table, both step shapes
+    python benchmarks/bench_recompute.py --tokens 10e6 --shapes large  # only few large steps
     python benchmarks/bench_recompute.py --tokens 10e6 --reps 3        # alternate every command 3 times
     python benchmarks/bench_recompute.py --tokens 10e6 --sizes 25e6,50e6,100e6,200e6   # + RSS by size
     python benchmarks/bench_recompute.py --tokens 10e6 --rerun-steps 1000 --write-readme
@@ -13,8 +14,11 @@ exits, and ``recompute`` waits for each worker it starts); peak RSS of the whole
 process and its worker processes together: the largest sum of their ``VmRSS``
 (``/proc/PID/status``) sampled every 10 ms, or the process's own ``ru_maxrss`` if larger.
 
-1. *read floor*: read exactly the columns recompute reads and reduce each to one number
-   (``benchmarks/read_floor.py``);
+1. *polars read floor* (the floor): one polars lazy scan of exactly the columns recompute reads,
+   with a trivial reduction per column (a sum, or a non-null count), as a whole process
+   (``benchmarks/read_floor_polars.py``): the fastest read of the input measured here;
+   *pyarrow read floor*: the same columns read shard by shard with pyarrow on ``--threads``
+   threads, the engine's own read path (``benchmarks/read_floor.py``);
 2. *full recompute*: ``grpolens recompute RUN --full`` -- every default metric and output file;
 3. *DuckDB*: the core subset of metrics in one SQL query (``benchmarks/subset_sql.py``, which
    documents the subset; needs the ``bench`` extra);
@@ -22,7 +26,9 @@ process and its worker processes together: the largest sum of their ``VmRSS``
    (``benchmarks/subset_torch.py``);
 5. *grpolens subset*: ``grpolens recompute RUN --only <the subset>``.
 
-and the ratios full/floor, DuckDB/grpolens-subset, torch/grpolens-subset. Commands run
+on each step shape of ``--shapes``: *small*, many steps of ~130 K tokens (2 ranks x 16 groups
+x 8 completions), and *large*, few steps of ~650 K tokens (8 ranks x 20 groups x 8 completions);
+and the ratios full/floor (the polars floor; beside it the pyarrow one), DuckDB/grpolens-subset, torch/grpolens-subset. Commands run
 alternately (``--reps``), so that a load change on a shared machine hits all of them alike; the
 table gives medians and the ratios' range over the repetitions, with the load average. Then rows/s
 of the full recompute at each ``--workers`` count (``recompute --workers N``: N processes
@@ -59,15 +65,22 @@ SUBSET = ("clip/low,clip/high,kl/k3,entropy,rollout_is/applied/mean,rollout_is/a
 #: synth's shape: 2 ranks x 4 micro-batches x 16 groups x 8 completions, ~127 stored tokens each
 SHAPE = ("--ranks", "2", "--micro-batches", "4", "--groups", "16", "--generations", "8", "--max-len", "1024")
 PER_STEP = 2 * 4 * 16 * 8 * 127
+#: the two step shapes: many small steps (~130 K tokens) and few large ones (~650 K tokens)
+SHAPES = {
+    "small": (SHAPE, PER_STEP),
+    "large": (("--ranks", "8", "--micro-batches", "4", "--groups", "20", "--generations", "8", "--max-len", "1024"),
+              8 * 4 * 20 * 8 * 127),
+}
 
 
-def env(threads: int | None = None) -> dict[str, str]:
+def env(threads: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measured command (``threads``: ``GRPOLENS_THREADS``, also the read
     floor's and the baselines' thread count)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [e.get("PYTHONPATH")])])
     if threads:
         e["GRPOLENS_THREADS"] = str(threads)
+    e.update(extra or {})
     return e
 
 
@@ -75,12 +88,12 @@ def env(threads: int | None = None) -> dict[str, str]:
 GRPOLENS_COMMANDS = ("full recompute", "grpolens subset")
 
 
-def timed(cmd: list[str], threads: int | None = None) -> dict:
+def timed(cmd: list[str], threads: int | None = None, extra_env: dict[str, str] | None = None) -> dict:
     """Wall s, CPU s (user + system: the process, its threads and the worker processes it waited
     for), peak RSS MiB of the process tree and stdout of one fresh process."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env(threads), cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env(threads, extra_env), cwd=ROOT)
         sampler = TreeRSS(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t
@@ -151,7 +164,7 @@ def grpolens(*args: str) -> list[str]:
     return [sys.executable, "-m", "grpolens.cli", *args]
 
 
-def synth(run: Path, steps: int, shape=SHAPE) -> None:
+def synth(run: Path, steps: int, shape: tuple[str, ...] = SHAPE) -> None:
     if (run / "grpolens.json").exists():
         return
     t = time.perf_counter()
@@ -168,6 +181,7 @@ def rows_of(run: Path) -> int:
 def commands(run: Path, scratch: Path, threads: int) -> dict[str, list[str]]:
     py = sys.executable
     return {
+        "polars read floor": [py, str(HERE / "read_floor_polars.py"), str(run)],
         "read floor": [py, str(HERE / "read_floor.py"), str(run), "--threads", str(threads)],
         "full recompute": grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch / "full")),
         "DuckDB subset": [py, str(HERE / "subset_sql.py"), str(run), "--threads", str(threads),
@@ -217,12 +231,15 @@ def main_table(run: Path, rows: int, reps: int, threads: int) -> tuple[list[str]
         rs = [x[m] / y[m] for x, y in zip(got[a], got[b])]
         return f"{statistics.median(rs):.2f}" + (f" ({min(rs):.2f}–{max(rs):.2f})" if len(rs) > 1 else "")
 
+    names = {"read floor": "pyarrow read floor"}
     lines = [f"| what | wall s | M rows/s | CPU s | peak RSS MiB |", "|---|---:|---:|---:|---:|"]
     for k, v in med.items():
-        lines.append(f"| {k} | {v['wall']:.2f} | {rows / v['wall'] / 1e6:.2f} | {v['cpu']:.2f} | {v['rss']:.0f} |")
+        lines.append(f"| {names.get(k, k)} | {v['wall']:.2f} | {rows / v['wall'] / 1e6:.2f} | {v['cpu']:.2f} | {v['rss']:.0f} |")
     lines += ["", "| ratio | wall | CPU |", "|---|---:|---:|",
-              f"| full recompute / read floor | {ratio('full recompute', 'read floor')} | {ratio('full recompute', 'read floor', 'cpu')} |",
-              f"| DuckDB / grpolens subset | {ratio('DuckDB subset', 'grpolens subset')} | {ratio('DuckDB subset', 'grpolens subset', 'cpu')} |",
+              f"| **full recompute / polars read floor** (target ≤ 2.0) | {ratio('full recompute', 'polars read floor')} | "
+              f"{ratio('full recompute', 'polars read floor', 'cpu')} |",
+              f"| full recompute / pyarrow read floor | {ratio('full recompute', 'read floor')} | {ratio('full recompute', 'read floor', 'cpu')} |",
+              f"| DuckDB / grpolens subset (target ≥ 1.0) | {ratio('DuckDB subset', 'grpolens subset')} | {ratio('DuckDB subset', 'grpolens subset', 'cpu')} |",
               f"| torch / grpolens subset | {ratio('torch subset', 'grpolens subset')} | {ratio('torch subset', 'grpolens subset', 'cpu')} |",
               "",
               f"Baselines agree with grpolens' subset values to {agree['sql']:.1e} (DuckDB, float64) and "
@@ -250,11 +267,12 @@ def workers_table(run: Path, rows: int, counts: list[int]) -> list[str]:
     """Rows/s of the full recompute with N worker processes (``--workers N``), beside the read
     floor with N threads."""
     scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
-    lines = ["| workers | full recompute wall s | M rows/s | CPU s | peak RSS MiB | read floor wall s (N threads) | ratio |",
+    lines = ["| workers | full recompute wall s | M rows/s | CPU s | peak RSS MiB | polars read floor wall s | ratio |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for n in counts:
         full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch), "--workers", str(n)))
-        floor = timed(commands(run, scratch, n)["read floor"], n)
+        # the floor on N threads of polars' pool, as the recompute on N processes
+        floor = timed(commands(run, scratch, n)["polars read floor"], n, {"POLARS_MAX_THREADS": str(n)})
         lines.append(f"| {n} | {full['wall']:.2f} | {rows / full['wall'] / 1e6:.2f} | {full['cpu']:.2f} | {full['rss']:.0f} | "
                      f"{floor['wall']:.2f} | {full['wall'] / floor['wall']:.2f} |")
     shutil.rmtree(scratch)
@@ -322,10 +340,42 @@ def write_readme(text: str, block: str = "bench_recompute") -> None:
     write_block("README.md", block, "benchmarks/bench_recompute.py", text, flag="--write-readme", after=after)
 
 
+def shape_tables(base: Path, shape: str, args, counts: list[int], threads: int) -> list[str]:
+    """The main table and the rows/s tables on one step shape."""
+    flags, per_step = SHAPES[shape]
+    run = base / f"run-{shape}-{args.tokens:.0e}"
+    synth(run, max(2, int(args.tokens / per_step)), flags)
+    rows = rows_of(run)
+    size = sum(f.stat().st_size for f in run.rglob("*.parquet")) / 2**20
+    steps = len(list((run / "tokens").iterdir()))
+    out = [f"**{shape} steps** ({rows / steps / 1e3:.0f} K token rows a step). "
+           f"Run: {rows:,} token rows, {steps} steps, {size:.0f} MiB (`grpolens synth --steps {steps} "
+           f"{' '.join(flags)} --seed 1`); the default worker processes of `recompute` "
+           f"(`--workers`: {os.environ.get('GRPOLENS_WORKERS') or min(8, os.cpu_count() or 1)}), polars' default "
+           f"threads for the polars read floor and {threads} threads for the pyarrow one and the baselines, unless stated.", ""]
+    lines, _ = main_table(run, rows, args.reps, threads)
+    out += lines
+    print("\n".join(out), flush=True)
+    if counts:
+        t = workers_table(run, rows, counts)
+        print("\n".join(t), flush=True)
+        out += ["", *t]
+    thread_counts = [int(x) for x in args.threads.split(",") if x.strip()]
+    if thread_counts:
+        t = thread_table(run, rows, thread_counts)
+        print("\n".join(t), flush=True)
+        out += ["", *t]
+    if not args.keep and args.dir is None:
+        shutil.rmtree(run)
+    return out + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=float, default=10e6,
                     help="approximate token rows of the main run (0: only --sizes and --rerun-steps, each in a README block of its own)")
+    ap.add_argument("--shapes", default="small,large",
+                    help="step shapes, comma-separated: small (~130 K tokens a step), large (~650 K tokens a step)")
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
     ap.add_argument("--workers", default="1,2", help="worker counts (recompute --workers) for the rows/s table, comma-separated")
     ap.add_argument("--threads", default="", help="thread counts (GRPOLENS_THREADS, one process) for a second rows/s table, comma-separated")
@@ -336,36 +386,17 @@ def main() -> None:
     ap.add_argument("--write-readme", action="store_true", help="write the tables into README.md's Performance section")
     args = ap.parse_args()
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
+    bad = [x for x in args.shapes.split(",") if x.strip() and x.strip() not in SHAPES]
+    if bad:
+        sys.exit(f"--shapes: unknown shape {bad[0]!r} (one of: {', '.join(SHAPES)})")
     threads = int(os.environ.get("GRPOLENS_THREADS") or min(4, os.cpu_count() or 1))
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="grpolens-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.timezone.utc)
     out: list[str] = []
-    if args.tokens > 0:
-        run = base / f"run-{args.tokens:.0e}"
-        synth(run, max(2, int(args.tokens / PER_STEP)))
-        rows = rows_of(run)
-        size = sum(f.stat().st_size for f in run.rglob("*.parquet")) / 2**20
-        steps = len(list((run / "tokens").iterdir()))
-        out = [f"Run: {rows:,} token rows, {steps} steps, {size:.0f} MiB (`grpolens synth --steps {steps} "
-               f"{' '.join(SHAPE)} --seed 1`); the default worker processes of `recompute` "
-               f"(`--workers`: {os.environ.get('GRPOLENS_WORKERS') or min(8, os.cpu_count() or 1)}) and {threads} threads "
-               f"for the read floor and the baselines, unless stated.", ""]
-        lines, _ = main_table(run, rows, args.reps, threads)
-        out += lines
-        print("\n".join(out), flush=True)
-        if counts:
-            t = workers_table(run, rows, counts)
-            print("\n".join(t), flush=True)
-            out += ["", *t]
-        thread_counts = [int(x) for x in args.threads.split(",") if x.strip()]
-        if thread_counts:
-            t = thread_table(run, rows, thread_counts)
-            print("\n".join(t), flush=True)
-            out += ["", *t]
-        if not args.keep and args.dir is None:
-            shutil.rmtree(run)
+    for shape in [x.strip() for x in args.shapes.split(",") if x.strip()] if args.tokens > 0 else []:
+        out += shape_tables(base, shape, args, counts, threads)
     sizes = size_table(base, [float(s) for s in args.sizes.split(",")], args.keep, threads) if args.sizes else []
     out += ["", *sizes] if sizes else []
     rerun = rerun_table(base, args.rerun_steps, args.keep) if args.rerun_steps else []

@@ -146,3 +146,19 @@ def test_bench_explain_times_explain_beside_recompute(tmp_path):
     assert [r["metric"] for r in rows] == ["kl/k3", "reward/mean"]
     assert [r["units"] for r in rows] == ["tokens", "completions"]
     assert all(r["explain"] > 0 and r["recompute"] > 0 and r["ratio"] == r["explain"] / r["recompute"] for r in rows)
+
+
+def test_polars_read_floor_touches_every_column_recompute_reads():
+    """The floor the issue's 2x target is measured against: one lazy scan of the engine's token
+    columns (every one the shards have) and of every sample column, each reduced."""
+    import polars as pl
+
+    floor = _load("read_floor_polars")
+    run = BENCH.parent / "sample_runs" / "tiny"
+    tokens = sorted(str(p) for p in (run / "tokens").glob("step=*/*.parquet"))
+    got = floor.scan(tokens, floor.TOKEN_COLUMNS)
+    have = set(pl.read_parquet_schema(tokens[0]))
+    assert set(got.columns) - {"_rows"} == have & set(READ_COLUMNS)
+    expected = sum(pl.read_parquet(p, columns=["logp"]).height for p in tokens)
+    assert got["_rows"][0] == expected
+    assert got["logp"][0] == pytest.approx(sum(pl.read_parquet(p, columns=["logp"])["logp"].sum() for p in tokens))

@@ -165,6 +165,12 @@ ALLOWED_NUMBERS = {
     ("docs/mutation-testing.md", "32, 33, 64, 128 and 256 masked tokens"):
         "the inputs of tests/metrics/test_boundaries.py that this sentence describes, not a result",
     ("docs/mutation-testing.md", "a module of 250 mutants"): "a planning example (a module's size), not a result",
+    ("README.md", "many small steps of ~130 K tokens"):
+        "the shapes of the benchmark's input runs (benchmarks/bench_recompute.py makes them), not a result",
+    ("docs/serve.md", "some 2,500 hostile requests"):
+        "the rough size of a test's workload, to plan a run of the suite, not a result",
+    ("docs/serve.md", "held by its top 0.1 %, 1 % and 10 % of tokens"):
+        "the shares explain reports (its keys top_0.1%_tokens, top_1%_tokens, top_10%_tokens), named, not measured",
     ("docs/architecture.md", "runs the plan in six steps"):
         "the six are the sentence's own semicolon-separated clauses, each naming its module",
     ("docs/architecture.md", "Rollout importance sampling is two mirrored packages"):
@@ -217,11 +223,24 @@ DOC_CONSTANTS = [
      lambda: __import__("grpolens.analysis.sidecars", fromlist=["x"]).REUSE_LOOKBACK),
     ("docs/export.md", r"cut to its first (\d+) steps", lambda: int(re.search(
         r"^CUT = (\d+)$", (ROOT / "tests/export/test_export.py").read_text(), re.M).group(1))),
+    ("docs/serve.md", r"a table's filter row \| at most (\d+) characters", lambda: _serve("urlstate").MAX_TEXT),
+    ("docs/serve.md", r"at most (\d+) columns, each a column name", lambda: _serve("inputs").MAX_SORT),
+    ("docs/serve.md", r"a page path of at most (\d+) characters", lambda: _serve("inputs").MAX_SHORT),
+    ("docs/serve.md", r"a query string of at most (\d+) kB", lambda: _serve("urlstate").MAX_QUERY / 1024),
+    ("docs/serve.md", r"the request body \| (\d+) MiB", lambda: _serve("app").MAX_REQUEST_BYTES / 2**20),
+    ("docs/serve.md", r"each downsampled to ([\d,]+) points per run", lambda: _serve("data.curves").CURVE_POINTS),
+    ("docs/serve.md", r"a page of at most (\d+) completions", lambda: _serve("inputs").BOUNDS["page size"][1]),
     ("docs/integrations/trl.md", r"completions of ≤ (\d+) tokens to stay fast",
      lambda: _trl_tiny().SIZES["max_completion_length"]),
     ("docs/integrations/trl.md", r"over (\d+) steps\), also under",
      lambda: int(_trl_tiny().WINDOW[_trl_tiny().WINDOW.index("--max-steps") + 1])),
 ]
+
+
+def _serve(module: str):
+    import importlib
+
+    return importlib.import_module(f"grpolens.serve.{module}")
 
 
 def _histogram():

@@ -168,12 +168,15 @@ def verl_config(actor: Mapping | None = None, algorithm: Mapping | None = None,
     algorithm = dict(algorithm or {})
     policy = dict(actor.get("policy_loss") or {})
     mode = str(policy.get("loss_mode", "vanilla"))
-    eps = actor.get("clip_ratio_low", actor.get("clip_ratio", 0.2))
+    # verl's ActorConfig defaults clip_ratio_low/high to 0.2 themselves: clip_ratio only stands in for None
+    eps, eps_high = (actor.get(k, 0.2) for k in ("clip_ratio_low", "clip_ratio_high"))
+    eps = actor.get("clip_ratio", 0.2) if eps is None else eps
+    eps_high = actor.get("clip_ratio", 0.2) if eps_high is None else eps_high
     cfg: dict[str, Any] = {
         "loss_type": mode if mode in ("cispo", "sapo") else "grpo",
         "importance_sampling_level": "sequence" if mode == "gspo" else "token",
         "epsilon": eps,
-        "epsilon_high": actor.get("clip_ratio_high", eps),
+        "epsilon_high": eps_high,
         "beta": float(actor.get("kl_loss_coef", 0.0)) if actor.get("use_kl_loss") else 0.0,
         "loss_agg_mode": actor.get("loss_agg_mode"),
         "kl_loss_type": actor.get("kl_loss_type"),

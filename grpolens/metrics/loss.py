@@ -128,11 +128,19 @@ def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:
     return np.where(np.isfinite(phi), phi, 0.0)
 
 
-@producer("loss", merge={"loss.sum": "sum", "loss.n": "sum", "loss.phi": "sum", "loss.rows": "sum"})
+@producer("loss", merge={"loss.sum": "sum", "loss.n": "sum"})
 def _loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     L, v = per_token_loss(b, cfg)
+    return {"loss.sum": b.seq_sum(L), "loss.n": b.count(v)}
+
+
+# φ is non-linear in a sequence's summed log-ratio and ``loss.rows`` counts sequences, so these two columns
+# need whole sequences (as GSPO's ratio does; the run format never splits one): a producer of their own keeps
+# the token-level ``loss`` partials mergeable over any cut of a sequence.
+@producer("loss_vespo", merge={"loss.phi": "sum", "loss.rows": "sum"}, families=("loss",))
+def _loss_vespo(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     phi = vespo_phi(b, cfg) if cfg["loss_type"] == "vespo" else np.zeros(b.n_seq)
-    return {"loss.sum": b.seq_sum(L), "loss.n": b.count(v), "loss.phi": phi, "loss.rows": np.ones(b.n_seq)}
+    return {"loss.phi": phi, "loss.rows": np.ones(b.n_seq)}
 
 
 # ---------------------------------------------------------------------------------------------

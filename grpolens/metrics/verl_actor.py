@@ -14,6 +14,9 @@ of ``policy_loss.loss_mode`` (``verl/trainer/ppo/core_algos.py``):
     sapo     L = −(4/τ)·σ(τ(r − 1))·A, τ = tau_pos if A > 0 else tau_neg; aggregated seq-mean-token-mean
     geo_mean ℓ = −Ā·exp(Σ_t sgn(A)·min(sgn(A)·d, sgn(A)·clip(d, −ε_l, ε_h))·m / (T + 1e-8)) per row, pg_loss the
              mean over the call's rows (fully masked ones too); pg_clipfrac(_lower) = mm[d ≠ clip(d) ∧ A ≷ 0]
+    dppo_tv  L = −A·min(r, clip_ratio_c)·logp·v, v: p − q <= ε_h (A > 0), >= −ε_l (else), p = e^logp, q = e^old;
+    dppo_kl  v: binary KL(q ‖ p) <= ε_h or p <= q (A > 0), <= ε_l or p >= q (else);
+             pg_clipfrac = mm[¬v], pg_clipfrac_lower = mm[r > clip_ratio_c ∧ v]
     gpg      L = −A·logp; no metrics of its own (no pg_clipfrac, pg_clipfrac_lower, ppo_kl)
     dro      L = −(A·logp − β/2·d²), β = policy_loss.dro_beta; ppo_kl from the unclamped d, no clip fractions
     ppo_kl = mm(−d) (d clamped except gspo);  L ×= w
@@ -60,6 +63,7 @@ from grpolens.functional.rollout_is import ISConfig, loss_weights
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
 from grpolens.metrics.partials import producer
+from grpolens.metrics.verl_policy_loss import geo_mean_row, policy_terms, unsupported
 from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
 from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, batch_inputs, batch_partials, rs_summary
 from grpolens.metrics.verl_rollout_corr import VERL_KEYS, verl_batch_summary, verl_summary
@@ -69,9 +73,7 @@ _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.k
 _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
 
 
-def _unsupported(key: str, value, choices: str) -> UserError:
-    """A verl setting of the run's config (``verl_actor``) that the verl profile does not know."""
-    return UserError(f"config key 'verl_actor.{key}': the verl profile supports {choices}, got {value!r}")
+_unsupported = unsupported
 
 
 def actor_cfg(cfg: dict) -> dict | None:
@@ -120,11 +122,6 @@ def _bypass_keep(b: TokenBatch, cfg: dict) -> np.ndarray:
     return loss_weights(_current(b), isc)[1]
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(z))
-    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
 def kl_penalty(logp: np.ndarray, ref: np.ndarray, kind: str) -> np.ndarray:
     """verl's ``kl_penalty`` forward value (a ``+`` suffix changes only the gradient)."""
     kind = kind[:-1] if kind.endswith("+") else kind
@@ -170,54 +167,13 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         d = np.where(m, b.logp - b.old, 0.0)
         dc = est.clip_log_ratio(d)
         r = np.exp(dc)
-        el = a.get("clip_ratio_low", a.get("clip_ratio", 0.2))
-        eh = a.get("clip_ratio_high", a.get("clip_ratio", 0.2))
+        # verl's ActorConfig defaults clip_ratio_low/high to 0.2 themselves: clip_ratio only stands in for None
+        el, eh = a.get("clip_ratio_low", 0.2), a.get("clip_ratio_high", 0.2)
         el = a.get("clip_ratio", 0.2) if el is None else el
         eh = a.get("clip_ratio", 0.2) if eh is None else eh
         # bypass mode: ppo_clip is verl's vanilla loss whatever loss_mode says, reinforce its own
         mode = {"ppo_clip": "vanilla", "reinforce": "reinforce"}[bypass_loss(cfg)] if by else _mode(a)
-        low = clip = np.zeros(b.n)
-        kl_tok = -dc
-        if mode == "vanilla":
-            c3 = float(a.get("clip_ratio_c", 3.0))
-            l1, l2 = -A * r, -A * np.clip(r, 1 - el, 1 + eh)
-            lc = np.maximum(l1, l2)
-            l3 = -A * c3
-            L = np.where(A < 0, np.minimum(l3, lc), lc)
-            clip = (l2 > l1).astype(np.float64)
-            low = ((lc > l3) & (A < 0)).astype(np.float64)
-        elif mode == "reinforce":  # compute_policy_loss_reinforce: no ratio, no clipping, ppo_kl unclamped
-            L = -A * np.where(m, b.logp, 0.0)
-            kl_tok = -d
-        elif mode == "gspo":
-            s = np.exp(np.minimum(b.broadcast(b.seq_sum(d) / np.maximum(n, 1.0)), 10.0))
-            l1, l2 = -A * s, -A * np.clip(s, 1 - el, 1 + eh)
-            L = np.maximum(l1, l2)
-            clip = (l2 > l1).astype(np.float64)
-            kl_tok = -d
-        elif mode == "cispo":
-            rc = np.clip(r, 1 - el, 1 + eh)
-            L = -rc * A * np.where(m, b.logp, 0.0)
-            clip = (r != rc).astype(np.float64)
-        elif mode == "sapo":
-            tau = np.where(A > 0, float(a.get("tau_pos", 1.0)), float(a.get("tau_neg", 1.05)))
-            L = -(4.0 / tau) * _sigmoid(tau * (r - 1.0)) * A
-        elif mode == "gpg":  # compute_policy_loss_gpg: −logp·A, no ratio, no metrics of its own
-            L = -A * np.where(m, b.logp, 0.0)
-        elif mode == "dro":  # compute_policy_loss_dro: −(logp·A − β/2·d²), ppo_kl unclamped
-            beta = (a.get("policy_loss") or {}).get("dro_beta")
-            if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not beta > 0:
-                raise _unsupported("policy_loss.dro_beta", beta, "a positive number (verl requires one for dro)")
-            L = -(np.where(m, b.logp, 0.0) * A - 0.5 * float(beta) * d * d)
-            kl_tok = -d
-        elif mode == "geo_mean":  # compute_policy_loss_geo_mean (GMPO): one term per row, see _geo_mean_row
-            L = np.zeros(b.n)
-            clipped = (d != np.clip(d, -float(el), float(eh))) & m
-            clip = (clipped & (A > 0)).astype(np.float64)
-            low = (clipped & (A < 0)).astype(np.float64)
-            kl_tok = -d
-        else:
-            raise _unsupported("policy_loss.loss_mode", mode, "vanilla, gspo, cispo, sapo, gpg, dro and geo_mean")
+        L, clip, low, kl_tok = policy_terms(b, a, mode, m, A, d, dc, r, float(el), float(eh))
         isc = ISConfig.from_cfg(cfg)
         w = None
         if isc.configured and b.has("rollout_logp") and not by:
@@ -227,7 +183,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             # bypass reinforce: the loss' own IS weights, current policy against the rollout
             # (bypass ppo_clip applies none: its ratio is already against the rollout)
             L = L * loss_weights(_current(b), isc)[0]
-        row = _geo_mean_row(b, m, A, d, float(el), float(eh), w) if mode == "geo_mean" else np.zeros(b.n_seq)
+        row = geo_mean_row(b, m, A, d, float(el), float(eh), w) if mode == "geo_mean" else np.zeros(b.n_seq)
         L = np.where(mp, L, 0.0)
         ent = np.where(m, b.cols["entropy"], 0.0) if b.has("entropy") else np.zeros(b.n)
         if b.has("ref_logp") and a.get("use_kl_loss"):
@@ -245,19 +201,6 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             "va.kld_tm": tm(ks), "va.width": b.lengths.astype(np.float64), "va.old_n": b.count(pre),
             "va.old_ent": old_ent, "va.pg_row": row}
 
-
-def _geo_mean_row(b: TokenBatch, m: np.ndarray, A: np.ndarray, d: np.ndarray, el: float, eh: float,
-                  w: np.ndarray | None) -> np.ndarray:
-    """GMPO's term of each row (see the module doc; Ā the row's masked mean advantage), × the geometric
-    mean of its rollout IS weights exp(Σ_t ln(w + 1e-10)·m / (T + 1e-8)) when verl applies them."""
-    sg = np.sign(A)
-    dmin = sg * np.minimum(sg * d, sg * np.clip(d, -el, eh))
-    T = b.count(m)
-    ratio = np.exp(b.seq_sum(np.where(m, dmin, 0.0)) / (T + 1e-8))
-    row = -(b.seq_sum(A) / (T + 1e-8)) * ratio
-    if w is not None:
-        row = row * np.exp(b.seq_sum(np.where(m, np.log(w + 1e-10), 0.0)) / (T + 1e-8))
-    return row
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ def _equal(a: pl.DataFrame, b: pl.DataFrame) -> None:
 def test_parts_give_single_pass_metrics(tmp_path, cfg):
     rng = np.random.default_rng(31)
     calls = random_calls(rng, steps=(0, 1, 2), micro_batches=4, nonfinite=0.05, spread=0.5)
-    samples = [random_samples(rng, step, groups=4, first_id=1000 * step) for step in (0, 1, 2)]
+    # completions no longer than the grpo config's max_completion_length, which reading a run enforces
+    samples = [random_samples(rng, step, groups=4, max_len=9, first_id=1000 * step) for step in (0, 1, 2)]
     one = write_run(tmp_path / "one", calls, config=cfg)
     many = write_run(tmp_path / "many", calls, config=cfg, parts=3, rng=np.random.default_rng(7))
     for run in (one, many):

@@ -142,6 +142,17 @@ CASES = [
     Case("geo_mean", actor={"policy_loss": {"loss_mode": "geo_mean"}}, seed=29, drift=0.3),
     Case("geo_mean_tis_dp2_clip_high", actor={"policy_loss": {"loss_mode": "geo_mean"}, "clip_ratio_high": 0.28},
          corr={**YAML_CORR, "rollout_is": "token"}, dp=2, mini_batches=2, seed=30, wild=0.3, drift=0.3),
+    # DPPO: the TV / binary-KL trust regions at verl's defaults (clip_ratio 0.2 as the divergence bound), then
+    # tighter bounds with the ratio truncation binding, rollout IS, two ranks
+    Case("dppo_tv", actor={"policy_loss": {"loss_mode": "dppo_tv"}}, seed=31, drift=0.5),
+    Case("dppo_kl", actor={"policy_loss": {"loss_mode": "dppo_kl"}}, seed=32, drift=0.5),
+    Case("dppo_tv_tight_tis_dp2", actor={"policy_loss": {"loss_mode": "dppo_tv"}, "clip_ratio": 0.02,
+                                         "clip_ratio_c": 1.2}, corr={**YAML_CORR, "rollout_is": "token"},
+         dp=2, mini_batches=2, seed=33, wild=0.3, drift=0.5),
+    Case("dppo_kl_tight_seq_mean_token_mean", actor={"policy_loss": {"loss_mode": "dppo_kl"}, "clip_ratio_low": 0.005,
+                                                     "clip_ratio_high": 0.01, "clip_ratio_c": 1.2,
+                                                     "loss_agg_mode": "seq-mean-token-mean"}, mini_batches=2, seed=34,
+         drift=0.5),
     # bypass mode, ppo_clip: no IS weight in the loss, so the batch normalisation divides nothing
     Case("bypass_ppo_clip_tis_batch_normalize", corr={**YAML_CORR, "bypass_mode": True, "rollout_is": "token",
                                                       "rollout_is_batch_normalize": True},

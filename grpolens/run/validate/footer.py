@@ -73,7 +73,7 @@ class _CheckMemo:
 
         return ":".join([__version__, *(f"{st.st_size}.{st.st_mtime_ns}" for st in
                                         (*(os.stat(p) for p in sorted(Path(__file__).parent.glob("*.py"))),
-                                         os.stat(fmt.__file__)))])
+                                         os.stat(fmt.__file__), os.stat(Path(fmt.__file__).with_name("layout.py"))))])
 
     def __init__(self, files: dict | None = None, markers: dict | None = None, tree: str | None = None):
         self.files: dict[str, list] = files or {}
