@@ -605,7 +605,7 @@ def test_why_panel(server, browser):
     table, panel = css(browser, ".tok-table-box")[0], css(browser, "#tok-why")[0]
     assert panel.location["x"] > table.location["x"] and abs(panel.location["y"] - table.location["y"]) < 40
     shot(browser, "why")
-    css(browser, "#why-completion .why-link")[0].click()
+    wait(browser, lambda d: css(d, "#why-completion .why-link")[0].click() or True, what="a completion's link")
     wait(browser, lambda d: "sample=" in d.current_url, what="the completion of the top key")
     wait(browser, lambda d: len(css(d, "#completion-tokens .tok")) > 0, what="its tokens")
     assert parse_qs(urlparse(browser.current_url).query)["why"] == ["kl/k3"]  # the panel stays open
@@ -626,7 +626,8 @@ def test_findings_page(server, browser):
     card = css(browser, "#find-list .finding")[0]
     assert "kl-spike" in card.text and "critical" in card.text.lower()
     shot(browser, "findings")
-    card.find_elements("css selector", ".find-why")[0].click()
+    # Dash may redraw the cards between finding and clicking: wait() retries a stale element
+    wait(browser, lambda d: css(d, "#find-list .finding .find-why")[0].click() or True, what="the why link")
     wait(browser, lambda d: urlparse(d.current_url).path == "/tokens", what="the Tokens page")
     q = parse_qs(urlparse(browser.current_url).query)
     assert q["why"] == ["kl/k3"] and q["step"] == ["9"] and q["run"] == ["alpha"]
@@ -634,7 +635,7 @@ def test_findings_page(server, browser):
          what="the Why panel")
     browser.back()
     wait(browser, lambda d: css(d, "#find-list .finding"), what="finding cards again")
-    css(browser, "#find-list .finding")[0].find_elements("css selector", ".find-link")[0].click()
+    wait(browser, lambda d: css(d, "#find-list .finding .find-link")[0].click() or True, what="the curve link")
     wait(browser, lambda d: urlparse(d.current_url).path == "/policy", what="the kl/k3 curve")
     wait(browser, lambda d: visible_graphs(d, "policy"), what="its curves")
     assert parse_qs(urlparse(browser.current_url).query)["filter"] == ["kl/k3"]
