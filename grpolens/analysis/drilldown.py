@@ -23,7 +23,6 @@ import numpy as np
 import polars as pl
 
 from grpolens.functional import estimators as est
-from grpolens.run import format as fmt
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
 from grpolens.run.reader import RunReader

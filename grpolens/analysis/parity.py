@@ -27,7 +27,6 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from grpolens.errors import UserError
 

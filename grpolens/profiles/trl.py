@@ -40,7 +40,6 @@ import math
 import re
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np

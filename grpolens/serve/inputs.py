@@ -206,6 +206,14 @@ def run_names(runs, value: Any, what: str = "runs") -> list[str]:
     return out
 
 
+def run_names_or_none(runs, value: Any) -> list[str] | None:
+    """The header's runs for a link; None (the link's default) when they are not valid."""
+    try:
+        return run_names(runs, value) or None
+    except UserError:
+        return None
+
+
 def run_name(runs, value: Any) -> str:
     runs.path(value)
     return value

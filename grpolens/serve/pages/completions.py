@@ -84,14 +84,6 @@ def layout(runs: RunSet) -> html.Div:
     ], id="page-completions", className="page")
 
 
-def header_runs_or_none(runs: RunSet, value) -> list[str] | None:
-    """The header's runs for a link (None, the default, when they are not valid)."""
-    try:
-        return inputs.run_names(runs, value) or None
-    except UserError:
-        return None
-
-
 def register(app, runs: RunSet) -> None:
     from grpolens.serve.layout import default_runs
 
@@ -129,7 +121,7 @@ def register(app, runs: RunSet) -> None:
             raise PreventUpdate
         return "/tokens", tokens_search(name, inputs.whole_or_none(step, "step"), sample, None,
                                         inputs.choice(by, data.RANK_BY, "kl"), inputs.clamped(k, "top", 50),
-                                        inputs.choice(color, data.COLOR_BY, "kl"), header_runs_or_none(runs, header_runs),
+                                        inputs.choice(color, data.COLOR_BY, "kl"), inputs.run_names_or_none(runs, header_runs),
                                         default_runs(runs))
 
     # the view <-> the URL (see grpolens.serve.url_callbacks)

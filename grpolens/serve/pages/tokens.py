@@ -172,14 +172,6 @@ def layout(runs: RunSet) -> html.Div:
     ], id="page-tokens", className="page")
 
 
-def header_runs_or_none(runs: RunSet, value) -> list[str] | None:
-    """The header's runs for a link (None, the default, when they are not valid)."""
-    try:
-        return inputs.run_names(runs, value) or None
-    except UserError:
-        return None
-
-
 def register(app, runs: RunSet) -> None:
     from grpolens.serve.layout import default_runs
 
@@ -233,7 +225,7 @@ def register(app, runs: RunSet) -> None:
         return tokens_search(name, inputs.whole_or_none(step, "step"), inputs.whole_or_none(sample, "sample"),
                              inputs.whole_or_none(pos, "pos"), inputs.choice(by, data.RANK_BY, "kl"),
                              inputs.clamped(k, "top", 50), inputs.choice(color, data.COLOR_BY, "kl"),
-                             header_runs_or_none(runs, header_runs), default_runs(runs),
+                             inputs.run_names_or_none(runs, header_runs), default_runs(runs),
                              why if isinstance(why, str) and urlstate.METRIC_NAME.match(why) else None)
 
     # the view <-> the URL (see grpolens.serve.url_callbacks)

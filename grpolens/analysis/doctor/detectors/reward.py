@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.analysis.doctor import signals, stats
-from grpolens.analysis.doctor.catalogue import Finding, Skip, detector
+from grpolens.analysis.doctor.catalogue import Finding, detector
 from grpolens.analysis.doctor.context import MIN_TREND_STEPS
 
 REWARD, LENGTH, ENTROPY = "reward/mean", "completions/length/mean", "entropy"
