@@ -236,7 +236,7 @@ HOME_TESTS = {
                                                       "visitors", "catalogue")},
     "verl_actor": ("test_verl_reference",),
     "twinkle": ("test_twinkle_reference",),
-    "validate": ("test_validate", "test_reading_refuses_invalid_runs"),
+    "validate": ("test_validate", "test_validate_refusals"),
     "partials": ("test_merge", "test_boundaries", "test_rollout_is"),
     "reduce": ("test_boundaries", "test_kl", "test_clip", "test_loss"),
 }
@@ -246,7 +246,7 @@ def is_home(function: str, test: str) -> bool:
     module = function.split(".")[-2]
     stem = test.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
     return stem.startswith(f"test_{module}") or stem in HOME_TESTS.get(module, ()) or (
-        function.startswith("grpolens.check.") and stem.startswith("test_check_"))
+        function.startswith("grpolens.check.") and (stem.startswith("test_check_") or "tests/check/" in test))
 
 
 def test_mapping(max_test_seconds: float | None, budget: float | None) -> dict[str, list[str]]:

@@ -34,7 +34,7 @@ def keys(s3, prefix: str) -> list[str]:
 def write_with_hook(run) -> None:
     """Three steps of two loss calls each (ragged, with every optional column) and their samples."""
     from grpolens.capture.hook import GRPOLensHook
-    from tests.test_hook import make_batch
+    from tests.capture.test_hook import make_batch
 
     with GRPOLensHook(run, run_name="hooked", config={"loss_type": "dapo"}) as hook:
         for step in range(3):
@@ -131,11 +131,11 @@ def test_trl_training_writes_its_run_to_the_bucket(s3_env, trl_run, tmp_path, ca
 
 
 def write_with_verl(run) -> None:
-    """Two steps of verl's actor loop (tests/test_verl_adapter.py: a DataProto-shaped batch, the
+    """Two steps of verl's actor loop (tests/integrations/test_verl.py: a DataProto-shaped batch, the
     shuffled mini/micro-batch split, a forward per micro-batch) recorded by VerlCapture, the same
     random draws whatever ``run`` is."""
     from grpolens.integrations.verl import VerlCapture, verl_config
-    from tests.test_verl_adapter import EOS, make_batch, update_policy
+    from tests.integrations.test_verl import EOS, make_batch, update_policy
 
     rng = np.random.default_rng(11)
     cap = VerlCapture(run, config=verl_config({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "use_kl_loss": True,

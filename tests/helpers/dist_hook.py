@@ -1,4 +1,4 @@
-"""Rank 1 of the 2-process gloo group in test_hook.py (rank 0 is the test itself):
+"""Rank 1 of the 2-process gloo group in tests/capture/test_hook.py (rank 0 is the test itself):
 
     python dist_hook.py STORE_FILE RUN 1
 

@@ -13,7 +13,7 @@ from grpolens.errors import UserError
 from grpolens.metrics.registry import REGISTRY
 from grpolens.plugins import load_plugins
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 
 def parse(text: str, kind: str = "toml"):

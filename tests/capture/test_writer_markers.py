@@ -25,7 +25,7 @@ from grpolens.capture.writer import RunExistsError, ShardWriter
 from grpolens.run import format as fmt
 from grpolens.run.format import read_completion
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HELPER = ROOT / "tests" / "helpers" / "rank_writer.py"
 
 

@@ -11,7 +11,7 @@ from grpolens.metrics.catalogue import catalogue_markdown, catalogue_rows
 from grpolens.metrics.registry import PLACEHOLDER, PROFILES
 from grpolens.plugins import load_plugins
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def test_every_metric_is_documented():

@@ -14,7 +14,7 @@ import pytest
 
 from grpolens.cli import main
 
-TRL_TINY = Path(__file__).resolve().parents[1] / "sample_runs" / "trl-tiny"
+TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:

@@ -16,7 +16,7 @@ import torch
 import grpolens
 from grpolens.integrations.verl import VerlCapture, verl_config
 
-from tests.test_verl_adapter import EOS, make_batch
+from tests.integrations.test_verl import EOS, make_batch
 
 PRE, OLD_ENT = VerlCapture.PRE_REJECTION_MASK_KEY, VerlCapture.OLD_ENTROPY_KEY
 TOKEN_KEYS = ("responses", "response_mask", "old_log_probs", "ref_log_prob", "rollout_log_probs", "advantages",

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from grpolens.cli import main
 from grpolens.run.decode import TOKENIZER_FILE, describe, make_decoder
 
-TRL_TINY = Path(__file__).resolve().parents[1] / "sample_runs" / "trl-tiny"
+TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 
 
 def cli(capsys, *args):
@@ -225,7 +225,7 @@ def test_a_hub_name_is_loaded_from_the_local_cache_only(run, tmp_path):
               "from grpolens.adapters.importers import load_tokenizer\n"
               "try:\n    print(load_tokenizer('grpolens-test/tiny')('br'))\n"
               "except Exception as e:\n    print(type(e).__name__)")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     try:
         for hub_cache, want in ((cache, "tokenizer b\n2"), (tmp_path / "empty-cache", "ids ⟨7⟩\nUserError")):

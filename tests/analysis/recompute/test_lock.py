@@ -20,7 +20,7 @@ from polars.testing import assert_frame_equal
 from grpolens.analysis.recompute import recompute
 from grpolens.adapters.synth import synth_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = {"0.1": {"epsilon": 0.1}, "0.3": {"epsilon": 0.3}}
 
 

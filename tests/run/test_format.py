@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 from grpolens.run import format as fmt
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "run-format.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "run-format.md"
 # The doc uses numpy-style names; Arrow prints float32/float64 as float/double.
 _ARROW_NAME = {"float32": "float", "float64": "double"}
 

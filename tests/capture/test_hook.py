@@ -18,7 +18,7 @@ from grpolens.run import format as fmt
 from grpolens.hook import GRPOLensHook
 from grpolens.run.validate import validate_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = ("old_logp", "ref_logp", "rollout_logp", "entropy")
 
 

@@ -16,7 +16,7 @@ from grpolens.errors import UserError
 from grpolens.metrics.registry import PLACEHOLDER, PROFILES, REGISTRY, load_families
 from grpolens.adapters.synth import synth_run
 
-SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
+SAMPLE_RUNS = Path(__file__).resolve().parents[3] / "sample_runs"
 #: verl's rejection filters (the rs visitor) and a sequence-level veto, so those paths run too
 RS = {"rollout_is": {"level": "token", "mode": "truncate", "lower": 0.5, "upper": 2.0, "veto_lower": 1e-4,
                      "veto_upper": 1e4, "rs": "token_k1,seq_max_k3", "rs_threshold": "0.5_2.0,3.0"}}

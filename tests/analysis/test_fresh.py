@@ -19,7 +19,7 @@ from grpolens.analysis import fresh
 from grpolens.run import format as fmt
 from grpolens.run.tree import DERIVED_DIR, tree_digest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: run the CLI, then say whether the engine was imported (it must not be on a fresh re-run)
 PROBE = ("import sys; from grpolens.cli import main; sys.argv = ['grpolens', *sys.argv[1:]]\n"

@@ -15,7 +15,7 @@ from grpolens.check.evaluate import Series, evaluate
 from grpolens.check.rules import Rule
 from grpolens.check.runner import CheckReport
 
-XSD = Path(__file__).parent / "data" / "junit-check.xsd"
+XSD = Path(__file__).parents[1] / "data" / "junit-check.xsd"
 HOSTILE = "kl <b>&amp; ]]> | `x` *y*\n::error::\x07 100%, a:b"
 
 

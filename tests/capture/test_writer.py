@@ -19,7 +19,7 @@ from grpolens.run import format as fmt
 from grpolens.capture import writer as writer_mod
 from grpolens.capture.writer import RunExistsError, ShardWriter, WriterError
 
-HELPER = Path(__file__).parent / "helpers" / "kill_writer.py"
+HELPER = Path(__file__).parents[1] / "helpers" / "kill_writer.py"
 
 
 def token_chunk(rng, n_seq=3, max_len=7, first_id=0, shuffle=True, **extra):

@@ -236,7 +236,7 @@ def test_the_bundled_synthetic_run_is_what_its_documented_command_makes(tmp_path
     import shlex
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     readme = (root / "sample_runs" / "README.md").read_text(encoding="utf-8")
     command = re.search(r"^grpolens synth sample_runs/tiny .*$", readme, re.M)
     assert command, "sample_runs/README.md no longer shows the command that makes sample_runs/tiny"

@@ -23,7 +23,7 @@ from grpolens.errors import UserError
 from grpolens.adapters.synth import synth_run
 
 STEPS = 16
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 #: injection -> the built-in rules it must trip (the pathology's own signature)
 INJECTED = {
     "kl-spike@12": {"KL to reference"},
@@ -371,7 +371,7 @@ def test_golden_json_encodes_non_finite_values_and_leaves_out_missing_steps():
     from grpolens.check.baseline import golden_json
     from grpolens.run.format import read_manifest
 
-    run = Path(__file__).resolve().parents[1] / "sample_runs" / "trl-tiny"
+    run = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
     df = pl.DataFrame({"step": [3, 0, 1, 2, 4], "m": [float("-inf"), 1.5, float("nan"), float("inf"), None],
                        "other": [0.0] * 5})
     g = golden_json(df, ["m"], run=run, overrides=None, rules_source="rules.toml")
@@ -600,7 +600,7 @@ def test_a_run_that_cannot_be_written_is_checked_without_a_cache(runs, tmp_path,
     import sys
     import tempfile
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     base = Path(tempfile.mkdtemp(prefix="grpolens-ro-"))
     try:

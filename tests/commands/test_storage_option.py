@@ -11,7 +11,7 @@ import pytest
 
 from grpolens.cli import command, main
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_runs" / "tiny"
 COMMANDS = sorted(name for name, cmd in command().commands.items()
                   if any(p.name == "storage_option" for p in cmd.params))
 

@@ -15,7 +15,7 @@ from grpolens.metrics.profile import PROFILES, Profile
 from grpolens.metrics.registry import REGISTRY
 from grpolens.profiles import builtin_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_profiles_table_is_generated():

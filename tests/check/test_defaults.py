@@ -2,7 +2,7 @@
 
 A first check that is red on a healthy run teaches users to ignore it: the bundled real TRL run must
 pass the defaults (the clean synthetic run and every injected pathology are in
-``tests/test_check_cli.py``), and the clip rules must still fail on a sustained rise.
+``tests/check/test_cli.py``), and the clip rules must still fail on a sustained rise.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from grpolens.check.evaluate import FAIL, PASS, Series, evaluate
 from grpolens.check.rules import Sustained, parse_rules
 from grpolens.errors import UserError
 
-TRL_TINY = Path(__file__).resolve().parents[1] / "sample_runs" / "trl-tiny"
+TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 
 
 def test_bundled_trl_run_passes_default_rules(tmp_path):
