@@ -124,9 +124,7 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     if s is None or b.n_seq == 0:
         return {c: np.zeros(b.n_seq) for c in _COLS}
     m = b.mask
-    mf = m.astype(np.float64)
-    n = b.count(m)
-    zero = np.zeros(b.n_seq)
+    n, zero = b.count(m), np.zeros(b.n_seq)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         A = np.where(m, b.adv, 0.0)
         logp = np.where(m, b.logp, 0.0)

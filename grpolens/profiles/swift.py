@@ -35,17 +35,13 @@ from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.rewards import generation_rounds
 from grpolens.profiles import trl
 
+#: the generation-side keys ms-swift logs under TRL's names, and its own loss-side metrics
 NAMES = {
+    **{k: trl.NAMES[k] for k in ("reward/mean", "rewards/<name>/mean", "rewards/<name>/std", "completions/length/mean",
+                                 "completions/length/min", "completions/length/max", "completions/truncated_frac")},
     "swift/loss": "loss",
-    "reward/mean": "reward",
     "swift/reward_std": "reward_std",
     "swift/frac_reward_zero_std": "frac_reward_zero_std",
-    "rewards/<name>/mean": "rewards/<name>/mean",
-    "rewards/<name>/std": "rewards/<name>/std",
-    "completions/length/mean": "completions/mean_length",
-    "completions/length/min": "completions/min_length",
-    "completions/length/max": "completions/max_length",
-    "completions/truncated_frac": "completions/clipped_ratio",
     **{f"swift/{k}": k for k in swift_grpo._DOCS},
 }
 #: what its trainer logs that a run does not hold (``grpolens parity`` reports them as not compared)
