@@ -51,6 +51,14 @@ class Case:
 
 CASES = [
     Case("defaults"),
+    Case("bnpo_dp2", {"loss_type": "bnpo"}, world=2, seed=1),
+    Case("dr_grpo_clip_higher", {"loss_type": "dr_grpo", "epsilon_high": 0.28}, seed=2, drift=0.4),
+    Case("dapo_iterations2_dp2", {"loss_type": "dapo", "epsilon_high": 0.28, "num_iterations": 2}, world=2, seed=3),
+    Case("cispo_eps_high_5", {"loss_type": "cispo", "epsilon_high": 1.2}, seed=4, drift=0.4),
+    Case("sapo_beta0", {"loss_type": "sapo", "beta": 0.0}, seed=5),
+    Case("gspo_sequence", {"importance_sampling_level": "sequence", "epsilon": 3e-3, "epsilon_high": 4e-3}, seed=6, drift=0.02),
+    Case("entropy_overlong_dp2", {"log_entropy": True, "overlong_filter": True}, world=2, seed=7),
+    Case("delta_batch_scale", {"delta": 1.3, "scale_rewards": "batch"}, seed=8, drift=0.5),
 ]
 
 
