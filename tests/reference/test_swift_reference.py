@@ -171,6 +171,31 @@ def test_swift_profile_reproduces_swift(case, swift_logged, tmp_path):
     assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=[c.name for c in CASES[:2]])
+def test_parity_reads_swift_logging_jsonl(case, swift_logged, tmp_path):
+    """``grpolens parity`` on ms-swift's own ``logging.jsonl`` lines (the progress callback's
+    ``global_step/max_steps``, its timings, floats rounded to 8 decimals): every key the run
+    determines agrees, and none is missing."""
+    from grpolens.analysis.parity import compare
+
+    arrays, config, out = swift_logged[case.name]
+    run = tmp_path / "run"
+    record(case, arrays, config, out, run)
+    log = tmp_path / "logging.jsonl"
+    lines = []
+    for rec in out["logs"]:
+        step = rec["step"]
+        d = {k: (round(v, 8) if isinstance(v, float) else v) for k, v in rec.items() if k != "step"}
+        d.update({"grad_norm": 0.5, "learning_rate": 1e-6, "epoch": 0.1, "global_step/max_steps": f"{step}/{case.steps}",
+                  "elapsed_time": "1s", "remaining_time": "2s", "memory(GiB)": 3.2, "train_speed(s/it)": 0.5})
+        lines.append(json.dumps(d))
+    log.write_text("\n".join(lines) + "\n")
+    rows = compare(run, log, profile="swift", rtol=RTOL, atol=ATOL)
+    logged = {(r["step"], k) for r in out["logs"] for k in r if k != "step" and k not in NOT_IN_RUN}
+    assert {(r.step, r.key) for r in rows} == logged
+    assert all(r.status == "ok" for r in rows), [str(r) for r in rows if r.status != "ok"]
+
+
 def test_docs_quote_the_count():
     """Runs after the comparisons above (module order): the figure docs/profiles.md quotes."""
     check_quoted_tally("ms-swift 4.6.0", {c.name for c in CASES},
