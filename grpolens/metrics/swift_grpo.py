@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
-from grpolens.functional import estimators as est
+from grpolens.metrics import swift_rollout_corr as rc
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import Family, Metric, register, register_family
@@ -59,8 +59,6 @@ WINDOW_NORMALIZED = ("dapo", "cispo")
 _REFUSED = {
     "kl_in_reward": "ms-swift then logs the KL of its reward shaping per generation round",
     "top_entropy_quantile": "the entropy mask's threshold is each rank's quantile of its micro-batch",
-    "rollout_importance_sampling_mode": "its rollout_correction/* keys are not reproduced yet",
-    "log_rollout_offpolicy_metrics": "its rollout_correction/* keys are not reproduced yet",
     "off_policy_sequence_mask_delta": "the off-policy sequence mask is not reproduced",
     "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
@@ -92,11 +90,17 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"kl_in_reward": False, "top_entropy_quantile": 1.0, "log_rollout_offpolicy_metrics": False,
-                "sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
+    defaults = {"kl_in_reward": False, "top_entropy_quantile": 1.0, "sdar_loss_coef": 0.0, "dynamic_sample": False,
+                "use_liger_kernel": False}
     for key, why in _REFUSED.items():
         if s[key] != defaults.get(key) and not (key == "kl_in_reward" and float(s["beta"]) == 0.0):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")
+    mode = s["rollout_importance_sampling_mode"]
+    if mode is not None and mode not in rc.MODES:
+        raise _bad("rollout_importance_sampling_mode", mode, f"must be one of {', '.join(rc.MODES)}")
+    thr = s["rollout_importance_sampling_threshold"]
+    if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not thr > 0:
+        raise _bad("rollout_importance_sampling_threshold", thr, "must be a number > 0")
     for key in ("gradient_accumulation_steps", "steps_per_generation", "num_iterations", "num_generations",
                 "max_completion_length"):
         if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
@@ -104,7 +108,8 @@ def settings(cfg: dict) -> dict | None:
     return s
 
 
-_COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.pg", "sw.ent", "sw.ent_n", "sw.len")
+_COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.pg", "sw.ent", "sw.ent_n", "sw.len",
+         *rc.COLS)
 _MERGE = {c: "sum" for c in _COLS}
 
 
@@ -113,10 +118,10 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def swift_k3(logp: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """ms-swift's KL term: k3 of x = clamp(ref − logp, ±20), clamped to ±10."""
-    x = est.clip_log_ratio(ref - logp)
-    return np.clip(est.k3(x), -10.0, 10.0)
+def rollout_on(s: dict) -> bool:
+    """ms-swift computes its rollout correction (given the engine's log-probs) with an IS mode or
+    ``log_rollout_offpolicy_metrics``."""
+    return s["rollout_importance_sampling_mode"] is not None or bool(s["log_rollout_offpolicy_metrics"])
 
 
 def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
@@ -150,9 +155,17 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             high = b.seq_sum(((c1 > 1 + eps_hi) & (A > 0) & m).astype(np.float64))
         kl = zero
         if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and b.has("ref_logp"):
-            k3 = np.where(m, swift_k3(b.logp, b.cols["ref_logp"]), 0.0)
+            k3 = np.where(m, rc.clamped_k3(b.cols["ref_logp"] - b.logp), 0.0)
             L = L + float(s["beta"]) * k3
             kl = b.seq_sum(k3)
+        ro = {}
+        if rollout_on(s) and b.has("rollout_logp"):
+            w = None
+            if s["rollout_importance_sampling_mode"] is not None:
+                w = rc.weights(b, s["rollout_importance_sampling_mode"],
+                               float(s["rollout_importance_sampling_threshold"]), m, n)
+                L = L * w
+            ro = rc.partials(b, s, m, n, w)
         pg = b.seq_sum(np.where(m, L, 0.0))
         ent, ent_n = zero, zero
         if b.has("entropy"):  # every stored token: the completion mask before the overlong filter
@@ -161,7 +174,7 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
     return {"sw.n": n, "sw.kl": kl, "sw.low": low, "sw.high": high,
             "sw.region": low + high, "sw.cispo": cispo, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n,
-            "sw.len": b.lengths.astype(np.float64)}
+            "sw.len": b.lengths.astype(np.float64), **{c: ro.get(c, zero) for c in rc.COLS}}
 
 
 # Registered by a call, not as a decorator: mutmut skips decorated functions (docs/mutation-testing.md).
@@ -194,6 +207,10 @@ def slot_values(sd) -> dict[str, float]:
         out.update({"clip_ratio/low_mean": float(np.mean(low)), "clip_ratio/low_min": min(low),
                     "clip_ratio/high_mean": float(np.mean(high)), "clip_ratio/high_max": max(high),
                     "clip_ratio/region_mean": float(np.mean(region))})
+    if rollout_on(s) and "rollout_logp" in sd.present:
+        r = sd.col("rank")
+        per_rank = [rc.rank_values(lambda c, k=k: sd.col(c)[r == k], s) for k in np.unique(r)]
+        out.update({f"rollout_correction/{k}": v for k, v in rc.gathered(per_rank).items()})
     if s["log_entropy"] and "entropy" in sd.present:
         n = sd.col("sw.ent_n")
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -238,10 +255,17 @@ _DOCS = {
     "entropy/max": "ms-swift's entropy/max (log_entropy): the largest completion mean entropy of the call.",
     "entropy/min": "ms-swift's entropy/min (log_entropy): the smallest completion mean entropy of the call.",
 }
+_DOCS.update({f"rollout_correction/{k}": f"ms-swift's rollout_correction/{k} (log_rollout_offpolicy_metrics or an "
+               "IS mode; the run's rollout_logp): per call each rank's value (grpolens/metrics/swift_rollout_corr.py), "
+               + ("max" if k.endswith("_max") else "min" if k.endswith("_min") else "NaN-ignoring mean") + " over ranks."
+               for k in (*rc.KEYS, *rc.IS_KEYS)})
 _ONLY = {
     "kl": lambda cfg: _WHEN(cfg) and float(settings(cfg)["beta"]) != 0.0 and not settings(cfg)["kl_in_reward"],
     "cispo_clip_ratio": lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "cispo",
     **{f"entropy/{k}": (lambda cfg: _WHEN(cfg) and bool(settings(cfg)["log_entropy"])) for k in ("mean", "max", "min")},
+    **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and rollout_on(settings(cfg))) for k in rc.KEYS},
+    **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["rollout_importance_sampling_mode"] is not None)
+       for k in rc.IS_KEYS},
 }
 _CLIP = lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] not in ("cispo", "sapo")  # noqa: E731
 
@@ -338,8 +362,9 @@ def frac_reward_zero_std(sd) -> float | None:
 
 
 for _k, _doc in _DOCS.items():
+    _req = ("rollout_logp",) if _k.startswith("rollout_correction/") else ("ref_logp",) if _k == "kl" else ()
     register(Metric(f"swift/{_k}", _FAM, _doc, kind="custom", fn=_slot_mean(_k),
-                    when=_ONLY.get(_k, _CLIP), config=("swift_args",)))
+                    when=_ONLY.get(_k, _CLIP), config=("swift_args",), requires=_req))
 
 register(Metric("swift/loss", _FAM, "ms-swift's loss (transformers' logged loss for one optimizer step): each call's "
                 "loss as _compute_loss returns it (grpo/sapo mean over rows of the row's token mean, bnpo the "
