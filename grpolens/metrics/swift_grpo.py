@@ -58,7 +58,6 @@ WINDOW_NORMALIZED = ("dapo", "cispo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
 _REFUSED = {
     "kl_in_reward": "ms-swift then logs the KL of its reward shaping per generation round",
-    "top_entropy_quantile": "the entropy mask's threshold is each rank's quantile of its micro-batch",
     "off_policy_sequence_mask_delta": "the off-policy sequence mask is not reproduced",
     "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
@@ -90,11 +89,13 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"kl_in_reward": False, "top_entropy_quantile": 1.0, "sdar_loss_coef": 0.0, "dynamic_sample": False,
-                "use_liger_kernel": False}
+    defaults = {"kl_in_reward": False, "sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
     for key, why in _REFUSED.items():
         if s[key] != defaults.get(key) and not (key == "kl_in_reward" and float(s["beta"]) == 0.0):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")
+    tq = s["top_entropy_quantile"]
+    if isinstance(tq, bool) or not isinstance(tq, (int, float)) or not 0 < tq <= 1:
+        raise _bad("top_entropy_quantile", tq, "must be a number in (0, 1]")
     mode = s["rollout_importance_sampling_mode"]
     if mode is not None and mode not in rc.MODES:
         raise _bad("rollout_importance_sampling_mode", mode, f"must be one of {', '.join(rc.MODES)}")
@@ -109,8 +110,9 @@ def settings(cfg: dict) -> dict | None:
 
 
 _COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.pg", "sw.ent", "sw.ent_n", "sw.len",
-         *rc.COLS)
-_MERGE = {c: "sum" for c in _COLS}
+         "sw.thr", *rc.COLS)
+#: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
+_MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -122,6 +124,34 @@ def rollout_on(s: dict) -> bool:
     """ms-swift computes its rollout correction (given the engine's log-probs) with an IS mode or
     ``log_rollout_offpolicy_metrics``."""
     return s["rollout_importance_sampling_mode"] is not None or bool(s["log_rollout_offpolicy_metrics"])
+
+
+def nanquantile32(x: np.ndarray, q: float) -> float:
+    """``torch.nanquantile(x.float(), q)`` (linear): in float32, the rank q·(k − 1) over the k non-NaN
+    values, torch's ``lerp`` between its neighbours; NaN when every value is NaN."""
+    v = np.sort(np.asarray(x, dtype=np.float32)[~np.isnan(x)])
+    if not len(v):
+        return float("nan")
+    rank = np.float32(q) * np.float32(len(v) - 1)
+    lo, hi = int(np.floor(rank)), int(np.ceil(rank))
+    w = np.float32(rank - np.float32(lo))
+    a, e = v[lo], v[hi]
+    r = a + w * (e - a) if w < 0.5 else e - (e - a) * (np.float32(1.0) - w)
+    return float(np.float32(r))
+
+
+def entropy_thresholds(b: TokenBatch, top: float) -> np.ndarray:
+    """Per row, its loss call's entropy threshold (``_compute_loss_and_metrics`` with
+    ``top_entropy_quantile`` < 1: the (1 − top) quantile of the entropies of every completion token
+    of the call, on that rank)."""
+    keys = b.seq_keys
+    call = keys["rank"] * (int(keys["micro_batch"].max()) + 1) + keys["micro_batch"]
+    tok = b.broadcast(call)
+    out = np.empty(b.n_seq)
+    e = b.cols["entropy"]
+    for k in np.unique(call):
+        out[call == k] = nanquantile32(e[tok == k], 1 - top)
+    return out
 
 
 def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
@@ -153,6 +183,10 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             L = -np.minimum(c1 * A, c2 * A)
             low = b.seq_sum(((c1 < 1 - eps_lo) & (A < 0) & m).astype(np.float64))
             high = b.seq_sum(((c1 > 1 + eps_hi) & (A > 0) & m).astype(np.float64))
+        thr = np.full(b.n_seq, np.nan)
+        if float(s["top_entropy_quantile"]) < 1.0 and b.has("entropy"):  # only the top entropies train
+            thr = entropy_thresholds(b, float(s["top_entropy_quantile"]))
+            L = L * (b.cols["entropy"].astype(np.float32) >= b.broadcast(thr).astype(np.float32))
         kl = zero
         if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and b.has("ref_logp"):
             k3 = np.where(m, rc.clamped_k3(b.cols["ref_logp"] - b.logp), 0.0)
@@ -174,7 +208,7 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
     return {"sw.n": n, "sw.kl": kl, "sw.low": low, "sw.high": high,
             "sw.region": low + high, "sw.cispo": cispo, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n,
-            "sw.len": b.lengths.astype(np.float64), **{c: ro.get(c, zero) for c in rc.COLS}}
+            "sw.len": b.lengths.astype(np.float64), "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
 
 
 # Registered by a call, not as a decorator: mutmut skips decorated functions (docs/mutation-testing.md).
@@ -211,6 +245,8 @@ def slot_values(sd) -> dict[str, float]:
         r = sd.col("rank")
         per_rank = [rc.rank_values(lambda c, k=k: sd.col(c)[r == k], s) for k in np.unique(r)]
         out.update({f"rollout_correction/{k}": v for k, v in rc.gathered(per_rank).items()})
+    if float(s["top_entropy_quantile"]) < 1.0 and "entropy" in sd.present and (sd.col("rank") == 0).any():
+        out["entropy/threshold"] = float(sd.col("sw.thr")[sd.col("rank") == 0][0])  # rank 0's, which it logs
     if s["log_entropy"] and "entropy" in sd.present:
         n = sd.col("sw.ent_n")
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -254,6 +290,9 @@ _DOCS = {
                     "completion's mean entropy over all its tokens (NaN-ignoring).",
     "entropy/max": "ms-swift's entropy/max (log_entropy): the largest completion mean entropy of the call.",
     "entropy/min": "ms-swift's entropy/min (log_entropy): the smallest completion mean entropy of the call.",
+    "entropy/threshold": "ms-swift's entropy/threshold (top_entropy_quantile < 1): rank 0's (1 − top_entropy_quantile) "
+                         "quantile (torch.nanquantile, float32) of the entropies of its call's completion tokens; "
+                         "only tokens at or above their call's threshold keep their policy loss.",
 }
 _DOCS.update({f"rollout_correction/{k}": f"ms-swift's rollout_correction/{k} (log_rollout_offpolicy_metrics or an "
                "IS mode; the run's rollout_logp): per call each rank's value (grpolens/metrics/swift_rollout_corr.py), "
@@ -263,6 +302,7 @@ _ONLY = {
     "kl": lambda cfg: _WHEN(cfg) and float(settings(cfg)["beta"]) != 0.0 and not settings(cfg)["kl_in_reward"],
     "cispo_clip_ratio": lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "cispo",
     **{f"entropy/{k}": (lambda cfg: _WHEN(cfg) and bool(settings(cfg)["log_entropy"])) for k in ("mean", "max", "min")},
+    "entropy/threshold": lambda cfg: _WHEN(cfg) and float(settings(cfg)["top_entropy_quantile"]) < 1.0,
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and rollout_on(settings(cfg))) for k in rc.KEYS},
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["rollout_importance_sampling_mode"] is not None)
        for k in rc.IS_KEYS},
@@ -305,6 +345,8 @@ def step_loss(sd) -> float | None:
         return None
     if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and "ref_logp" not in sd.present:
         return None  # the KL term the loss added is not in the run
+    if float(s["top_entropy_quantile"]) < 1.0 and "entropy" not in sd.present:
+        return None  # the entropy mask needs the entropies
     g, ng = sd.groups(("rank", "micro_batch"))
     rank = sd.col("rank")
     world = len(np.unique(rank))
@@ -362,7 +404,7 @@ def frac_reward_zero_std(sd) -> float | None:
 
 
 for _k, _doc in _DOCS.items():
-    _req = ("rollout_logp",) if _k.startswith("rollout_correction/") else ("ref_logp",) if _k == "kl" else ()
+    _req = {"rollout_correction": ("rollout_logp",), "kl": ("ref_logp",), "entropy": ("entropy",)}.get(_k.split("/")[0], ())
     register(Metric(f"swift/{_k}", _FAM, _doc, kind="custom", fn=_slot_mean(_k),
                     when=_ONLY.get(_k, _CLIP), config=("swift_args",), requires=_req))
 

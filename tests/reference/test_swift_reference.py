@@ -70,6 +70,9 @@ CASES = [
     Case("is_sequence_mask_overlong_dp2", {"rollout_importance_sampling_mode": "sequence_mask", "overlong_filter": True,
                                            "rollout_importance_sampling_threshold": 1.01}, world=2, seed=13,
          rollout=True),
+    Case("entropy_mask_dp2", {"top_entropy_quantile": 0.2}, world=2, seed=14),
+    Case("entropy_mask_log_entropy_cispo_overlong", {"top_entropy_quantile": 0.5, "log_entropy": True, "loss_type": "cispo",
+                                                     "epsilon_high": 1.2, "overlong_filter": True}, seed=15),
 ]
 
 
