@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from grpolens.functional.estimators import LOG_RATIO_BOUND, clip_log_ratio
+from grpolens.functional.histogram import edge_counts
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
@@ -30,7 +31,7 @@ HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
 
 def histogram(log_w: np.ndarray) -> np.ndarray:
     x = clip_log_ratio(log_w)
-    return np.histogram(x, bins=HIST_EDGES)[0].astype(np.int64)
+    return edge_counts(x, HIST_EDGES)
 
 
 @dataclass

@@ -5,6 +5,8 @@ The trainer's log is a JSONL file, one object per logging call, in any of these 
 * a flat object with a ``step`` key: TRL's ``on_log`` dicts (the TRL integration writes them to
   ``RUN/grpolens/trl_log.jsonl``), or Twinkle's metric dicts (the merged ``calculate()`` results of
   its metrics) with the step added;
+* ms-swift's ``logging.jsonl`` (its output directory): the logged dict with
+  ``"global_step/max_steps": "N/M"`` for the step, floats rounded to 8 decimals;
 * ``{"step": N, "data": {...}}``: verl's file logger (``trainer.logger=['file']``, one line per
   step, written to ``$VERL_FILE_LOGGER_PATH`` or ``<project>/<experiment>.jsonl``).
 
@@ -90,6 +92,9 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
             raise UserError(f"{path}:{i}: not a JSON object")
         if "step" not in rec and "train/global_step" in rec:  # OpenRLHF's wandb/TensorBoard keys, exported
             rec = {"step": rec["train/global_step"], **rec}
+        gm = rec.get("global_step/max_steps")
+        if "step" not in rec and isinstance(gm, str) and gm.split("/", 1)[0].strip().isdigit():
+            rec = {"step": int(gm.split("/", 1)[0]), **rec}  # ms-swift's logging.jsonl ("N/M")
         step = rec.get("step")
         if not isinstance(step, (int, float)) or isinstance(step, bool):
             continue

@@ -22,10 +22,62 @@ Non-finite values are counted apart (``nonfinite``) and never enter a bin.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
+
+#: :func:`edge_counts` looks each value up by the top ``64 - _SHIFT`` bits of its order-preserving
+#: key (sign, exponent and 4 mantissa bits: buckets 1/16 of an octave wide)
+_SHIFT = 48
+_LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+def _buckets(x: np.ndarray) -> np.ndarray:
+    """Each float64's bucket, as an index into a table of ``2**(64 - _SHIFT)`` (negative buckets
+    wrap to the table's upper half, as numpy's negative indices do): the int64 key
+    ``s ^ ((s >> 63) & 0x7FFF...)`` of the bits ``s`` orders like the values (NaN aside; -0.0 just
+    below +0.0), and its top bits keep that order."""
+    s = x.view(np.int64)
+    return (s ^ ((s >> 63) & _LOW63)) >> _SHIFT
+
+
+@functools.lru_cache(maxsize=8)
+def _bucket_table(edges: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(below, bounds, steps)``: for every bucket, how many bounds lie below it; the bounds (the
+    edges, the last one moved up by one ulp so that it closes its bin, then a NaN that no value
+    passes); and the most bounds one bucket holds."""
+    e = np.frombuffer(edges, dtype=np.float64).copy()
+    e[-1] = np.nextafter(e[-1], np.inf)
+    half = 1 << (63 - _SHIFT)
+    first = np.r_[np.arange(0, half), np.arange(-half, 0)].astype(np.int64) << _SHIFT  # table order
+    keys = e.view(np.int64) ^ ((e.view(np.int64) >> 63) & _LOW63)
+    below = np.searchsorted(keys, first, side="left").astype(np.int64)
+    inside = np.searchsorted(keys, first + (1 << _SHIFT) - 1, side="right") - below
+    return below, np.append(e, np.nan), int(inside.max())
+
+
+def edge_counts(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """``np.histogram(x, bins=edges)[0]`` as int64 (``edges`` increasing, finite): bins
+    ``[e_i, e_i+1)``, the last one closed; values outside the edges and NaN are not counted.
+
+    numpy sorts the values to histogram them on uneven edges. Here each value's count of bounds
+    ``<= x`` comes from a table lookup by the top bits of its order-preserving key (the bounds
+    below its bucket), plus a comparison with each bound inside the bucket (rarely more than one):
+    the same counts, exactly, at a fraction of the cost (a recompute histograms every token twice).
+    """
+    e = np.ascontiguousarray(edges, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64).ravel()
+    if (e == 0).any():
+        x = x + 0.0  # -0.0 is +0.0, as the comparisons take it
+    below, bounds, steps = _bucket_table(e.tobytes())
+    c = below[_buckets(x)]
+    for _ in range(steps):  # the bound at c, if <= x, is one more (bounds[-1], NaN, never is)
+        c += bounds[c] <= x
+    n = len(e)  # c: 0 below the first edge, n beyond the last, NaN 0 or n (its key's sign)
+    return np.bincount(c, minlength=n + 1)[1:n].astype(np.int64)
+
 
 DEFAULT_ALPHA = 0.005
 DEFAULT_MIN_ABS = 1e-6

@@ -22,5 +22,6 @@ FAMILY_MODULES = [
     "rollout_is",
     "verl_actor",
     "openrlhf_actor",
+    "swift_grpo",
     "twinkle",
 ]

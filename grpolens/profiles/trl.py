@@ -355,29 +355,32 @@ def windows(steps: list[int], rules: Rules) -> list[tuple[int, list[int], bool]]
     return out
 
 
-def log_view(final: pl.DataFrame, raw: pl.DataFrame, metrics: list, rules: Rules) -> pl.DataFrame:
+def log_view(final: pl.DataFrame, raw: pl.DataFrame, metrics: list, rules: Rules, profile: str = "trl",
+             step_means: tuple[str, ...] = ("loss",)) -> pl.DataFrame:
     """One row per TRL log (``step`` = the step TRL logged at) from the per-step tables: ``final``
-    (profile names, running totals) and ``raw`` (canonical names and the appended-value counts)."""
+    (``profile``'s names, running totals) and ``raw`` (canonical names and the appended-value counts).
+    ``step_means``: metrics with one value per optimizer step (the Trainer's ``loss``): the window's
+    mean of its steps, left out of the end-of-training summary."""
     steps = final["step"].to_list()
     index = {s: i for i, s in enumerate(steps)}
     cols = {m.name: raw[m.name].to_list() for m in metrics}
     counts = {m.name: raw[m.name + COUNT].to_list() if m.name + COUNT in raw.columns else None for m in metrics}
     nans = {m.name: raw[m.name + NANS].to_list() if m.name + NANS in raw.columns else None for m in metrics}
-    shown = {m.name: final[m.name_in("trl")].to_list() for m in metrics}
+    shown = {m.name: final[m.name_in(profile)].to_list() for m in metrics}
     rows = []
     for logged, members, summary in windows(steps, rules):
         idx = [index[s] for s in members]
         row: dict[str, Any] = {"step": logged}
         for m in metrics:
-            key = m.name_in("trl")
-            if summary and m.name == "loss":
+            key = m.name_in(profile)
+            if summary and m.name in step_means:
                 row[key] = None  # the summary line has train_loss, not loss
                 continue
             if m.cumulative:  # overwritten at each generation: the window's last value
                 vals = [shown[m.name][i] for i in idx if shown[m.name][i] is not None]
                 row[key] = vals[-1] if vals else None
                 continue
-            if m.name == "loss":  # the Trainer's: mean over the window's optimizer steps
+            if m.name in step_means:  # the Trainer's: mean over the window's optimizer steps
                 vals = [cols[m.name][i] for i in idx]
                 row[key] = None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
                 continue
@@ -389,7 +392,7 @@ def log_view(final: pl.DataFrame, raw: pl.DataFrame, metrics: list, rules: Rules
                 continue
             row[key] = sum(cols[m.name][i] * c for i, c in zip(idx, n) if c) / total
         rows.append(row)
-    schema = {"step": pl.Int64, **{m.name_in("trl"): pl.Float64 for m in metrics}}
+    schema = {"step": pl.Int64, **{m.name_in(profile): pl.Float64 for m in metrics}}
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 

@@ -3,7 +3,9 @@
 A recompute writes tables with rows for every step (the completions table, the top tokens, the
 rollout-IS histograms). Held in memory until the end, they grow with the number of steps (a
 10,000-step run's completions table alone is millions of rows). Instead each recomputed step's
-rows go to a spill file as soon as the step is done (:class:`StepSpill`), and
+rows go to a spill file as soon as the step is done (:class:`StepSpill`; the first
+:data:`HOLD_BYTES` of them stay in memory, which spares a short run's many small steps a file
+written and read back each), and
 :func:`write_step_table` writes the final file in step order from the spilled steps and the
 earlier file's rows of the steps kept from the cache, one step (or one row group) at a time.
 
@@ -27,6 +29,9 @@ import polars as pl
 ROW_GROUP_ROWS = 256 * 1024
 #: rows per batch when streaming the earlier file
 READ_BATCH_ROWS = 64 * 1024
+#: bytes of spilled rows a recompute's own spill keeps in memory (all tables together) before it
+#: writes them to files: the tables of ~100 small steps, so a run of any length stays bounded
+HOLD_BYTES = 64 << 20
 
 
 class StepSpill:
@@ -35,21 +40,24 @@ class StepSpill:
     Lives in a private temporary folder under ``parent`` (beside the cache, so on the run's disk,
     not in a RAM-backed /tmp); :meth:`close` removes it, whatever happened.
 
-    Worker processes computing steps in parallel write into the same folder (:meth:`shared`: one
-    file per table and step, so they never write the same file); the owner records each step a
-    worker wrote with :meth:`SpilledSteps.adopt` and reads them all back as one table."""
+    The owner's own steps stay in memory while their rows total at most ``hold_bytes``
+    (:data:`HOLD_BYTES`), the later ones go to files. Worker processes computing steps in parallel
+    write into the same folder (:meth:`shared`: one file per table and step, so they never write
+    the same file, and hold nothing); the owner records each step a worker wrote with
+    :meth:`SpilledSteps.adopt` and reads them all back as one table."""
 
-    def __init__(self, parent: Path):
+    def __init__(self, parent: Path, hold_bytes: int | None = None):
         self.parent = parent
-        self.dir: Path | None = None  # made on the first put: a re-run with nothing new makes none
+        self.dir: Path | None = None  # made on the first file: a re-run with nothing new makes none
         self._owned = True
         self._tables: dict[str, SpilledSteps] = {}
+        self.hold_left = HOLD_BYTES if hold_bytes is None else hold_bytes  # bytes still to hold in memory
 
     @classmethod
     def shared(cls, folder: Path) -> "StepSpill":
         """A spill writing into the existing ``folder`` of another (its owner's) spill; closing it
         leaves the folder to the owner."""
-        spill = cls(folder.parent)
+        spill = cls(folder.parent, hold_bytes=0)
         spill.dir, spill._owned = folder, False
         return spill
 
@@ -65,7 +73,7 @@ class StepSpill:
 
     def table(self, name: str) -> "SpilledSteps":
         if name not in self._tables:
-            self._tables[name] = SpilledSteps(lambda: self.folder() / name)
+            self._tables[name] = SpilledSteps(lambda: self.folder() / name, self)
         return self._tables[name]
 
     def step_schemas(self, step: int) -> dict[str, pl.Schema]:
@@ -98,16 +106,24 @@ def _os_error(e: Exception, path: Path) -> Exception:
 
 
 class SpilledSteps(Mapping[int, pl.DataFrame]):
-    """step -> that step's rows, read back from its spill file on access (steps without rows are absent)."""
+    """step -> that step's rows, held in memory or read back from its spill file on access (steps
+    without rows are absent)."""
 
-    def __init__(self, folder: Callable[[], Path]):
+    def __init__(self, folder: Callable[[], Path], spill: StepSpill | None = None):
         self._folder = folder
+        self._spill = spill  # whose memory budget a put may use
         self._files: dict[int, Path] = {}
+        self._held: dict[int, pl.DataFrame] = {}
         self.schemas: dict[int, pl.Schema] = {}
         self._distinct: dict[tuple, pl.Schema] = {}
 
     def put(self, step: int, rows: pl.DataFrame | None) -> None:
         if rows is None or rows.height == 0:
+            return
+        if self._spill is not None and self._spill.hold_left > 0:
+            self._spill.hold_left -= rows.estimated_size()
+            self._held[step] = rows
+            self._note_schema(step, rows.schema)
             return
         folder = self._folder()
         folder.mkdir(parents=True, exist_ok=True)
@@ -122,18 +138,22 @@ class SpilledSteps(Mapping[int, pl.DataFrame]):
         """Record ``step``'s file, written by :meth:`put` (here or on a :meth:`StepSpill.shared`
         spill of the same folder in another process), with the schema of its rows."""
         self._files[step] = self._folder() / f"{step}.parquet"
+        self._note_schema(step, schema)
+
+    def _note_schema(self, step: int, schema: pl.Schema) -> None:
         # one object per distinct schema: the steps of a table nearly always share one, and a
         # schema per step (~4 KB) made memory grow with the run's length
         self.schemas[step] = self._distinct.setdefault(tuple(schema.items()), schema)
 
     def __getitem__(self, step: int) -> pl.DataFrame:
-        return pl.read_parquet(self._files[step])
+        held = self._held.get(step)
+        return pl.read_parquet(self._files[step]) if held is None else held
 
     def __iter__(self) -> Iterator[int]:
-        return iter(sorted(self._files))
+        return iter(sorted(self._files.keys() | self._held.keys()))
 
     def __len__(self) -> int:
-        return len(self._files)
+        return len(self._files.keys() | self._held.keys())
 
 
 def write_step_table(path: Path, new: Mapping[int, pl.DataFrame], kept_steps: Iterable[int], sort: list[str],
@@ -166,6 +186,8 @@ def write_step_table(path: Path, new: Mapping[int, pl.DataFrame], kept_steps: It
     template = unified.select(columns)
 
     def conform(df: pl.DataFrame) -> pl.DataFrame:
+        if df.schema == template.schema:  # the usual case: nothing to add, cast or reorder
+            return df
         return pl.concat([template, df], how="diagonal_relaxed").select(columns)
 
     def new_rows(step: int) -> pl.DataFrame:

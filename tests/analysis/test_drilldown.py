@@ -35,6 +35,26 @@ def ref_scores(c, by):
     return np.where(c.mask & np.isfinite(s), s, np.nan)
 
 
+def test_largest_is_a_stable_sorts_top_k():
+    """_largest (blockwise-maximum candidates, then a partition) against a stable sort: the values
+    above the k-th largest in position order, then the first positions holding it; on ties,
+    sorted and constant input, lengths that are no whole number of blocks, the maximum in the
+    last partial block, and k around the candidate threshold."""
+    rng = np.random.default_rng(7)
+    cases = [rng.normal(size=20_011), np.round(rng.normal(size=30_000), 1), np.zeros(9_000),
+             np.sort(rng.normal(size=10_000)), np.sort(rng.normal(size=10_000))[::-1].copy(),
+             np.r_[np.zeros(12_800), np.ones(5)], np.r_[rng.normal(size=6_431), 99.0], rng.normal(size=40),
+             rng.integers(0, 3, 50_000).astype(np.float64)]
+    for x in cases:
+        for k in (1, 2, 5, 32, 63, 64, 65, 100, 1_000):
+            if k >= len(x):
+                continue
+            best = np.lexsort((np.arange(len(x)), -x))[:k]
+            t = x[best[-1]]
+            want = np.r_[np.sort(best[x[best] > t]), np.sort(best[x[best] == t])]
+            assert np.array_equal(drilldown._largest(x, k), want), (len(x), k)
+
+
 @pytest.mark.parametrize("parts", [1, 3])
 @pytest.mark.parametrize("nonfinite", [0.0, 0.05])
 def test_top_tokens_equal_global_top_k(tmp_path, parts, nonfinite):

@@ -132,3 +132,24 @@ def test_a_pickled_histogram_keeps_its_bins_and_its_nonfinite_count():
 def test_different_bins_refuse_to_merge():
     with pytest.raises(ValueError, match="^cannot merge histograms with different bins$"):
         LogHistogram.of(np.ones(3)).merge(LogHistogram.of(np.ones(3), LogBins(alpha=0.01)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_edge_counts_are_numpys_histogram(seed):
+    """edge_counts against np.histogram: values on every edge (the last bin closed), outside the
+    edges, ±inf, NaN of either sign, -0.0, empty input, uneven and even edges (one with 0.0 an edge)."""
+    from grpolens.analysis.is_weights import HIST_EDGES
+    from grpolens.functional.histogram import edge_counts
+
+    rng = np.random.default_rng(seed)
+    # the last: 40 edges inside one of the lookup's buckets, so values pass several bounds in it
+    for edges in (HIST_EDGES, np.linspace(-3.0, 3.0, 7), np.array([0.0, 1.0]), np.sort(rng.normal(size=50)),
+                  np.linspace(1.0, 1.01, 40)):
+        x = np.concatenate([rng.normal(scale=edges[-1], size=5_000), rng.uniform(edges[0], edges[-1], 2_000), edges, edges[:: max(1, len(edges) // 5)],
+                            [edges[0] - 1.0, edges[-1] + 1.0, np.inf, -np.inf, np.nan, np.copysign(np.nan, -1.0), -0.0, 0.0],
+                            np.nextafter(edges, np.inf), np.nextafter(edges, -np.inf)])
+        rng.shuffle(x)
+        for part in (x, x[:0], x[:1], np.clip(x, edges[0], edges[-1])):
+            want = np.histogram(part, bins=edges)[0]
+            got = edge_counts(part, edges)
+            assert got.dtype == np.int64 and np.array_equal(got, want)

@@ -24,6 +24,11 @@ def openrlhf_python():
 
 
 @pytest.fixture(scope="session")
+def swift_python():
+    return refvenv.ensure("swift")
+
+
+@pytest.fixture(scope="session")
 def twinkle_python():
     return refvenv.ensure("twinkle")
 

@@ -26,8 +26,10 @@ def _one_pass(frames):
     return pl.concat(frames, how="diagonal_relaxed").sort(SORT, descending=DESC)
 
 
+@pytest.mark.parametrize("hold_bytes", [0, 300, None], ids=["files", "some-held", "all-held"])
 @pytest.mark.parametrize("seed", range(6))
-def test_kept_and_new_steps_in_random_order_give_the_one_pass_table(tmp_path, seed):
+def test_kept_and_new_steps_in_random_order_give_the_one_pass_table(tmp_path, seed, hold_bytes):
+    """... whether the spilled steps are files, in memory (the first HOLD_BYTES), or some of each."""
     rng = random.Random(seed)
     steps = list(range(rng.randint(1, 30)))
     pieces = {s: _piece(rng, s, extra=rng.random() < 0.5) for s in steps}
@@ -36,9 +38,11 @@ def test_kept_and_new_steps_in_random_order_give_the_one_pass_table(tmp_path, se
     new_steps = set(rng.sample(steps, rng.randint(0, len(steps))))
     kept = set(steps) - new_steps
     fresh = {s: _piece(rng, s, extra=rng.random() < 0.5) for s in new_steps}
-    with StepSpill(tmp_path / "cache") as spill:
+    with StepSpill(tmp_path / "cache", hold_bytes=hold_bytes) as spill:
         for s in rng.sample(sorted(new_steps), len(new_steps)):  # steps spilled in any order
             spill.put("t", s, fresh[s])
+        on_disk = len(list((tmp_path / "cache").glob(".spill-*/t/*.parquet")))
+        assert on_disk == (len(new_steps) if hold_bytes == 0 else 0 if hold_bytes is None else on_disk)
         write_step_table(path, spill.table("t"), kept, SORT, DESC, schemas=spill.table("t").schemas)
     expected = _one_pass([_one_pass(list(pieces.values())).filter(pl.col("step").is_in(sorted(kept))),
                           *(fresh[s] for s in sorted(new_steps))])

@@ -1,0 +1,218 @@
+"""ms-swift 4.6.0's own GRPO trainer code is the judge of grpolens' ``swift`` profile.
+
+For each configuration (ms-swift's defaults first) a seeded ragged run is built: generation rounds
+of prompt groups with ragged completions (some truncated), rewards of two reward functions (one
+with unscored completions), the old policy's, reference's and per iteration the current policy's
+log-probs and entropies. ``swift_driver.py`` runs ms-swift's trainer methods on it in the reference
+venv, one process per data-parallel rank (generation, rewards and advantages, batches, loss and
+metrics, ``log()`` at the logging steps) and returns every dict ``log()`` passed on, the sample ids
+of each loss call and the advantages it computed. The same calls go through grpolens' writer hook
+(the config :func:`grpolens.profiles.swift.swift_config` makes of the run's arguments), and
+``--profile swift`` must give every value ms-swift logged (float32: rtol 1e-5, atol 1e-6) and no key
+it did not log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+import grpolens
+from grpolens.capture.hook import GRPOLensHook
+from grpolens.metrics.swift_grpo import DEFAULTS
+from grpolens.profiles.swift import NOT_IN_RUN, swift_config
+from tests.reference import refvenv
+from tests.reference.conftest import TALLY, check_quoted_tally, close
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+RTOL, ATOL = 1e-5, 1e-6
+REWARD_FUNCS = ["accuracy", "format"]
+
+
+@dataclass
+class Case:
+    name: str
+    args: dict = field(default_factory=dict)  # ms-swift arguments over its defaults
+    world: int = 1
+    batch: int = 4  # per_device_train_batch_size
+    gas: int = 2
+    steps: int = 3
+    logging_steps: int = 2
+    generations: int = 4
+    seed: int = 0
+    drift: float = 0.2
+    width: int = 9
+    rollout: bool = False  # the rollout engine's log-probs in the batches
+
+
+CASES = [
+    Case("defaults"),
+    Case("bnpo_dp2", {"loss_type": "bnpo"}, world=2, seed=1),
+    Case("dr_grpo_clip_higher", {"loss_type": "dr_grpo", "epsilon_high": 0.28}, seed=2, drift=0.4),
+    Case("dapo_iterations2_dp2", {"loss_type": "dapo", "epsilon_high": 0.28, "num_iterations": 2}, world=2, seed=3),
+    Case("cispo_eps_high_5", {"loss_type": "cispo", "epsilon_high": 1.2}, seed=4, drift=0.4),
+    Case("sapo_beta0", {"loss_type": "sapo", "beta": 0.0}, seed=5),
+    Case("gspo_sequence", {"importance_sampling_level": "sequence", "epsilon": 3e-3, "epsilon_high": 4e-3}, seed=6, drift=0.02),
+    Case("entropy_overlong_dp2", {"log_entropy": True, "overlong_filter": True}, world=2, seed=7),
+    Case("delta_batch_scale", {"delta": 1.3, "scale_rewards": "batch"}, seed=8, drift=0.5),
+    Case("offpolicy_metrics_dp2", {"log_rollout_offpolicy_metrics": True}, world=2, seed=9, rollout=True),
+    Case("is_token_truncate", {"rollout_importance_sampling_mode": "token_truncate",
+                               "rollout_importance_sampling_threshold": 1.05}, seed=10, rollout=True),
+    Case("is_token_mask_dp2", {"rollout_importance_sampling_mode": "token_mask",
+                               "rollout_importance_sampling_threshold": 1.05}, world=2, seed=11, rollout=True),
+    Case("is_sequence_truncate_dapo", {"rollout_importance_sampling_mode": "sequence_truncate", "loss_type": "dapo",
+                                       "rollout_importance_sampling_threshold": 1.01}, seed=12, rollout=True),
+    Case("is_sequence_mask_overlong_dp2", {"rollout_importance_sampling_mode": "sequence_mask", "overlong_filter": True,
+                                           "rollout_importance_sampling_threshold": 1.01}, world=2, seed=13,
+         rollout=True),
+    Case("entropy_mask_dp2", {"top_entropy_quantile": 0.2}, world=2, seed=14),
+    Case("entropy_mask_log_entropy_cispo_overlong", {"top_entropy_quantile": 0.5, "log_entropy": True, "loss_type": "cispo",
+                                                     "epsilon_high": 1.2, "overlong_filter": True}, seed=15),
+]
+
+
+def _args(case: Case) -> dict:
+    spg = case.args.get("steps_per_generation") or case.gas
+    return {**DEFAULTS, "num_generations": case.generations, "per_device_train_batch_size": case.batch,
+            "gradient_accumulation_steps": case.gas, "logging_steps": case.logging_steps, "max_steps": case.steps,
+            "max_completion_length": case.width, "generation_batch_size": case.batch * case.world * spg,
+            "log_completions": False, "output_dir": "output", "gradient_checkpointing_kwargs": None,
+            "wandb_log_unique_prompts": None, "num_completions_to_print": None, **case.args,
+            "steps_per_generation": spg}
+
+
+def build(case: Case) -> tuple[dict, dict]:
+    """The run's per-completion arrays (generation order) and the driver's configuration, seeded."""
+    rng = np.random.default_rng(case.seed)
+    args = _args(case)
+    spg, iters = args["steps_per_generation"], args["num_iterations"]
+    per_rank = case.batch * spg
+    n_round = per_rank * case.world
+    rounds = -(-case.steps * case.gas // (spg * iters))
+    n = n_round * rounds
+    W = case.width
+    lens = rng.integers(1, W + 1, n)
+    trunc = lens == W
+    old = np.minimum(-rng.exponential(1.0, (n, W)), -1e-3).astype(np.float32)
+    ref = np.minimum(old + rng.normal(0, 0.3, (n, W)), 0.0).astype(np.float32)
+    rollout = np.minimum(old + rng.normal(0, 0.05, (n, W)), 0.0).astype(np.float32)
+    cur = np.stack([np.minimum(old + rng.normal(0, case.drift * (1 + e), (n, W)), 0.0) for e in range(iters)]).astype(np.float32)
+    ent = rng.uniform(0.2, 3.0, (iters, n, W)).astype(np.float32)
+    rewards = np.stack([rng.integers(0, 2, n).astype(np.float32), rng.uniform(0, 1, n).astype(np.float32)], axis=1)
+    rewards[: case.generations, :] = 1.0  # a group whose rewards are equal
+    rewards[rng.random(n) < 0.1, 1] = np.nan  # the format function could not score these
+    arrays = {"len": lens, "trunc": trunc, "old": old, "ref": ref, "rollout": rollout, "cur": cur, "ent": ent,
+              "rewards": rewards}
+    ids = [[list(range(g * n_round + r * per_rank, g * n_round + (r + 1) * per_rank)) for r in range(case.world)]
+           for g in range(rounds)]
+    config = {"args": args, "world": case.world, "steps": case.steps, "rounds": ids, "reward_funcs": REWARD_FUNCS,
+              "reward_weights": [1.0, 1.0], "rollout": case.rollout}
+    return arrays, config
+
+
+@pytest.fixture(scope="module")
+def swift_logged(swift_python, tmp_path_factory):
+    """Every case through ms-swift's code, in one driver run."""
+    d = tmp_path_factory.mktemp("swift_ref")
+    jobs, built = [], {}
+    for c in CASES:
+        arrays, config = build(c)
+        np.savez(d / f"{c.name}.npz", **arrays)
+        jobs.append({"in": str(d / f"{c.name}.npz"), "config": config, "out": str(d / f"{c.name}.out.json")})
+        built[c.name] = (arrays, config)
+    (d / "cases.json").write_text(json.dumps(jobs))
+    json.loads(refvenv.run(swift_python, "swift_driver.py", str(d / "cases.json")))
+    return {c.name: (*built[c.name], json.loads((d / f"{c.name}.out.json").read_text())) for c in CASES}
+
+
+def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
+    """Each rank's loss calls through the writer hook, and each generation round's completions at
+    the step that generated them (rank 0 records the round's samples)."""
+    args = config["args"]
+    spg, iters, gas = args["steps_per_generation"], args["num_iterations"], args["gradient_accumulation_steps"]
+    cfg = swift_config(args)
+    lens, W = arrays["len"], arrays["old"].shape[1]
+    weights = np.asarray(config["reward_weights"])
+    for r, dump in enumerate(out["ranks"]):
+        hook = GRPOLensHook(run, config=cfg, rank=r, world_size=case.world, trainer={"name": "ms-swift", "version": "4.6.0"})
+        adv = {int(k): v for k, v in dump["advantages"].items()}
+        for c, ids in enumerate(dump["calls"]):
+            step, it = c // gas + 1, (c // spg) % iters
+            if r == 0 and c % (spg * iters) == 0:  # the micro-step that generated a round
+                g = c // (spg * iters)
+                rids = [i for rank_ids in config["rounds"][g] for i in rank_ids]
+                rw = arrays["rewards"][rids].astype(np.float64)
+                hook.log_samples(step=step, sample_ids=torch.tensor(rids), group_ids=torch.tensor(rids) // case.generations,
+                                 completion_lens=torch.tensor(lens[rids]), truncated=torch.tensor(arrays["trunc"][rids]),
+                                 rewards={f: rw[:, k] for k, f in enumerate(REWARD_FUNCS)},
+                                 reward=torch.tensor(np.nansum(rw * weights, axis=1)), generations=g)
+            ids = np.asarray(ids)
+            valid = torch.arange(W)[None, :] < torch.tensor(lens[ids])[:, None]
+            mask = valid & ~torch.tensor(arrays["trunc"][ids])[:, None] if args["overlong_filter"] else valid
+            kw = {"ref_logp": torch.tensor(arrays["ref"][ids])} if args["beta"] != 0.0 else {}
+            if case.rollout:
+                kw["rollout_logp"] = torch.tensor(arrays["rollout"][ids])
+            hook.log_loss_call(step=step, micro_batch=c % gas, logp=torch.tensor(arrays["cur"][it][ids]),
+                               old_logp=torch.tensor(arrays["old"][ids]), entropy=torch.tensor(arrays["ent"][it][ids]),
+                               advantages=torch.tensor([adv[int(i)] for i in ids]), mask=mask, valid=valid,
+                               sample_ids=torch.tensor(ids), **kw)
+            if c % gas == gas - 1:
+                hook.end_step(step)
+        hook.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_swift_profile_reproduces_swift(case, swift_logged, tmp_path):
+    arrays, config, out = swift_logged[case.name]
+    run = tmp_path / "run"
+    record(case, arrays, config, out, run)
+    df = grpolens.recompute(run, profile="swift", write=False)
+    ours = {row["step"]: {k: v for k, v in row.items() if v is not None and k != "step"} for row in df.iter_rows(named=True)}
+    rows, extra = [], []
+    for log in out["logs"]:
+        step = log["step"]
+        got = ours.get(step, {})
+        logged = {k: v for k, v in log.items() if k != "step" and k not in NOT_IN_RUN}
+        rows += [(f"{k} @{step}", v, got.get(k), close(got.get(k), v, ATOL, RTOL)) for k, v in sorted(logged.items())]
+        extra += [f"{k} @{step}" for k in got if k not in logged]
+    assert rows
+    good = sum(ok for *_, ok in rows)
+    TALLY[("ms-swift 4.6.0", case.name)] = (good, len(rows) + len(extra))
+    bad = [f"{k}: ms-swift {v!r}, grpolens {g!r}" for k, v, g, ok in rows if not ok] + [f"{k}: only grpolens" for k in extra]
+    assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=[c.name for c in CASES[:2]])
+def test_parity_reads_swift_logging_jsonl(case, swift_logged, tmp_path):
+    """``grpolens parity`` on ms-swift's own ``logging.jsonl`` lines (the progress callback's
+    ``global_step/max_steps``, its timings, floats rounded to 8 decimals): every key the run
+    determines agrees, and none is missing."""
+    from grpolens.analysis.parity import compare
+
+    arrays, config, out = swift_logged[case.name]
+    run = tmp_path / "run"
+    record(case, arrays, config, out, run)
+    log = tmp_path / "logging.jsonl"
+    lines = []
+    for rec in out["logs"]:
+        step = rec["step"]
+        d = {k: (round(v, 8) if isinstance(v, float) else v) for k, v in rec.items() if k != "step"}
+        d.update({"grad_norm": 0.5, "learning_rate": 1e-6, "epoch": 0.1, "global_step/max_steps": f"{step}/{case.steps}",
+                  "elapsed_time": "1s", "remaining_time": "2s", "memory(GiB)": 3.2, "train_speed(s/it)": 0.5})
+        lines.append(json.dumps(d))
+    log.write_text("\n".join(lines) + "\n")
+    rows = compare(run, log, profile="swift", rtol=RTOL, atol=ATOL)
+    logged = {(r["step"], k) for r in out["logs"] for k in r if k != "step" and k not in NOT_IN_RUN}
+    assert {(r.step, r.key) for r in rows} == logged
+    assert all(r.status == "ok" for r in rows), [str(r) for r in rows if r.status != "ok"]
+
+
+def test_docs_quote_the_count():
+    """Runs after the comparisons above (module order): the figure docs/profiles.md quotes."""
+    check_quoted_tally("ms-swift 4.6.0", {c.name for c in CASES},
+                       "ms-swift 4.6.0, {got} of {total} values over {configs} configurations")
