@@ -127,6 +127,19 @@ def _os_error_line(e: OSError) -> str:
     return f"{path}: {reason}" if path is not None else reason
 
 
+def _interrupts_unsaid(hook):
+    """``hook`` for everything but a KeyboardInterrupt raised where Python can only print it: in a
+    clean-up that runs while a Ctrl-C unwinds the command (a generator closed, an object finalised;
+    about 1 in 10 Ctrl-Cs into a recompute met one). The command is already on its way to
+    ``error: interrupted``: a traceback there says nothing more."""
+
+    def unraisable(u) -> None:
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            hook(u)
+
+    return unraisable
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turning user errors into one line and an exit code."""
     from grpolens.allocator import keep_freed_memory
@@ -135,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet = signal.getsignal(signal.SIGINT) is _exit_interrupted
     if quiet:  # a command is running: Ctrl-C raises KeyboardInterrupt, so that it cleans up on its way out
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = _interrupts_unsaid(sys.unraisablehook)  # for the rest of the process
     try:
         _run(argv)
     finally:

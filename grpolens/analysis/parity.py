@@ -88,8 +88,9 @@ def read_log(path: os.PathLike | str) -> dict[int, dict]:
         if "step" not in rec and "train/global_step" in rec:  # OpenRLHF's wandb/TensorBoard keys, exported
             rec = {"step": rec["train/global_step"], **rec}
         gm = rec.get("global_step/max_steps")
-        if "step" not in rec and isinstance(gm, str) and gm.split("/", 1)[0].strip().isdigit():
-            rec = {"step": int(gm.split("/", 1)[0]), **rec}  # ms-swift's logging.jsonl ("N/M")
+        done = gm.split("/", 1)[0].strip() if isinstance(gm, str) else ""
+        if "step" not in rec and done.isascii() and done.isdigit():
+            rec = {"step": int(done), **rec}  # ms-swift's logging.jsonl ("N/M")
         step = rec.get("step")
         if not isinstance(step, (int, float)) or isinstance(step, bool):
             continue

@@ -169,8 +169,10 @@ class _Worker:
         code = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # Ctrl-C: the parent stops us
                 f"from grpolens.analysis.step_workers import _serve; _serve({theirs.fileno()})")
         try:
+            # a session of its own: a terminal's Ctrl-C goes to the parent alone, even before the
+            # line above runs (a worker starting then died with a KeyboardInterrupt traceback)
             proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()], env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
             theirs.close()
         conn = Connection(mine.detach())
@@ -216,7 +218,6 @@ def _rebuilt(cls: type, args: tuple, attrs: dict, trace: str) -> BaseException:
 
 def _serve(fd: int) -> None:
     """A worker: compute the steps the pipe ``fd`` sends until it sends None (or closes)."""
-    import traceback
     from multiprocessing.connection import Connection
 
     from grpolens.allocator import keep_freed_memory
@@ -225,34 +226,40 @@ def _serve(fd: int) -> None:
     conn = Connection(fd)
     try:
         path, spec = pickle.loads(conn.recv_bytes())
-    except EOFError:
-        return
-    try:
-        sys.path[:] = path  # as the parent has it: its plugins import here too
-        from grpolens import plugins
-        from grpolens.run.step_table import StepSpill
+        try:
+            sys.path[:] = path  # as the parent has it: its plugins import here too
+            from grpolens import plugins
+            from grpolens.run.step_table import StepSpill
 
-        plugins.load_plugins()
-        work = spec.work()
-    except Exception as e:  # noqa: BLE001 - the parent computes the steps itself
-        conn.send(("unavailable", f"{type(e).__name__}: {e}"))
+            plugins.load_plugins()
+            work = spec.work()
+        except Exception as e:  # noqa: BLE001 - the parent computes the steps itself
+            conn.send(("unavailable", f"{type(e).__name__}: {e}"))
+            return
+        conn.send(("ready",))
+        _serve_steps(conn, spec, work, StepSpill.shared(spec.spill_dir) if spec.spill_dir is not None else None)
+    except (BrokenPipeError, ConnectionResetError, EOFError):  # the parent is gone (Ctrl-C, an error there)
         return
-    conn.send(("ready",))
-    spill = StepSpill.shared(spec.spill_dir) if spec.spill_dir is not None else None
+
+
+def _serve_steps(conn, spec, work, spill) -> None:
+    """The worker's loop: each step the parent sends, computed and sent back, until None."""
+    import traceback
+
     threads = engine()
     while True:
-        try:
-            step = conn.recv()
-        except EOFError:
-            return
+        step = conn.recv()
         if step is None:
             return
         try:
             row, present = work.one_step(step, spec.token_steps, spill, threads)
-            conn.send(("done", step, row, present, {} if spill is None else spill.step_schemas(step)))
+            schemas = {} if spill is None else spill.step_schemas(step)
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
             try:
                 conn.send(("error", type(e), e.args, dict(vars(e)), traceback.format_exc()))
+            except (BrokenPipeError, ConnectionResetError):
+                raise
             except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
                 conn.send(("error", RuntimeError, (f"{type(e).__name__}: {e}",), {}, traceback.format_exc()))
             return
+        conn.send(("done", step, row, present, schemas))

@@ -145,25 +145,43 @@ class Engine(Protocol):
 
 class ThreadEngine:
     """The default engine: a thread pool in this process, one step ahead of the reduction (reading
-    overlaps reducing; one or two steps' shards in memory)."""
+    overlaps reducing; one or two steps' shards in memory).
+
+    Nothing is imported under the pool's threads: the first shard is computed in the calling
+    thread before any pool thread starts, and the next step is read ahead only once the caller is
+    done with the first, so the lazy imports of the per-shard work (pyarrow's, the families') and
+    of the caller's per-step work (the samples' read, the reductions) all run with no pool thread
+    working. A Ctrl-C landing in an import while another thread imported could leave the main
+    thread waiting on importlib's lock for ever. On an error or Ctrl-C the pool is left without
+    waiting: its threads finish the shard they hold and end."""
 
     def __init__(self, threads: int | None = None):
         self.threads = threads or _threads()
 
     def map_steps(self, by_step, work):
-        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.threads)
+        futures: dict[int, list] = {}
+        ahead = finished = False  # ahead: read the next step ahead (once the caller is done with a first step)
+
+        def submit(step: int, shards: list) -> None:
+            futures[step] = [pool.submit(work, sh) for sh in shards]
+
+        try:
             order = sorted(by_step)
-            futures: dict[int, list] = {}
-
-            def submit(step: int) -> None:
-                futures[step] = [pool.submit(work, sh) for sh in by_step[step]]
-
             for i, step in enumerate(order):
-                if step not in futures:
-                    submit(step)
-                if i + 1 < len(order):
-                    submit(order[i + 1])
-                yield step, [f.result() for f in futures.pop(step)]
+                shards, here = by_step[step], []
+                if not ahead and shards:  # the imports, with no pool thread working
+                    here = [work(shards[0])]
+                    submit(step, shards[1:])
+                elif step not in futures:
+                    submit(step, shards)
+                if ahead and i + 1 < len(order):
+                    submit(order[i + 1], by_step[order[i + 1]])
+                yield step, here + [f.result() for f in futures.pop(step)]
+                ahead = ahead or bool(shards)
+            finished = True
+        finally:
+            pool.shutdown(wait=finished, cancel_futures=not finished)
 
 
 class InlineEngine:

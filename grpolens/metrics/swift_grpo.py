@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
-from grpolens.functional import estimators as est
+from grpolens.metrics import swift_rollout_corr as rc
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.metrics.registry import Family, Metric, register, register_family
@@ -58,9 +58,6 @@ WINDOW_NORMALIZED = ("dapo", "cispo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
 _REFUSED = {
     "kl_in_reward": "ms-swift then logs the KL of its reward shaping per generation round",
-    "top_entropy_quantile": "the entropy mask's threshold is each rank's quantile of its micro-batch",
-    "rollout_importance_sampling_mode": "its rollout_correction/* keys are not reproduced yet",
-    "log_rollout_offpolicy_metrics": "its rollout_correction/* keys are not reproduced yet",
     "off_policy_sequence_mask_delta": "the off-policy sequence mask is not reproduced",
     "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
@@ -92,11 +89,19 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"kl_in_reward": False, "top_entropy_quantile": 1.0, "log_rollout_offpolicy_metrics": False,
-                "sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
+    defaults = {"kl_in_reward": False, "sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
     for key, why in _REFUSED.items():
         if s[key] != defaults.get(key) and not (key == "kl_in_reward" and float(s["beta"]) == 0.0):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")
+    tq = s["top_entropy_quantile"]
+    if isinstance(tq, bool) or not isinstance(tq, (int, float)) or not 0 < tq <= 1:
+        raise _bad("top_entropy_quantile", tq, "must be a number in (0, 1]")
+    mode = s["rollout_importance_sampling_mode"]
+    if mode is not None and mode not in rc.MODES:
+        raise _bad("rollout_importance_sampling_mode", mode, f"must be one of {', '.join(rc.MODES)}")
+    thr = s["rollout_importance_sampling_threshold"]
+    if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not thr > 0:
+        raise _bad("rollout_importance_sampling_threshold", thr, "must be a number > 0")
     for key in ("gradient_accumulation_steps", "steps_per_generation", "num_iterations", "num_generations",
                 "max_completion_length"):
         if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
@@ -104,8 +109,10 @@ def settings(cfg: dict) -> dict | None:
     return s
 
 
-_COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.pg", "sw.ent", "sw.ent_n", "sw.len")
-_MERGE = {c: "sum" for c in _COLS}
+_COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.kl1", "sw.low1", "sw.high1", "sw.region1",
+         "sw.cispo1", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", *rc.COLS)
+#: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
+_MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -113,10 +120,38 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def swift_k3(logp: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """ms-swift's KL term: k3 of x = clamp(ref − logp, ±20), clamped to ±10."""
-    x = est.clip_log_ratio(ref - logp)
-    return np.clip(est.k3(x), -10.0, 10.0)
+def rollout_on(s: dict) -> bool:
+    """ms-swift computes its rollout correction (given the engine's log-probs) with an IS mode or
+    ``log_rollout_offpolicy_metrics``."""
+    return s["rollout_importance_sampling_mode"] is not None or bool(s["log_rollout_offpolicy_metrics"])
+
+
+def nanquantile32(x: np.ndarray, q: float) -> float:
+    """``torch.nanquantile(x.float(), q)`` (linear): in float32, the rank q·(k − 1) over the k non-NaN
+    values, torch's ``lerp`` between its neighbours; NaN when every value is NaN."""
+    v = np.sort(np.asarray(x, dtype=np.float32)[~np.isnan(x)])
+    if not len(v):
+        return float("nan")
+    rank = np.float32(q) * np.float32(len(v) - 1)
+    lo, hi = int(np.floor(rank)), int(np.ceil(rank))
+    w = np.float32(rank - np.float32(lo))
+    a, e = v[lo], v[hi]
+    r = a + w * (e - a) if w < 0.5 else e - (e - a) * (np.float32(1.0) - w)
+    return float(np.float32(r))
+
+
+def entropy_thresholds(b: TokenBatch, top: float) -> np.ndarray:
+    """Per row, its loss call's entropy threshold (``_compute_loss_and_metrics`` with
+    ``top_entropy_quantile`` < 1: the (1 − top) quantile of the entropies of every completion token
+    of the call, on that rank)."""
+    keys = b.seq_keys
+    call = keys["rank"] * (int(keys["micro_batch"].max()) + 1) + keys["micro_batch"]
+    tok = b.broadcast(call)
+    out = np.empty(b.n_seq)
+    e = b.cols["entropy"]
+    for k in np.unique(call):
+        out[call == k] = nanquantile32(e[tok == k], 1 - top)
+    return out
 
 
 def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
@@ -125,20 +160,22 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         return {c: np.zeros(b.n_seq) for c in _COLS}
     m = b.mask
     n, zero = b.count(m), np.zeros(b.n_seq)
+    # ``…1`` columns: the same sums over every stored token, unmasked: what ms-swift averages over the
+    # rows instead of the masked tokens when a loss call is one token wide (``masked_batch_mean``)
+    out = {}
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        A = np.where(m, b.adv, 0.0)
+        A = b.adv
         logp = np.where(m, b.logp, 0.0)
-        d = np.where(m, b.logp - b.old, 0.0)
         if s["importance_sampling_level"] == "token":
-            c = np.exp(d)
+            c = np.exp(b.logp - b.old)
         else:
-            c = b.broadcast(np.exp(b.seq_sum(d) / np.maximum(n, 1.0)))
+            c = b.broadcast(np.exp(b.seq_sum(np.where(m, b.logp - b.old, 0.0)) / np.maximum(n, 1.0)))
         lt = s["loss_type"]
         eps_lo, eps_hi = float(s["epsilon"]), float(s["epsilon_high"])
-        low = high = cispo = zero
+        ind = {}
         if lt == "cispo":
             L = -np.minimum(c, eps_hi) * A * logp
-            cispo = b.seq_sum(((c > eps_hi) & (A > 0) & m).astype(np.float64))
+            ind["cispo"] = (c > eps_hi) & (A > 0)
         elif lt == "sapo":
             tau = np.where(A > 0, float(s["tau_pos"]), float(s["tau_neg"]))
             L = -_sigmoid(tau * (c - 1.0)) * (4.0 / tau) * A
@@ -146,22 +183,37 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             c2 = np.clip(c, 1 - eps_lo, 1 + eps_hi)
             c1 = c if s["delta"] is None else np.minimum(c, float(s["delta"]))
             L = -np.minimum(c1 * A, c2 * A)
-            low = b.seq_sum(((c1 < 1 - eps_lo) & (A < 0) & m).astype(np.float64))
-            high = b.seq_sum(((c1 > 1 + eps_hi) & (A > 0) & m).astype(np.float64))
-        kl = zero
+            ind["low"], ind["high"] = (c1 < 1 - eps_lo) & (A < 0), (c1 > 1 + eps_hi) & (A > 0)
+            ind["region"] = ind["low"] | ind["high"]
+        for k in ("low", "high", "region", "cispo"):
+            x = ind.get(k)
+            out[f"sw.{k}"] = zero if x is None else b.seq_sum((x & m).astype(np.float64))
+            out[f"sw.{k}1"] = zero if x is None else b.count(x)
+        thr = np.full(b.n_seq, np.nan)
+        if float(s["top_entropy_quantile"]) < 1.0 and b.has("entropy"):  # only the top entropies train
+            thr = entropy_thresholds(b, float(s["top_entropy_quantile"]))
+            L = L * (b.cols["entropy"].astype(np.float32) >= b.broadcast(thr).astype(np.float32))
+        out["sw.kl"] = out["sw.kl1"] = zero
         if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and b.has("ref_logp"):
-            k3 = np.where(m, swift_k3(b.logp, b.cols["ref_logp"]), 0.0)
+            k3 = rc.clamped_k3(b.cols["ref_logp"] - b.logp)
             L = L + float(s["beta"]) * k3
-            kl = b.seq_sum(k3)
+            out["sw.kl"], out["sw.kl1"] = b.seq_sum(np.where(m, k3, 0.0)), b.seq_sum(k3)
+        ro = {}
+        if rollout_on(s) and b.has("rollout_logp"):
+            w = None
+            if s["rollout_importance_sampling_mode"] is not None:
+                w = rc.weights(b, s["rollout_importance_sampling_mode"],
+                               float(s["rollout_importance_sampling_threshold"]), m, n)
+                L = L * w
+            ro = rc.partials(b, s, m, n, w)
         pg = b.seq_sum(np.where(m, L, 0.0))
         ent, ent_n = zero, zero
         if b.has("entropy"):  # every stored token: the completion mask before the overlong filter
             e = b.cols["entropy"]
             ok = ~np.isnan(e)
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
-    return {"sw.n": n, "sw.kl": kl, "sw.low": low, "sw.high": high,
-            "sw.region": low + high, "sw.cispo": cispo, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n,
-            "sw.len": b.lengths.astype(np.float64)}
+    return {**out, "sw.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
+            "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
 
 
 # Registered by a call, not as a decorator: mutmut skips decorated functions (docs/mutation-testing.md).
@@ -173,10 +225,16 @@ producer("swift_grpo", merge=_MERGE)(_swift)
 # ---------------------------------------------------------------------------------------------
 
 def _rank_means(sd, num: str) -> list[float]:
-    """Each rank's masked mean Σ num / max(Σ m, 1) over its rows of ``sd`` (one slot)."""
+    """Each rank's ``masked_batch_mean`` over its rows of ``sd`` (one slot): Σ num / max(Σ m, 1), or
+    when the rank's micro-batch is one token wide (its longest completion has one token) the plain
+    mean over its rows of the unmasked value."""
     r = sd.col("rank")
-    s, n = sd.col(num), sd.col("sw.n")
-    return [float(s[r == k].sum() / max(n[r == k].sum(), 1.0)) for k in np.unique(r)]
+    s, s1, n, width = sd.col(num), sd.col(num + "1"), sd.col("sw.n"), sd.col("sw.len")
+    out = []
+    for k in np.unique(r):
+        sel = r == k
+        out.append(float(s1[sel].mean() if width[sel].max() == 1 else s[sel].sum() / max(n[sel].sum(), 1.0)))
+    return out
 
 
 def slot_values(sd) -> dict[str, float]:
@@ -194,6 +252,12 @@ def slot_values(sd) -> dict[str, float]:
         out.update({"clip_ratio/low_mean": float(np.mean(low)), "clip_ratio/low_min": min(low),
                     "clip_ratio/high_mean": float(np.mean(high)), "clip_ratio/high_max": max(high),
                     "clip_ratio/region_mean": float(np.mean(region))})
+    if rollout_on(s) and "rollout_logp" in sd.present:
+        r = sd.col("rank")
+        per_rank = [rc.rank_values(lambda c, k=k: sd.col(c)[r == k], s) for k in np.unique(r)]
+        out.update({f"rollout_correction/{k}": v for k, v in rc.gathered(per_rank).items()})
+    if float(s["top_entropy_quantile"]) < 1.0 and "entropy" in sd.present and (sd.col("rank") == 0).any():
+        out["entropy/threshold"] = float(sd.col("sw.thr")[sd.col("rank") == 0][0])  # rank 0's, which it logs
     if s["log_entropy"] and "entropy" in sd.present:
         n = sd.col("sw.ent_n")
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -237,11 +301,22 @@ _DOCS = {
                     "completion's mean entropy over all its tokens (NaN-ignoring).",
     "entropy/max": "ms-swift's entropy/max (log_entropy): the largest completion mean entropy of the call.",
     "entropy/min": "ms-swift's entropy/min (log_entropy): the smallest completion mean entropy of the call.",
+    "entropy/threshold": "ms-swift's entropy/threshold (top_entropy_quantile < 1): rank 0's (1 − top_entropy_quantile) "
+                         "quantile (torch.nanquantile, float32) of the entropies of its call's completion tokens; "
+                         "only tokens at or above their call's threshold keep their policy loss.",
 }
+_DOCS.update({f"rollout_correction/{k}": f"ms-swift's rollout_correction/{k} (log_rollout_offpolicy_metrics or an "
+               "IS mode; the run's rollout_logp): per call each rank's value (grpolens/metrics/swift_rollout_corr.py), "
+               + ("max" if k.endswith("_max") else "min" if k.endswith("_min") else "NaN-ignoring mean") + " over ranks."
+               for k in (*rc.KEYS, *rc.IS_KEYS)})
 _ONLY = {
     "kl": lambda cfg: _WHEN(cfg) and float(settings(cfg)["beta"]) != 0.0 and not settings(cfg)["kl_in_reward"],
     "cispo_clip_ratio": lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "cispo",
     **{f"entropy/{k}": (lambda cfg: _WHEN(cfg) and bool(settings(cfg)["log_entropy"])) for k in ("mean", "max", "min")},
+    "entropy/threshold": lambda cfg: _WHEN(cfg) and float(settings(cfg)["top_entropy_quantile"]) < 1.0,
+    **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and rollout_on(settings(cfg))) for k in rc.KEYS},
+    **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["rollout_importance_sampling_mode"] is not None)
+       for k in rc.IS_KEYS},
 }
 _CLIP = lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] not in ("cispo", "sapo")  # noqa: E731
 
@@ -281,6 +356,8 @@ def step_loss(sd) -> float | None:
         return None
     if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and "ref_logp" not in sd.present:
         return None  # the KL term the loss added is not in the run
+    if float(s["top_entropy_quantile"]) < 1.0 and "entropy" not in sd.present:
+        return None  # the entropy mask needs the entropies
     g, ng = sd.groups(("rank", "micro_batch"))
     rank = sd.col("rank")
     world = len(np.unique(rank))
@@ -338,8 +415,9 @@ def frac_reward_zero_std(sd) -> float | None:
 
 
 for _k, _doc in _DOCS.items():
+    _req = {"rollout_correction": ("rollout_logp",), "kl": ("ref_logp",), "entropy": ("entropy",)}.get(_k.split("/")[0], ())
     register(Metric(f"swift/{_k}", _FAM, _doc, kind="custom", fn=_slot_mean(_k),
-                    when=_ONLY.get(_k, _CLIP), config=("swift_args",)))
+                    when=_ONLY.get(_k, _CLIP), config=("swift_args",), requires=_req))
 
 register(Metric("swift/loss", _FAM, "ms-swift's loss (transformers' logged loss for one optimizer step): each call's "
                 "loss as _compute_loss returns it (grpo/sapo mean over rows of the row's token mean, bnpo the "

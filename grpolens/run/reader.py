@@ -160,9 +160,10 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
     return table
 
 
-def read_samples(run: os.PathLike | str, step: int):
+def read_samples(run: os.PathLike | str, step: int, manifest: fmt.Manifest | None = None):
     """The samples rows of one step, all ranks, every column (texts included), as a
-    ``polars.DataFrame``; None when the step has no samples shard."""
+    ``polars.DataFrame``; None when the step has no samples shard. ``manifest``: the run's, when
+    the caller has it (:meth:`RunReader.samples`), else it is read here (a GET on ``s3://``)."""
     import polars as pl
     import pyarrow.parquet as pq
 
@@ -172,7 +173,7 @@ def read_samples(run: os.PathLike | str, step: int):
     from grpolens.run.text_columns import checked_text
     from grpolens.run.validate import refuse_bad_values
 
-    max_len = _max_completion_length(run)
+    max_len = _max_completion_length(run, manifest)
     frames = []
     for sh in shards:
         try:
@@ -187,10 +188,10 @@ def read_samples(run: os.PathLike | str, step: int):
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def _max_completion_length(run) -> int | None:
+def _max_completion_length(run, manifest: fmt.Manifest | None = None) -> int | None:
     """The manifest's max_completion_length (what validate bounds completion_len by), or None."""
     try:
-        limit = fmt.read_manifest(run).config.get("max_completion_length")
+        limit = (manifest or fmt.read_manifest(run)).config.get("max_completion_length")
     except RunFormatError:
         return None
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else None
@@ -238,6 +239,11 @@ class RunReader:
             run = location(run, storage_options)
         #: a local Path, or a storage Location for a run on object storage (``s3://``)
         self.path = fmt.as_run(run)
+
+    @classmethod
+    def of(cls, run: "os.PathLike | str | RunReader") -> "RunReader":
+        """``run`` as a reader: itself when it is one (its manifest already read), else a new one."""
+        return run if isinstance(run, RunReader) else cls(run)
 
     def __repr__(self) -> str:
         return f"RunReader({str(self.path)!r})"
@@ -312,7 +318,12 @@ class RunReader:
         return pa.concat_tables(tables, promote_options="default")
 
     def samples(self, step: int):
-        return read_samples(self.path, step)
+        """:func:`read_samples` of ``step``, with the manifest this reader read once."""
+        try:
+            manifest = self.manifest
+        except RunFormatError:  # unreadable: read_samples tries itself, and bounds nothing
+            manifest = None
+        return read_samples(self.path, step, manifest)
 
     def sample_columns(self) -> set[str]:
         return sample_columns(self.path)

@@ -16,6 +16,7 @@ type of its pieces, rows sorted by the given keys (step first).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import shutil
@@ -200,21 +201,28 @@ def write_step_table(path: Path, new: Mapping[int, pl.DataFrame], kept_steps: It
     wrote = False
     with atomic_file(path) as f:
         writer = pq.ParquetWriter(f, arrow_schema, compression="zstd", use_dictionary=dictionary)
-        buffer: list[pl.DataFrame] = []
-        rows = 0
-        for chunk in chunks:
-            if chunk.height == 0:
-                continue
-            buffer.append(conform(chunk))
-            rows += chunk.height
-            if rows >= ROW_GROUP_ROWS:
+        try:
+            buffer: list[pl.DataFrame] = []
+            rows = 0
+            for chunk in chunks:
+                if chunk.height == 0:
+                    continue
+                buffer.append(conform(chunk))
+                rows += chunk.height
+                if rows >= ROW_GROUP_ROWS:
+                    writer.write_table(pl.concat(buffer).to_arrow().cast(arrow_schema))
+                    buffer, rows, wrote = [], 0, True
+            if buffer:
                 writer.write_table(pl.concat(buffer).to_arrow().cast(arrow_schema))
-                buffer, rows, wrote = [], 0, True
-        if buffer:
-            writer.write_table(pl.concat(buffer).to_arrow().cast(arrow_schema))
-            wrote = True
-        if not wrote and empty is not None:
-            writer.write_table(conform(empty.head(0)).to_arrow().cast(arrow_schema))
+                wrote = True
+            if not wrote and empty is not None:
+                writer.write_table(conform(empty.head(0)).to_arrow().cast(arrow_schema))
+        except BaseException:
+            # closed while its file is open (the file is then removed): left to the garbage
+            # collector, it would write to the closed file and print a traceback (seen on Ctrl-C)
+            with contextlib.suppress(Exception):
+                writer.close()
+            raise
         writer.close()
     return True
 

@@ -191,3 +191,88 @@ def test_a_steps_partials_hold_every_shards_rows_and_any_shards_columns():
                                                       (piece(1, 3), {"logp", "entropy"})])
     assert present == {"logp", "old_logp", "entropy"}
     assert cols["rank"].tolist() == [0, 0, 1, 1, 1] and cols["sample_id"].tolist() == [0, 1, 0, 1, 2]
+
+
+def test_the_thread_engine_imports_nothing_under_its_threads():
+    """The first shard runs in the calling thread before any pool thread exists (its lazy imports
+    happen there), and the next step is read ahead only once the caller is done with the first
+    (the caller's own lazy imports for a step happen with no pool thread working): a Ctrl-C that
+    lands in an import while another thread imports can leave the main thread waiting on
+    importlib's lock for ever."""
+    import threading
+
+    events = []
+
+    def work(sh):
+        events.append(("shard", sh, threading.current_thread() is threading.main_thread()))
+        return sh
+
+    gen = ThreadEngine(threads=2).map_steps({0: ["0a", "0b"], 1: ["1a", "1b"], 2: ["2a"]}, work)
+    step, got = next(gen)
+    assert (step, got) == (0, ["0a", "0b"])
+    assert events[0] == ("shard", "0a", True)  # before the pool: here
+    assert {e[1] for e in events} == {"0a", "0b"}  # no shard of step 1 read ahead yet
+    events.append(("caller done with", 0))
+    assert list(gen) == [(1, ["1a", "1b"]), (2, ["2a"])]
+    assert events.index(("caller done with", 0)) == 2
+    assert [e[2] for e in events if e[0] == "shard"][2:] == [False] * 3  # then the pool, reading ahead
+
+
+def test_a_thread_engine_left_early_does_not_wait_for_its_threads():
+    """A caller leaving the pass (an error, Ctrl-C) is not held up by the shard under way in the
+    pool: the pool is shut down without waiting (its thread finishes the shard and ends)."""
+    import threading
+
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def work(sh):
+        if sh == "2a":  # read ahead while the caller holds step 1
+            started.set()
+            release.wait(60)
+            finished.set()
+        return sh
+
+    gen = ThreadEngine(threads=1).map_steps({0: ["0a"], 1: ["1a"], 2: ["2a"], 3: ["3a"]}, work)
+    assert [next(gen), next(gen)] == [(0, ["0a"]), (1, ["1a"])]
+    assert started.wait(60)
+    gen.close()  # returns with step 2's shard still running: it would wait 60 s for it
+    assert not finished.is_set()
+    release.set()
+    assert finished.wait(60)
+
+
+def test_a_recompute_imports_nothing_while_pool_threads_work(tmp_path):
+    """End to end, in a fresh interpreter (nothing imported yet): a recompute on pool threads
+    imports nothing off the main thread, and nothing at all once it reads steps ahead (from the
+    second step's tick to the last), where an import could meet another thread's and hang a
+    Ctrl-C (``recompute RUN`` then waited on importlib's lock in about 1 of 30 Ctrl-Cs)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from grpolens.adapters.synth import synth_run
+
+    run = synth_run(tmp_path / "run", steps=6, ranks=2, texts=True)
+    code = r"""
+import json, sys, threading
+events = []
+
+class Spy:  # the import system asks every finder for a module not yet imported
+    def find_spec(self, name, path=None, target=None):
+        events.append(["import", threading.current_thread().name, name])
+
+sys.meta_path.insert(0, Spy())
+import grpolens
+grpolens.recompute(sys.argv[1], workers=1, progress=lambda done, total: events.append(["step", done, total]))
+print(json.dumps(events))
+"""
+    env = {**os.environ, "GRPOLENS_THREADS": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = json.loads(r.stdout.strip().splitlines()[-1])
+    ticks = [i for i, e in enumerate(events) if e[0] == "step"]
+    assert len(ticks) == 6 and any(e[0] == "import" for e in events[:ticks[0]])  # the spy saw the imports
+    assert [e for e in events if e[0] == "import" and e[1] != "MainThread"] == []
+    assert [e for e in events[ticks[1]:ticks[-1]] if e[0] == "import"] == []

@@ -47,6 +47,7 @@ class Case:
     seed: int = 0
     drift: float = 0.2
     width: int = 9
+    rollout: bool = False  # the rollout engine's log-probs in the batches
 
 
 CASES = [
@@ -59,6 +60,25 @@ CASES = [
     Case("gspo_sequence", {"importance_sampling_level": "sequence", "epsilon": 3e-3, "epsilon_high": 4e-3}, seed=6, drift=0.02),
     Case("entropy_overlong_dp2", {"log_entropy": True, "overlong_filter": True}, world=2, seed=7),
     Case("delta_batch_scale", {"delta": 1.3, "scale_rewards": "batch"}, seed=8, drift=0.5),
+    Case("offpolicy_metrics_dp2", {"log_rollout_offpolicy_metrics": True}, world=2, seed=9, rollout=True),
+    Case("is_token_truncate", {"rollout_importance_sampling_mode": "token_truncate",
+                               "rollout_importance_sampling_threshold": 1.05}, seed=10, rollout=True),
+    Case("is_token_mask_dp2", {"rollout_importance_sampling_mode": "token_mask",
+                               "rollout_importance_sampling_threshold": 1.05}, world=2, seed=11, rollout=True),
+    Case("is_sequence_truncate_dapo", {"rollout_importance_sampling_mode": "sequence_truncate", "loss_type": "dapo",
+                                       "rollout_importance_sampling_threshold": 1.01}, seed=12, rollout=True),
+    Case("is_sequence_mask_overlong_dp2", {"rollout_importance_sampling_mode": "sequence_mask", "overlong_filter": True,
+                                           "rollout_importance_sampling_threshold": 1.01}, world=2, seed=13,
+         rollout=True),
+    Case("entropy_mask_dp2", {"top_entropy_quantile": 0.2}, world=2, seed=14),
+    Case("entropy_mask_log_entropy_cispo_overlong", {"top_entropy_quantile": 0.5, "log_entropy": True, "loss_type": "cispo",
+                                                     "epsilon_high": 1.2, "overlong_filter": True}, seed=15),
+    Case("gspo_token", {"importance_sampling_level": "sequence_token", "epsilon": 3e-3, "epsilon_high": 4e-3}, seed=16,
+         drift=0.02),
+    # one-token completions: a micro-batch one token wide, every completion truncated and taken out
+    # of the loss by the overlong filter (ms-swift then averages its metrics over the rows unmasked)
+    Case("one_token_overlong_entropy", {"overlong_filter": True, "log_entropy": True}, width=1, seed=17),
+    Case("one_token_gspo", {"importance_sampling_level": "sequence"}, width=1, seed=18, drift=0.5),
 ]
 
 
@@ -67,7 +87,7 @@ def _args(case: Case) -> dict:
     return {**DEFAULTS, "num_generations": case.generations, "per_device_train_batch_size": case.batch,
             "gradient_accumulation_steps": case.gas, "logging_steps": case.logging_steps, "max_steps": case.steps,
             "max_completion_length": case.width, "generation_batch_size": case.batch * case.world * spg,
-            "log_completions": False, "output_dir": "/nonexistent", "gradient_checkpointing_kwargs": None,
+            "log_completions": False, "output_dir": "output", "gradient_checkpointing_kwargs": None,
             "wandb_log_unique_prompts": None, "num_completions_to_print": None, **case.args,
             "steps_per_generation": spg}
 
@@ -97,7 +117,7 @@ def build(case: Case) -> tuple[dict, dict]:
     ids = [[list(range(g * n_round + r * per_rank, g * n_round + (r + 1) * per_rank)) for r in range(case.world)]
            for g in range(rounds)]
     config = {"args": args, "world": case.world, "steps": case.steps, "rounds": ids, "reward_funcs": REWARD_FUNCS,
-              "reward_weights": [1.0, 1.0], "rollout": False}
+              "reward_weights": [1.0, 1.0], "rollout": case.rollout}
     return arrays, config
 
 
@@ -141,6 +161,8 @@ def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
             valid = torch.arange(W)[None, :] < torch.tensor(lens[ids])[:, None]
             mask = valid & ~torch.tensor(arrays["trunc"][ids])[:, None] if args["overlong_filter"] else valid
             kw = {"ref_logp": torch.tensor(arrays["ref"][ids])} if args["beta"] != 0.0 else {}
+            if case.rollout:
+                kw["rollout_logp"] = torch.tensor(arrays["rollout"][ids])
             hook.log_loss_call(step=step, micro_batch=c % gas, logp=torch.tensor(arrays["cur"][it][ids]),
                                old_logp=torch.tensor(arrays["old"][ids]), entropy=torch.tensor(arrays["ent"][it][ids]),
                                advantages=torch.tensor([adv[int(i)] for i in ids]), mask=mask, valid=valid,

@@ -63,3 +63,43 @@ def test_tokens_and_samples_are_every_rank(run):
 def test_output_location(run):
     assert out_dir(run) == run / "grpolens"
     assert RunReader(run).out_dir("trl") == run / "grpolens" / "trl"
+
+
+def _counting_manifest_reads(monkeypatch) -> list:
+    reads = []
+    real = fmt.read_manifest
+
+    def counted(run):
+        reads.append(str(run))
+        return real(run)
+
+    monkeypatch.setattr(fmt, "read_manifest", counted)
+    return reads
+
+
+def test_a_reader_reads_the_manifest_once_for_every_steps_samples(run, monkeypatch):
+    """``read_samples`` bounds completion_len by the manifest's max_completion_length; a reader
+    hands it the manifest it read once, not once per step (a GET per step on ``s3://``)."""
+    reader = RunReader(run)
+    reads = _counting_manifest_reads(monkeypatch)
+    frames = [reader.samples(s) for s in reader.steps(fmt.SAMPLES)]
+    assert len(frames) > 2 and all(f is not None for f in frames)
+    assert len(reads) == 1
+    reads.clear()
+    read_samples(run, 0)  # on its own, it reads the manifest itself
+    assert len(reads) == 1
+
+
+def test_a_recompute_reads_the_manifest_as_often_for_many_steps_as_for_few(tmp_path, monkeypatch):
+    """Per recompute, not per step: twice the steps, the same number of manifest reads (the steps'
+    samples, the cumulative metrics before ``--steps``, the completions table)."""
+    import grpolens
+
+    counts = {}
+    for n in (3, 6):
+        r = synth_run(tmp_path / f"run{n}", steps=n, ranks=2, texts=True)
+        reads = _counting_manifest_reads(monkeypatch)
+        grpolens.recompute(r, workers=1, steps="1:")
+        counts[n] = len(reads)
+        monkeypatch.undo()
+    assert counts[3] == counts[6], counts

@@ -27,6 +27,7 @@ class Context:
     #: what the running detector looked at, in words (the ``why`` of a detector that passed)
     checks: list[str] = field(default_factory=list)
     _samples: dict = field(default_factory=dict)
+    _reader: Any = None  # the run's RunReader, made on the first samples read (its manifest read once)
 
     def checked(self, what: str) -> None:
         """Record what a detector looked at and found unremarkable (its ``why`` when it passes)."""
@@ -54,7 +55,8 @@ class Context:
     def samples(self, step: int) -> pl.DataFrame | None:
         """The samples table of ``step`` (None when the step has none); read once."""
         if step not in self._samples:
-            from grpolens.run.reader import read_samples
+            from grpolens.run.reader import RunReader
 
-            self._samples[step] = read_samples(self.run, step)
+            self._reader = self._reader or RunReader(self.run)
+            self._samples[step] = self._reader.samples(step)
         return self._samples[step]

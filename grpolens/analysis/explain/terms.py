@@ -130,9 +130,8 @@ def read_step(reader, step: int, cfg: dict, profile, families: frozenset[str], s
     from grpolens.analysis.recompute import step_visitors
     from grpolens.metrics.engine import InlineEngine, iter_steps
     from grpolens.run import format as fmt
-    from grpolens.run.reader import read_samples
 
-    samples = read_samples(reader.path, step)
+    samples = reader.samples(step)
     if step not in set(reader.steps(fmt.TOKENS)):
         sd = StepData(step, {}, cfg, profile, samples, set(), {})
         return StepTerms(step, sd)
@@ -174,10 +173,8 @@ class SampleIndex:
         self.has_reward = False
 
     def _load(self, step: int) -> None:
-        from grpolens.run.reader import read_samples
-
         self._loaded.add(step)
-        df = read_samples(self.reader.path, step)
+        df = self.reader.samples(step)
         if df is None or df.height == 0 or "sample_id" not in df.columns:
             return
         sid = df["sample_id"].to_numpy()

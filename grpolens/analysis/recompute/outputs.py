@@ -14,7 +14,7 @@ from grpolens import plugins
 from grpolens.metrics import reduce
 from grpolens.metrics.registry import REGISTRY, Metric
 from grpolens.run import format as fmt
-from grpolens.run.reader import RunReader, read_samples
+from grpolens.run.reader import RunReader
 from grpolens.run.variants import Variant
 from grpolens.analysis.recompute.steps import step_values
 
@@ -88,12 +88,13 @@ def cumulative_offsets(run, metrics, all_steps, lo, valid_cache, cfg, prof) -> d
     if not cum or lo is None:
         return {}
     totals = {m.name: 0.0 for m in cum}
+    reader = RunReader(run)
     for s in all_steps:
         if s >= lo:
             break
         row = valid_cache.get(s)
         if row is None:
-            row = step_values(reduce.StepData(s, {}, cfg, prof, read_samples(run, s), set(), {}), cum)
+            row = step_values(reduce.StepData(s, {}, cfg, prof, reader.samples(s), set(), {}), cum)
         for m in cum:
             totals[m.name] += row.get(m.name) or 0.0
     return totals

@@ -4,6 +4,7 @@ this process and in a worker process (:mod:`grpolens.analysis.step_workers`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -13,7 +14,7 @@ from grpolens.metrics import reduce
 from grpolens.metrics.engine import SequencePartials, iter_steps, visitor_factories
 from grpolens.metrics.profile import Profile
 from grpolens.metrics.registry import REGISTRY, Metric
-from grpolens.run.reader import read_samples
+from grpolens.run.reader import RunReader
 from grpolens.run.step_table import StepSpill
 
 
@@ -98,11 +99,16 @@ class StepWork:
     run_has_samples: bool
     schedule: Any = None
 
+    @cached_property
+    def reader(self) -> RunReader:
+        """The run, its manifest read once, not with each step's samples (a GET each on ``s3://``)."""
+        return RunReader(self.run)
+
     def token_step(self, step: int, pieces: dict[str, Any], spill: StepSpill | None) -> tuple[dict[str, Any], set[str]]:
         """``(row, present token columns)`` of a step with token shards; with ``spill``, each
         collecting visitor's step output (made while the step's samples are here) goes to it."""
         seqs, present = pieces[self.visitors[0].name]
-        samples = read_samples(self.run, step) if self.need_samples else None
+        samples = self.reader.samples(step) if self.need_samples else None
         sd = reduce.StepData(step, seqs, self.cfg, self.profile, samples, present, {})
         sd.extra["pieces"] = pieces
         sd.extra["run_has_samples"] = self.run_has_samples
@@ -124,7 +130,7 @@ class StepWork:
 
     def samples_step(self, step: int) -> dict[str, Any]:
         """The row of a step with samples but no token shards: sample-side metrics only."""
-        samples = read_samples(self.run, step) if self.need_samples else None
+        samples = self.reader.samples(step) if self.need_samples else None
         return step_values(reduce.StepData(step, {}, self.cfg, self.profile, samples, set(), {}), self.metrics,
                            self.schedule)
 

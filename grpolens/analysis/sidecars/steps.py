@@ -49,9 +49,12 @@ class Completions(Visitor):
     def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
         """``by_step``: each recomputed step's :meth:`at_step` table (a :class:`SpilledSteps`)."""
         # steps with samples but no token shards: sample columns only
-        sample_only = set(fmt.list_steps(run, fmt.SAMPLES)) - set(fmt.list_steps(run, fmt.TOKENS)) - kept_steps
+        from grpolens.run.reader import RunReader
+
+        reader = RunReader(run)
+        sample_only = set(reader.steps(fmt.SAMPLES)) - set(reader.steps(fmt.TOKENS)) - kept_steps
         for s in sorted(sample_only - set(by_step)):
-            by_step.put(s, step_table(run, s, None))
+            by_step.put(s, step_table(reader, s, None))
         write_step_table(out_dir / COMPLETIONS_FILE, by_step, kept_steps,
                          sort=["step", "prompt_index", "completion_index"], order=column_order, empty=empty_table(),
                          schemas=getattr(by_step, "schemas", None))
@@ -66,17 +69,19 @@ def _completions(cfg: dict) -> Completions:
 REUSE_LOOKBACK = 16
 
 
-def generating_samples(run: Path, step: int, sample_ids: Iterable[int]):
+def generating_samples(run, step: int, sample_ids: Iterable[int]):
     """``(generating step, its samples rows, the ids of sample_ids found there)`` for the
     completions ``sample_ids`` that ``step`` trains on but did not generate: searched in the samples
-    of earlier steps, newest first, at most :data:`REUSE_LOOKBACK` of them."""
-    from grpolens.run.reader import read_samples
+    of earlier steps, newest first, at most :data:`REUSE_LOOKBACK` of them. ``run``: a path or a
+    :class:`~grpolens.run.reader.RunReader`."""
+    from grpolens.run.reader import RunReader
 
     missing = set(sample_ids)
     if not missing:
         return
-    for s in [s for s in fmt.list_steps(run, fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]:
-        gen = read_samples(fmt.as_run(run), s)
+    reader = RunReader.of(run)
+    for s in [s for s in reader.steps(fmt.SAMPLES) if s < step][::-1][:REUSE_LOOKBACK]:
+        gen = reader.samples(s)
         found = set(gen["sample_id"].to_list()) & missing if gen is not None else set()
         if found:
             yield s, gen, found
@@ -103,21 +108,22 @@ def reused_rows(run, step: int, seqcols: pl.DataFrame | None, have: set[int]) ->
     """The rows of the completions ``step`` trains on (``seqcols``) that are not in ``have``,
     found by sample_id at the step that generated them (see the module docstring)."""
     frames = []
-    for s, gen, found in generating_samples(fmt.as_run(run), step, _trained(seqcols) - have):
+    for s, gen, found in generating_samples(run, step, _trained(seqcols) - have):
         # group columns from the whole generation (a group's reward ranks), rows of this step's ids
         rows = completions_table(step, gen, seqcols).filter(pl.col("sample_id").is_in(sorted(found)))
         frames.append(rows.with_columns(generated_at_step=pl.lit(s, pl.Int64)))
     return frames
 
 
-def step_table(run: Path, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
+def step_table(run, step: int, seqcols: pl.DataFrame | None) -> pl.DataFrame:
     """The completions of ``step``: those generated at it, and those it trains on that an earlier
-    step generated (found by sample_id, see the module docstring)."""
-    from grpolens.run.reader import read_samples
+    step generated (found by sample_id, see the module docstring). ``run``: a path or a
+    :class:`~grpolens.run.reader.RunReader` (one reader for many steps reads the manifest once)."""
+    from grpolens.run.reader import RunReader
 
-    run = fmt.as_run(run)
-    own = read_samples(run, step)
-    frames = [own_rows(step, own, seqcols)] + reused_rows(run, step, seqcols, _ids(own))
+    reader = RunReader.of(run)
+    own = reader.samples(step)
+    frames = [own_rows(step, own, seqcols)] + reused_rows(reader, step, seqcols, _ids(own))
     frames = [f for f in frames if f.height]
     return concat(frames) if frames else pl.DataFrame()
 
@@ -127,23 +133,24 @@ def build_steps(run: os.PathLike | str, steps: Iterable[int], cfg: dict | None =
     """The completions of ``steps`` computed from the shards (one pass over those steps only)."""
     from grpolens.metrics.engine import iter_steps
     from grpolens.metrics.registry import load_families
-    from grpolens.run.reader import resolve_config
+    from grpolens.run.reader import RunReader
 
-    run = fmt.as_run(run)
+    reader = RunReader(run)
+    run = reader.path
     load_families()
-    cfg = cfg if cfg is not None else resolve_config(run)
+    cfg = cfg if cfg is not None else reader.config()
     steps = sorted(set(steps))
     tok = sorted(set(steps) & set(fmt.list_steps(run, fmt.TOKENS)))
     v = Completions(cfg)
     frames, done = [], set()
     for res in iter_steps(run, tok, [v]):
-        frames.append(step_table(run, res.step, res.pieces[v.name]))
+        frames.append(step_table(reader, res.step, res.pieces[v.name]))
         done.add(res.step)
         if progress:
             progress(len(done), len(steps))
     for s in steps:
         if s not in done:
-            frames.append(step_table(run, s, None))
+            frames.append(step_table(reader, s, None))
             done.add(s)
             if progress:
                 progress(len(done), len(steps))
