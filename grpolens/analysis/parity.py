@@ -18,6 +18,8 @@ log has *and* the profile produces is compared at each step:
 ``mismatch``  both have a value and they differ
 ``missing``   the trainer logged a value, grpolens has none at that step
 ``extra``     grpolens has a value for a key the trainer logs, at a step where it did not log it
+``undetermined``  the trainer logged a value the run does not determine (verl's Clip-Cov draws the
+              tokens it zeroes at random): grpolens leaves it empty and says why; not a failure
 
 Keys only one side knows (``grad_norm``, ``learning_rate``: the optimiser's) are not compared.
 """
@@ -46,9 +48,12 @@ class Row:
     logged: float | None
     ours: float | None
     status: str
+    #: why the run does not determine the value (status ``undetermined``)
+    why: str = ""
 
     def __str__(self) -> str:
-        return f"{self.status:8s} step {self.step:3d} {self.key:40s} logged={self.logged!r:24s} grpolens={self.ours!r}"
+        line = f"{self.status:8s} step {self.step:3d} {self.key:40s} logged={self.logged!r:24s} grpolens={self.ours!r}"
+        return f"{line}: {self.why}" if self.why else line
 
 
 def close(a: float | None, b: float | None, rtol: float = RTOL, atol: float = ATOL) -> bool:
@@ -163,7 +168,8 @@ def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, pro
             if val is None and got is None:
                 rows.append(Row(step, key, val, got, "ok"))
             elif got is None:
-                rows.append(Row(step, key, val, None, "missing"))
+                why = "; ".join(w for col, w in prof.undetermined.get(key, ()) if mine.get(col))
+                rows.append(Row(step, key, val, None, "undetermined", why) if why else Row(step, key, val, None, "missing"))
             elif val is None:
                 rows.append(Row(step, key, None, got, "extra"))
             else:
@@ -173,6 +179,11 @@ def compare(run: os.PathLike | str, log: os.PathLike | str | None = None, *, pro
             if key in produced and key in keys_logged and key not in rec and got is not None:
                 rows.append(Row(step, key, None, got, "extra"))
     return rows
+
+
+def failed(rows: list[Row]) -> list[Row]:
+    """The rows that disagree: every status but ``ok`` and ``undetermined``."""
+    return [r for r in rows if r.status not in ("ok", "undetermined")]
 
 
 def summary(rows: list[Row]) -> str:

@@ -36,7 +36,7 @@ def parity_cmd(
     from grpolens.run.reader import parse_overrides
     from grpolens.errors import UserError
     from grpolens import plugins
-    from grpolens.analysis.parity import compare
+    from grpolens.analysis.parity import compare, failed
     from grpolens.text import format_value
 
     from grpolens.commands.records import output_format, write_records
@@ -48,11 +48,12 @@ def parity_cmd(
     if not rows:
         raise UserError("nothing to compare: the log has no key that the profile produces "
                         f"(is --profile {profile} the trainer that wrote it?)")
-    bad = [r for r in rows if r.status != "ok"]
+    bad = failed(rows)
+    open_ = [r for r in rows if r.status == "undetermined"]
     out_fmt = output_format(as_json, as_csv)
     if out_fmt:
-        write_records(({"step": r.step, "key": r.key, "logged": r.logged, "grpolens": r.ours, "status": r.status}
-                       for r in rows), out_fmt, columns=["step", "key", "logged", "grpolens", "status"])
+        write_records(({"step": r.step, "key": r.key, "logged": r.logged, "grpolens": r.ours, "status": r.status,
+                        "why": r.why} for r in rows), out_fmt, columns=["step", "key", "logged", "grpolens", "status", "why"])
         if bad:
             raise typer.Exit(1)
         return
@@ -70,8 +71,12 @@ def parity_cmd(
     console.print(t)
     for r in bad[:show]:
         console.print(str(r), markup=False, highlight=False)
-    verdict = (f"{len(rows) - len(bad)}/{len(rows)} logged values reproduced; {len(keys) - len(bad_keys)}/{len(keys)} "
-               f"metrics agree at every step")
+    for r in open_[:show]:  # not a failure: the run does not hold what decided the value
+        console.print(str(r), markup=False, highlight=False)
+    verdict = (f"{len(rows) - len(bad) - len(open_)}/{len(rows)} logged values reproduced; "
+               f"{len(keys - {r.key for r in rows if r.status != 'ok'})}/{len(keys)} metrics agree at every step")
+    if open_:
+        verdict += f"; {len(open_)} not determined by the run (said why above)"
     console.print(("[green]" if not bad else "[red]") + verdict + "[/]")
     if bad:
         raise typer.Exit(1)

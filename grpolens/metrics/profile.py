@@ -87,6 +87,10 @@ class Profile:
     #: key (``"clip_high"`` -> TRL's ``epsilon_high``, verl's ``actor_rollout_ref.actor.clip_ratio_high``):
     #: how ``grpolens doctor``'s suggestions name what to change
     settings: Mapping[str, str] = field(default_factory=dict)
+    #: a logged name -> ``(column, why)`` pairs: where the recompute leaves the value empty because
+    #: the run does not determine it (verl's Clip-Cov draws the tokens it zeroes), a column of the
+    #: recompute counts the cases at that step; ``grpolens parity`` then says why instead of failing
+    undetermined: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.token_mean not in TOKEN_MEAN_RULES:

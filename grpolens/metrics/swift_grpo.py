@@ -109,8 +109,8 @@ def settings(cfg: dict) -> dict | None:
     return s
 
 
-_COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.pg", "sw.ent", "sw.ent_n", "sw.len",
-         "sw.thr", *rc.COLS)
+_COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.kl1", "sw.low1", "sw.high1", "sw.region1",
+         "sw.cispo1", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", *rc.COLS)
 #: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
 _MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
 
@@ -160,20 +160,22 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         return {c: np.zeros(b.n_seq) for c in _COLS}
     m = b.mask
     n, zero = b.count(m), np.zeros(b.n_seq)
+    # ``…1`` columns: the same sums over every stored token, unmasked: what ms-swift averages over the
+    # rows instead of the masked tokens when a loss call is one token wide (``masked_batch_mean``)
+    out = {}
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        A = np.where(m, b.adv, 0.0)
+        A = b.adv
         logp = np.where(m, b.logp, 0.0)
-        d = np.where(m, b.logp - b.old, 0.0)
         if s["importance_sampling_level"] == "token":
-            c = np.exp(d)
+            c = np.exp(b.logp - b.old)
         else:
-            c = b.broadcast(np.exp(b.seq_sum(d) / np.maximum(n, 1.0)))
+            c = b.broadcast(np.exp(b.seq_sum(np.where(m, b.logp - b.old, 0.0)) / np.maximum(n, 1.0)))
         lt = s["loss_type"]
         eps_lo, eps_hi = float(s["epsilon"]), float(s["epsilon_high"])
-        low = high = cispo = zero
+        ind = {}
         if lt == "cispo":
             L = -np.minimum(c, eps_hi) * A * logp
-            cispo = b.seq_sum(((c > eps_hi) & (A > 0) & m).astype(np.float64))
+            ind["cispo"] = (c > eps_hi) & (A > 0)
         elif lt == "sapo":
             tau = np.where(A > 0, float(s["tau_pos"]), float(s["tau_neg"]))
             L = -_sigmoid(tau * (c - 1.0)) * (4.0 / tau) * A
@@ -181,17 +183,21 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             c2 = np.clip(c, 1 - eps_lo, 1 + eps_hi)
             c1 = c if s["delta"] is None else np.minimum(c, float(s["delta"]))
             L = -np.minimum(c1 * A, c2 * A)
-            low = b.seq_sum(((c1 < 1 - eps_lo) & (A < 0) & m).astype(np.float64))
-            high = b.seq_sum(((c1 > 1 + eps_hi) & (A > 0) & m).astype(np.float64))
+            ind["low"], ind["high"] = (c1 < 1 - eps_lo) & (A < 0), (c1 > 1 + eps_hi) & (A > 0)
+            ind["region"] = ind["low"] | ind["high"]
+        for k in ("low", "high", "region", "cispo"):
+            x = ind.get(k)
+            out[f"sw.{k}"] = zero if x is None else b.seq_sum((x & m).astype(np.float64))
+            out[f"sw.{k}1"] = zero if x is None else b.count(x)
         thr = np.full(b.n_seq, np.nan)
         if float(s["top_entropy_quantile"]) < 1.0 and b.has("entropy"):  # only the top entropies train
             thr = entropy_thresholds(b, float(s["top_entropy_quantile"]))
             L = L * (b.cols["entropy"].astype(np.float32) >= b.broadcast(thr).astype(np.float32))
-        kl = zero
+        out["sw.kl"] = out["sw.kl1"] = zero
         if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and b.has("ref_logp"):
-            k3 = np.where(m, rc.clamped_k3(b.cols["ref_logp"] - b.logp), 0.0)
+            k3 = rc.clamped_k3(b.cols["ref_logp"] - b.logp)
             L = L + float(s["beta"]) * k3
-            kl = b.seq_sum(k3)
+            out["sw.kl"], out["sw.kl1"] = b.seq_sum(np.where(m, k3, 0.0)), b.seq_sum(k3)
         ro = {}
         if rollout_on(s) and b.has("rollout_logp"):
             w = None
@@ -206,9 +212,8 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             e = b.cols["entropy"]
             ok = ~np.isnan(e)
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
-    return {"sw.n": n, "sw.kl": kl, "sw.low": low, "sw.high": high,
-            "sw.region": low + high, "sw.cispo": cispo, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n,
-            "sw.len": b.lengths.astype(np.float64), "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
+    return {**out, "sw.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
+            "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
 
 
 # Registered by a call, not as a decorator: mutmut skips decorated functions (docs/mutation-testing.md).
@@ -220,10 +225,16 @@ producer("swift_grpo", merge=_MERGE)(_swift)
 # ---------------------------------------------------------------------------------------------
 
 def _rank_means(sd, num: str) -> list[float]:
-    """Each rank's masked mean Σ num / max(Σ m, 1) over its rows of ``sd`` (one slot)."""
+    """Each rank's ``masked_batch_mean`` over its rows of ``sd`` (one slot): Σ num / max(Σ m, 1), or
+    when the rank's micro-batch is one token wide (its longest completion has one token) the plain
+    mean over its rows of the unmasked value."""
     r = sd.col("rank")
-    s, n = sd.col(num), sd.col("sw.n")
-    return [float(s[r == k].sum() / max(n[r == k].sum(), 1.0)) for k in np.unique(r)]
+    s, s1, n, width = sd.col(num), sd.col(num + "1"), sd.col("sw.n"), sd.col("sw.len")
+    out = []
+    for k in np.unique(r):
+        sel = r == k
+        out.append(float(s1[sel].mean() if width[sel].max() == 1 else s[sel].sum() / max(n[sel].sum(), 1.0)))
+    return out
 
 
 def slot_values(sd) -> dict[str, float]:

@@ -19,6 +19,9 @@ of ``policy_loss.loss_mode`` (``verl/trainer/ppo/core_algos.py``):
              pg_clipfrac = mm[¬v], pg_clipfrac_lower = mm[r > clip_ratio_c ∧ v]
     gpg      L = −A·logp; no metrics of its own (no pg_clipfrac, pg_clipfrac_lower, ppo_kl)
     dro      L = −(A·logp − β/2·d²), β = policy_loss.dro_beta; ppo_kl from the unclamped d, no clip fractions
+    kl_cov   L = −A·e^d (+ ppo_kl_coef·|d| on the call's top-k tokens by cov(A, logp)); ppo_kl = mm|d| only
+    clip_cov L = max(−A·e^d, −A·clip(e^d, ...)), 0 on the tokens verl zeroes; pg_clipfrac = their count / n, ppo_kl
+             (the choice of tokens, and what the run leaves open of it: :mod:`grpolens.metrics.verl_cov`)
     ppo_kl = mm(−d) (d clamped except gspo);  L ×= w
 
 ``mm`` is verl's masked mean over the call, Σ x·m / (Σ m + 1e-8). Each call's loss terms are
@@ -63,9 +66,11 @@ from grpolens.functional.rollout_is import ISConfig, loss_weights
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
 from grpolens.metrics.partials import producer
-from grpolens.metrics.verl_policy_loss import geo_mean_row, policy_terms, unsupported
+from grpolens.metrics import verl_cov
+from grpolens.metrics.verl_policy_loss import (COV_MODES, actor_cfg, bypass_corr, clip_bounds, geo_mean_row, is_weight, loss_mode,
+                                            policy_terms, unsupported)
 from grpolens.metrics.registry import REGISTRY, Family, register_family, Metric, register
-from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, batch_inputs, batch_partials, rs_summary
+from grpolens.metrics.rollout_is import RSPartials, _mismatch_partials, rs_summary
 from grpolens.metrics.verl_rollout_corr import VERL_KEYS, verl_batch_summary, verl_summary
 
 _COLS = ("va.n", "va.n_pg", "va.pg", "va.pg_tm", "va.clip", "va.clip_low", "va.kl", "va.ent", "va.ent_tm", "va.kld",
@@ -76,28 +81,18 @@ _MERGE = {c: "sum" for c in _COLS} | {"va.width": "max"}
 _unsupported = unsupported
 
 
-def actor_cfg(cfg: dict) -> dict | None:
-    a = cfg.get("verl_actor")
-    return a if isinstance(a, dict) else None
-
-
-def _bypass_corr(cfg: dict) -> dict | None:
-    corr = (cfg.get("verl_algorithm") or {}).get("rollout_correction")
-    return corr if isinstance(corr, dict) and corr.get("bypass_mode") else None
-
-
 def bypass(cfg: dict) -> bool:
     """verl's ``algorithm.rollout_correction.bypass_mode``: old log-probs are the rollout's and the
     policy loss does the rollout correction per loss call, from the current policy against the
     rollout (its rejection applied to the policy loss' mask; its metrics logged as
     ``actor/rollout_corr/*``)."""
-    return _bypass_corr(cfg) is not None
+    return bypass_corr(cfg) is not None
 
 
 def bypass_loss(cfg: dict) -> str | None:
     """The loss of verl's bypass mode (``rollout_correction.loss_type``): ``ppo_clip`` (verl's
     vanilla PPO loss, no IS weight) or ``reinforce`` (−A·log π·w); None outside bypass mode."""
-    corr = _bypass_corr(cfg)
+    corr = bypass_corr(cfg)
     if corr is None:
         return None
     kind = str(corr.get("loss_type") or "ppo_clip")
@@ -139,9 +134,7 @@ def kl_penalty(logp: np.ndarray, ref: np.ndarray, kind: str) -> np.ndarray:
     raise _unsupported("kl_loss_type", kind, "kl, k1, abs, mse, k2, low_var_kl and k3, each optionally with +")
 
 
-def _mode(a: dict) -> str:
-    # verl's actor config holds the loss under policy_loss (PolicyLossConfig), as verl_config reads it
-    return str(dict(a.get("policy_loss") or {}).get("loss_mode", "vanilla"))
+_mode = loss_mode  # noqa: E305
 
 
 def _global_batch(a: dict) -> int:
@@ -155,7 +148,7 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     a = actor_cfg(cfg)
     if a is None or b.n_seq == 0:
         return {c: np.zeros(b.n_seq) for c in _COLS}
-    m = b.mask & np.isfinite(b.logp) & np.isfinite(b.old) & np.isfinite(b.adv)
+    m = b.valid_policy
     by = bypass(cfg)
     # the policy loss' mask: in bypass mode, minus the loss' own per-call rejection
     mp = m & _bypass_keep(b, cfg) if by else m
@@ -167,23 +160,19 @@ def _verl_actor(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         d = np.where(m, b.logp - b.old, 0.0)
         dc = est.clip_log_ratio(d)
         r = np.exp(dc)
-        # verl's ActorConfig defaults clip_ratio_low/high to 0.2 themselves: clip_ratio only stands in for None
-        el, eh = a.get("clip_ratio_low", 0.2), a.get("clip_ratio_high", 0.2)
-        el = a.get("clip_ratio", 0.2) if el is None else el
-        eh = a.get("clip_ratio", 0.2) if eh is None else eh
+        el, eh = clip_bounds(a)
         # bypass mode: ppo_clip is verl's vanilla loss whatever loss_mode says, reinforce its own
         mode = {"ppo_clip": "vanilla", "reinforce": "reinforce"}[bypass_loss(cfg)] if by else _mode(a)
-        L, clip, low, kl_tok = policy_terms(b, a, mode, m, A, d, dc, r, float(el), float(eh))
+        L, clip, low, kl_tok = policy_terms(b, a, mode, m, A, d, dc, r, el, eh)
         isc = ISConfig.from_cfg(cfg)
-        w = None
-        if isc.configured and b.has("rollout_logp") and not by:
-            w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
+        w = is_weight(b, cfg)
+        if w is not None:
             L = L * w
         elif isc.configured and isc.has_band and b.has("rollout_logp") and mode == "reinforce":
             # bypass reinforce: the loss' own IS weights, current policy against the rollout
             # (bypass ppo_clip applies none: its ratio is already against the rollout)
             L = L * loss_weights(_current(b), isc)[0]
-        row = geo_mean_row(b, m, A, d, float(el), float(eh), w) if mode == "geo_mean" else np.zeros(b.n_seq)
+        row = geo_mean_row(b, m, A, d, el, eh, w) if mode == "geo_mean" else np.zeros(b.n_seq)
         L = np.where(mp, L, 0.0)
         ent = np.where(m, b.cols["entropy"], 0.0) if b.has("entropy") else np.zeros(b.n)
         if b.has("ref_logp") and a.get("use_kl_loss"):
@@ -253,21 +242,24 @@ def _agg_mode(a: dict) -> str:
     return mode
 
 
-def _agg(sd, idx: np.ndarray, s: str, tm: str, N: float, dp: int, G: int) -> float:
-    """agg_loss of one call. verl's seq-mean modes sum over the sequences with a token of the term's
+def _agg(sd, idx: np.ndarray, s: str | np.ndarray, tm: str | np.ndarray, N: float, dp: int, G: int) -> float:
+    """agg_loss of one call, of the per-row sums ``s`` and token means ``tm`` (columns, or the
+    call's rows' values). verl's seq-mean modes sum over the sequences with a token of the term's
     mask; a sequence without one has 0 in every partial here (sum and token mean), so all are summed."""
     a = actor_cfg(sd.cfg)
     mode = _agg_mode(a)
+    s = sd.col(s)[idx] if isinstance(s, str) else s
+    tm = sd.col(tm)[idx] if isinstance(tm, str) else tm
     if mode == "token-mean":
-        return float(sd.col(s)[idx].sum() / N * dp)
+        return float(s.sum() / N * dp)
     if mode == "token-sum":
-        return float(sd.col(s)[idx].sum() * dp)
+        return float(s.sum() * dp)
     if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        v = float(sd.col(s)[idx].sum() / G * dp)
+        v = float(s.sum() / G * dp)
         if mode.endswith("norm"):
             v /= float(a.get("loss_scale_factor") or response_length(sd.cfg) or sd.col("va.width")[idx].max())
         return v
-    return float(sd.col(tm)[idx].sum() / G * dp)  # seq-mean-token-mean
+    return float(tm.sum() / G * dp)  # seq-mean-token-mean
 
 
 def _values(sd) -> dict[str, float]:
@@ -286,6 +278,8 @@ def _values(sd) -> dict[str, float]:
         with_ent = bool(a.get("calculate_entropy")) or float(a.get("entropy_coeff", 0.0) or 0.0) != 0.0
         with_kl = bool(a.get("use_kl_loss")) and "ref_logp" in sd.present
         ec, kc = float(a.get("entropy_coeff", 0.0) or 0.0), float(a.get("kl_loss_coef", 0.001))
+        # KL-Cov / Clip-Cov: the tokens each call treats apart change its rows' loss sums
+        cov = verl_cov.call_changes(sd, calls) if _mode(a) in COV_MODES and not bypass(sd.cfg) else {}
         per_mini: dict[int, dict[str, list]] = {}
         for mini in sorted({c[2] for c in calls}):
             cs = [c for c in calls if c[2] == mini]
@@ -297,6 +291,11 @@ def _values(sd) -> dict[str, float]:
                     pg = float(sd.col("va.pg_row")[idx].sum() / len(idx))
                 elif sapo:  # verl's SAPO always aggregates seq-mean-token-mean
                     pg = float(sd.col("va.pg_tm")[idx].sum() / G * dp)
+                elif (r, u) in cov:
+                    call, change = cov[(r, u)]
+                    pg = np.nan if not call.sure else _agg(
+                        sd, idx, sd.col("va.pg")[idx] + change,
+                        sd.col("va.pg_tm")[idx] + change / (sd.col("va.n_pg")[idx] + 1e-8), N, dp, G)
                 else:
                     pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G)
                 pg /= norm.get((r, u), 1.0) if isinstance(norm, dict) else norm  # linear in the IS weights
@@ -307,18 +306,29 @@ def _values(sd) -> dict[str, float]:
                 acc["kl"].append(kl)
                 for k, col in (("clip", "va.clip"), ("low", "va.clip_low"), ("ppo_kl", "va.kl")):
                     acc[k].append(float(sd.col(col)[idx].sum() / (nt + 1e-8)))
+                if (r, u) in cov:  # Clip-Cov's clip fraction: the tokens it zeroes (a count even when drawn)
+                    count = cov[(r, u)][0].count
+                    acc["clip"][-1] = np.nan if count is None else count / (nt + 1e-8)
                 acc["loss"].append(pg - (ec * ent if with_ent else 0.0) + (kc * kl if with_kl else 0.0))
             per_mini[mini] = {"pg": sum(acc["pg"]) / dp, "ent": sum(acc["ent"]) / dp, "kl": sum(acc["kl"]) / dp,
                               "loss": sum(acc["loss"]) / dp, "clip": np.mean(acc["clip"]),
                               "low": np.mean(acc["low"]), "ppo_kl": np.mean(acc["ppo_kl"])}
         mean = lambda k: float(np.mean([v[k] for v in per_mini.values()]))  # noqa: E731
         out = {"pg_loss": mean("pg"), "loss": mean("loss")}
+        # a call whose pg_loss the run does not determine (NaN: verl_cov) leaves the step's empty
+        out = {k: v for k, v in out.items() if not np.isnan(v)}
         # the policy loss' own metrics: verl's REINFORCE and DRO report ppo_kl only, GPG nothing
         pg_mode = "reinforce" if bypass_loss(sd.cfg) == "reinforce" else ("vanilla" if bypass(sd.cfg) else _mode(a))
         if pg_mode != "gpg":
             out["ppo_kl"] = mean("ppo_kl")
-        if pg_mode not in ("reinforce", "gpg", "dro"):
+        if pg_mode == "clip_cov":  # verl's Clip-Cov logs no pg_clipfrac_lower, KL-Cov no clip fraction
+            out.update({} if np.isnan(mean("clip")) else {"pg_clipfrac": mean("clip")})
+        elif pg_mode not in ("reinforce", "gpg", "dro", "kl_cov"):
             out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
+        if cov:  # how many calls leave their policy loss to what the run does not record, by why
+            reasons = [c.reason for c, _ in cov.values()]
+            out["pg_loss_random_calls"] = float(reasons.count(verl_cov.RANDOM))
+            out["pg_loss_unsure_calls"] = float(sum(r in (verl_cov.ORDER, verl_cov.ROUNDING) for r in reasons))
         if with_ent:
             out["entropy_loss"] = mean("ent")
         if with_kl:
@@ -402,6 +412,17 @@ _DOCS = {
 for _k, _doc in _DOCS.items():
     register(Metric(f"verl_actor/{_k}", _FAM, _doc, kind="custom", fn=_value(_k), when=_WHEN,
                     config=("verl_actor", "rollout_is")))
+_COV_WHEN = lambda cfg: _WHEN(cfg) and _mode(actor_cfg(cfg)) in COV_MODES and not bypass(cfg)  # noqa: E731
+_COV_DOCS = {
+    "pg_loss_random_calls": "verl's Clip-Cov: the step's loss calls with more candidate tokens than clip_num, of "
+                            "which verl zeroes a random choice (torch.randperm): pg_loss and loss are then left empty.",
+    "pg_loss_unsure_calls": "verl's KL-Cov / Clip-Cov: the step's loss calls whose chosen tokens the run leaves open "
+                            "(a top-k tie broken by a row order the run does not record, or covariances within "
+                            "verl's float32 rounding of each other or of a Clip-Cov bound): pg_loss and loss left empty.",
+}
+for _k, _doc in _COV_DOCS.items():
+    register(Metric(f"verl_actor/{_k}", _FAM, _doc, kind="custom", fn=_value(_k), when=_COV_WHEN,
+                    config=("verl_actor", "rollout_is")))
 _ENTROPY_DOC = (
     "verl's actor/entropy: the old-log-prob pass' entropy (old_entropy), agg_loss over the whole step on one "
     "process (each completion once, the mask before rollout rejection, loss_agg_mode; seq-mean modes over the "
@@ -444,12 +465,7 @@ class BypassCorrection(Visitor):
         return out
 
     def combine(self, step: int, pieces: list) -> dict | None:
-        parts = [p for p in pieces if p is not None]
-        if not parts:
-            return None
-        out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        order = np.lexsort([out[k] for k in KEY_COLUMNS][::-1])
-        return {k: v[order] for k, v in out.items()}
+        return verl_cov.concat_in_order(pieces, KEY_COLUMNS)
 
 
 @visitor(BYPASS_VISITOR, families=("verl_actor",))

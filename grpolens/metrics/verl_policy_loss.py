@@ -8,12 +8,53 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
+from grpolens.functional.rollout_is import ISConfig, loss_weights
 from grpolens.metrics.batch import TokenBatch
+from grpolens.metrics.rollout_is import batch_inputs, batch_partials
+
+#: the losses whose terms need every token of a loss call (:mod:`grpolens.metrics.verl_cov`)
+COV_MODES = ("kl_cov", "clip_cov")
+
+
+SUPPORTED = "vanilla, gspo, cispo, sapo, gpg, dro, geo_mean, dppo_tv, dppo_kl, kl_cov and clip_cov"
 
 
 def unsupported(key: str, value, choices: str) -> UserError:
     """A verl setting of the run's config (``verl_actor``) that the verl profile does not know."""
     return UserError(f"config key 'verl_actor.{key}': the verl profile supports {choices}, got {value!r}")
+
+
+def actor_cfg(cfg: dict) -> dict | None:
+    a = cfg.get("verl_actor")
+    return a if isinstance(a, dict) else None
+
+
+def bypass_corr(cfg: dict) -> dict | None:
+    """verl's ``algorithm.rollout_correction`` when it sets ``bypass_mode``, else None."""
+    corr = (cfg.get("verl_algorithm") or {}).get("rollout_correction")
+    return corr if isinstance(corr, dict) and corr.get("bypass_mode") else None
+
+
+def loss_mode(a: dict) -> str:
+    # verl's actor config holds the loss under policy_loss (PolicyLossConfig), as verl_config reads it
+    return str(dict(a.get("policy_loss") or {}).get("loss_mode", "vanilla"))
+
+
+def clip_bounds(a: dict) -> tuple[float, float]:
+    """(ε_low, ε_high): verl's ActorConfig defaults clip_ratio_low/high to 0.2 themselves, so
+    clip_ratio only stands in for an explicit None."""
+    el, eh = a.get("clip_ratio_low", 0.2), a.get("clip_ratio_high", 0.2)
+    el = a.get("clip_ratio", 0.2) if el is None else el
+    eh = a.get("clip_ratio", 0.2) if eh is None else eh
+    return float(el), float(eh)
+
+
+def is_weight(b: TokenBatch, cfg: dict) -> np.ndarray | None:
+    """The rollout IS weight per token verl's driver hands the loss (decoupled mode), None without one."""
+    isc = ISConfig.from_cfg(cfg)
+    if not (isc.configured and b.has("rollout_logp")) or bypass_corr(cfg) is not None:
+        return None
+    return loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))[0]
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -80,9 +121,17 @@ def policy_terms(b: TokenBatch, a: dict, mode: str, m: np.ndarray, A: np.ndarray
             L = -A * np.minimum(r, c3) * np.where(m, b.logp, 0.0) * valid
             clip = (~valid).astype(np.float64)
             low = ((r > c3) & valid).astype(np.float64)
+        elif mode == "kl_cov":  # before the penalty on the call's top-k tokens (verl_cov): −A·e^d, ratio unclamped
+            L = -A * np.exp(d)
+            kl_tok = np.abs(d)  # verl's kl_cov logs ppo_kl = mm|d|
+        elif mode == "clip_cov":  # before verl zeroes some tokens (verl_cov): PPO's clip on e^d, unclamped
+            re = np.exp(d)
+            l1, l2 = -A * re, -A * np.clip(re, 1 - el, 1 + eh)
+            L = np.maximum(l1, l2)
+            clip = (l2 > l1).astype(np.float64)  # clipped by the ratio: never a candidate to be zeroed
+            kl_tok = -d
         else:
-            raise unsupported("policy_loss.loss_mode", mode,
-                              "vanilla, gspo, cispo, sapo, gpg, dro, geo_mean, dppo_tv and dppo_kl")
+            raise unsupported("policy_loss.loss_mode", mode, SUPPORTED)
     return L, clip, low, kl_tok
 
 

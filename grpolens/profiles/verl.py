@@ -52,6 +52,12 @@ NAMES = {k: PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()}
 NAMES.update({f"verl_actor/rollout_corr/{k}": "actor/" + PREFIX + v for k, v in {**_ROLLOUT, **_RS}.items()})
 NAMES.update({f"verl_actor/{k}": f"actor/{k}" for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
                                                          "entropy_loss", "kl_loss", "loss", "entropy")})
+# grpolens' own counts (verl logs none): why a KL-Cov / Clip-Cov step has no actor/pg_loss
+NAMES.update({f"verl_actor/{k}": f"grpolens/{k}" for k in ("pg_loss_random_calls", "pg_loss_unsure_calls")})
+_WHY = (("grpolens/pg_loss_random_calls", "verl's Clip-Cov zeroed a random choice of its candidate tokens "
+         "(torch.randperm), which the run does not record"),
+        ("grpolens/pg_loss_unsure_calls", "verl's KL-Cov / Clip-Cov choice of tokens is left open by the run (a tie "
+         "in an unrecorded row order, or float32 rounding)"))
 
 PROFILE = register_profile(Profile(
     "verl", "verl's rollout_corr and actor keys", reference="verl 0.9.1 (its own code, tests/reference)",
@@ -68,4 +74,5 @@ PROFILE = register_profile(Profile(
     # cancels, ~1e-6 absolute on the variance with weights up to the threshold, a few 1e-6 on the
     # std (grpolens, in float64, agrees with verl's code run in float64 to 1e-13)
     float32_floors={f"{p}rollout_corr/rollout_is_std": 1e-5 for p in ("", "actor/")},
+    undetermined={"actor/pg_loss": _WHY, "actor/loss": _WHY},
 ))

@@ -141,3 +141,39 @@ def test_openrlhf_console_and_wandb_layouts(tmp_path):
     bad.write_text("✨ Global step 3: {'policy_loss': __import__('os').getcwd()}\n")
     with pytest.raises(UserError, match="bad.log:1: an OpenRLHF status line whose dict is not plain literals"):
         read_log(bad)
+
+
+def test_a_value_the_run_does_not_determine_is_undetermined_with_why_and_exit_0(tmp_path):
+    """verl's Clip-Cov zeroes a random choice of its candidates when it has more than clip_num: the
+    logged pg_loss is reported as undetermined with the reason, not as a failure; a missing value
+    without such a reason still fails."""
+    from tests.metrics.test_verl_actor import verl_run
+
+    # one call of 5 tokens, Ā = 0.4, l̄ = −1.3: cov = [1.92, −2.72, 1.76, 4.32, −2.88], 3 in (0.5, 5):
+    # clip_num = max(int(0.2 · 5), 1) = 1 of them zeroed, verl's draw
+    nan = np.nan
+    logp = [[-0.1, -3.0, -0.2], [-3.1, -0.1, nan]]
+    old = [[-0.1, -3.0, -0.2], [-3.1, -0.1, nan]]
+    adv = [[2.0, 2.0, 2.0], [-2.0, -2.0, nan]]
+    actor = {"policy_loss": {"loss_mode": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": 0.5}}
+    run = verl_run(tmp_path / "run", actor, logp, old, adv, [(0, [0, 1])])
+    res = grpolens.recompute(run, profile="verl", write=False, result=True)
+    row = res.metrics.row(0, named=True)
+    assert row["actor/pg_loss"] is None and row["actor/pg_clipfrac"] is not None
+    assert row["grpolens/pg_loss_random_calls"] == 1.0
+    assert any("depends on verl's random choice" in n for n in res.notes)
+    log = tmp_path / "verl.jsonl"
+    logged = {"actor/pg_loss": 0.5, "actor/loss": 0.5, "actor/pg_clipfrac": row["actor/pg_clipfrac"],
+              "actor/ppo_kl": row["actor/ppo_kl"]}
+    log.write_text(json.dumps({"step": 1, "data": logged}) + "\n")
+    by = {r.key: r for r in compare(run, log, profile="verl")}
+    assert by["actor/pg_loss"].status == "undetermined" and "random choice" in by["actor/pg_loss"].why
+    assert by["actor/pg_clipfrac"].status == "ok"
+    r = _cli("parity", run, "--log", log, "--profile", "verl")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())  # rich wraps lines
+    assert "2 not determined by the run" in out and "torch.randperm" in out
+    # where the run determines the value (clip_cov_ratio 0.6: clip_num 3, every candidate) it is compared
+    actor["policy_loss"]["clip_cov_ratio"] = 0.6
+    run2 = verl_run(tmp_path / "run2", actor, logp, old, adv, [(0, [0, 1])])
+    assert {r.key: r.status for r in compare(run2, log, profile="verl")}["actor/pg_loss"] == "mismatch"

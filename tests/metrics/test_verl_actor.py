@@ -61,8 +61,8 @@ def verl_run(run, actor: dict, logp, old, adv, calls, *, algorithm: dict | None 
 @pytest.mark.parametrize("actor, key, value, choices", [
     ({"use_kl_loss": True, "kl_loss_type": "k4"}, "kl_loss_type", "'k4'",
      "kl, k1, abs, mse, k2, low_var_kl and k3, each optionally with +"),
-    ({"policy_loss": {"loss_mode": "clip_cov"}}, "policy_loss.loss_mode", "'clip_cov'",
-     "vanilla, gspo, cispo, sapo, gpg, dro, geo_mean, dppo_tv and dppo_kl"),
+    ({"policy_loss": {"loss_mode": "ppo_plus"}}, "policy_loss.loss_mode", "'ppo_plus'",
+     "vanilla, gspo, cispo, sapo, gpg, dro, geo_mean, dppo_tv, dppo_kl, kl_cov and clip_cov"),
     # verl's DRO requires a positive dro_beta (PolicyLossConfig has none by default)
     ({"policy_loss": {"loss_mode": "dro"}}, "policy_loss.dro_beta", "None", "a positive number (verl requires one for dro)"),
     ({"loss_agg_mode": "seq-sum"}, "loss_agg_mode", "'seq-sum'",

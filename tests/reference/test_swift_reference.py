@@ -73,6 +73,12 @@ CASES = [
     Case("entropy_mask_dp2", {"top_entropy_quantile": 0.2}, world=2, seed=14),
     Case("entropy_mask_log_entropy_cispo_overlong", {"top_entropy_quantile": 0.5, "log_entropy": True, "loss_type": "cispo",
                                                      "epsilon_high": 1.2, "overlong_filter": True}, seed=15),
+    Case("gspo_token", {"importance_sampling_level": "sequence_token", "epsilon": 3e-3, "epsilon_high": 4e-3}, seed=16,
+         drift=0.02),
+    # one-token completions: a micro-batch one token wide, every completion truncated and taken out
+    # of the loss by the overlong filter (ms-swift then averages its metrics over the rows unmasked)
+    Case("one_token_overlong_entropy", {"overlong_filter": True, "log_entropy": True}, width=1, seed=17),
+    Case("one_token_gspo", {"importance_sampling_level": "sequence"}, width=1, seed=18, drift=0.5),
 ]
 
 

@@ -59,6 +59,13 @@ class Case:
     v1: bool = True
     #: how far each forward's log-probs drift from the old ones (× (1 + epoch + mini-batch))
     drift: float = 0.04
+    #: each rank's rows in order, as verl's default ``actor.shuffle: false`` splits them (else shuffled,
+    #: which only KL-Cov's tie rule can tell apart)
+    in_order: bool = False
+    #: what verl logs that the run does not determine: grpolens must leave these empty, and its
+    #: recompute note say why (``why``, a phrase of the note)
+    undetermined: tuple[str, ...] = ()
+    why: str = ""
 
 
 CASES = [
@@ -153,6 +160,35 @@ CASES = [
                                                      "clip_ratio_high": 0.01, "clip_ratio_c": 1.2,
                                                      "loss_agg_mode": "seq-mean-token-mean"}, mini_batches=2, seed=34,
          drift=0.5),
+    # KL-Cov: its defaults (the top 0.02 % of a call's tokens by cov(A, logp): one), then more tokens
+    # penalised with ties at the boundary (log-probs clamped at 0 tie within a row and across a group's
+    # rows), broken as torch.topk breaks them with the rows in verl's order
+    Case("kl_cov", actor={"policy_loss": {"loss_mode": "kl_cov"}}, seed=35, drift=0.3, in_order=True),
+    Case("kl_cov_ratio_dp2_ties", actor={"policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.1}},
+         dp=2, mini_batches=2, seed=50, drift=0.3, in_order=True),
+    Case("kl_cov_coef_tis_seq_mean_token_mean_dp2_epochs2",
+         actor={"policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.2, "ppo_kl_coef": 1.0}, "ppo_epochs": 2,
+                "loss_agg_mode": "seq-mean-token-mean", "use_kl_loss": True},
+         corr={**YAML_CORR, "rollout_is": "token"}, dp=2, mini_batches=2, epochs=2, seed=37, wild=0.3, drift=0.3,
+         in_order=True, micro=4),
+    # shuffled rows (actor.shuffle): a tie at the boundary is broken by an order the run does not record
+    Case("kl_cov_shuffle_ties", actor={"policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.1}, "shuffle": True},
+         seed=44, drift=0.3, undetermined=("actor/pg_loss", "actor/loss"), why="does not record"),
+    # Clip-Cov: at its defaults every call has at most clip_num = 1 candidate, all zeroed (no draw);
+    # then calls with more candidates than clip_num: which ones verl zeroes is its random draw, so
+    # its pg_loss (and loss) is left empty while pg_clipfrac (a count) and ppo_kl are exact
+    Case("clip_cov", actor={"policy_loss": {"loss_mode": "clip_cov"}}, seed=43, drift=0.3, in_order=True),
+    Case("clip_cov_random_draw", actor={"policy_loss": {"loss_mode": "clip_cov"}}, seed=41, drift=0.3, in_order=True,
+         undetermined=("actor/pg_loss", "actor/loss"), why="depends on verl's random choice"),
+    Case("clip_cov_ratio_bounds_tis_seq_mean_token_mean_dp2",
+         actor={"policy_loss": {"loss_mode": "clip_cov", "clip_cov_ratio": 0.5, "clip_cov_lb": 0.3, "clip_cov_ub": 3.0},
+                "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean"},
+         corr={**YAML_CORR, "rollout_is": "token"}, dp=2, mini_batches=2, seed=43, wild=0.3, drift=0.3, in_order=True,
+         micro=4),
+    Case("clip_cov_random_draw_dp2_epochs2",
+         actor={"policy_loss": {"loss_mode": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": 0.3}, "ppo_epochs": 2},
+         dp=2, mini_batches=2, epochs=2, seed=44, drift=0.3, in_order=True, micro=4,
+         undetermined=("actor/pg_loss", "actor/loss"), why="depends on verl's random choice"),
     # bypass mode, ppo_clip: no IS weight in the loss, so the batch normalisation divides nothing
     Case("bypass_ppo_clip_tis_batch_normalize", corr={**YAML_CORR, "bypass_mode": True, "rollout_is": "token",
                                                       "rollout_is_batch_normalize": True},
@@ -188,7 +224,7 @@ def build(case: Case, d: str) -> tuple[dict, dict]:
     for e in range(case.epochs):
         for r in range(case.dp):
             chunk = np.arange(r * per_rank, (r + 1) * per_rank)
-            perm = rng.permutation(chunk)
+            perm = chunk.copy() if case.in_order else rng.permutation(chunk)
             mb_size = per_rank // case.mini_batches
             for m in range(case.mini_batches):
                 mrows = perm[m * mb_size:(m + 1) * mb_size]
@@ -320,8 +356,8 @@ def test_verl_profile_reproduces_verl(case, group, verl_logged, tmp_path):
     (arrays, config), out, logged = verl_logged[case.name]
     run = tmp_path / "run"
     record(case, arrays, config, out, run)
-    df = grpolens.recompute(run, profile="verl", write=False)
-    ours = {k: v for k, v in df.row(0, named=True).items() if v is not None and k != "step"}
+    res = grpolens.recompute(run, profile="verl", write=False, result=True)
+    ours = {k: v for k, v in res.metrics.row(0, named=True).items() if v is not None and k != "step"}
     # the group's keys on either side: what verl logs, and what grpolens invents
     in_group = GROUPS[group]
     theirs = {k: v for k, v in logged.items() if in_group(k)}
@@ -329,7 +365,16 @@ def test_verl_profile_reproduces_verl(case, group, verl_logged, tmp_path):
     rows = compare(theirs, ours)
     good = sum(ok for *_, ok in rows)
     TALLY[("verl 0.9.1", f"{case.name} [{group}]")] = (good, len(rows) + len(extra))
-    bad = [f"{k}: verl {v!r}, grpolens {g!r}" for k, v, g, ok in rows if not ok] + [f"{k}: only grpolens" for k in extra]
+    # what the run does not determine (verl's random draw, an unrecorded order) must be left empty,
+    # and counts as logged but not reproduced
+    bad = [f"{k}: verl {v!r}, grpolens {g!r}" for k, v, g, ok in rows if not ok and k not in case.undetermined]
+    bad += [f"{k}: only grpolens" for k in extra]
+    bad += [f"{k}: grpolens {ours[k]!r}, but the run does not determine it" for k in case.undetermined
+            if in_group(k) and ours.get(k) is not None]
+    bad += [f"{k}: verl logged nothing" for k in case.undetermined if in_group(k) and k not in logged]
+    if case.undetermined and group == "actor":  # and the recompute says why
+        said = [n for n in res.notes if "pg_loss" in n and case.why in n]
+        bad += [] if said else [f"no recompute note saying the value {case.why!r}: {res.notes}"]
     # verl logs no driver-side rollout_corr/* without rollout correction or in bypass mode, and no
     # actor/entropy in bypass mode (no old-log-prob pass)
     assert rows or (group == "rollout_corr" and (case.corr is None or bypass(case))) \

@@ -148,10 +148,11 @@ def recompute(
         raw, final, names, schema = tabulate(plan, done.rows, valid)
         # 5. what the run lacks for some metrics, and a constant train-rollout offset
         from grpolens.metrics.rollout_is.offset import offset_notes
+        from grpolens.metrics.verl_cov import notes as cov_notes
 
         run_notes = offset_notes(raw)  # about the whole selection: a re-run with nothing new repeats them
         notes = (absent_notes(plan.run, plan.metrics, raw, done.present, done.computed)
-                 + rejection_notes(plan.cfg, done.present, done.computed) + run_notes)
+                 + rejection_notes(plan.cfg, done.present, done.computed) + run_notes + cov_notes(raw))
         # 6. the outputs, each atomically, the cache's state last
         out_dir = _write(plan, work, done, valid, final, names, schema, run_notes, spill)
     finally:
