@@ -72,11 +72,13 @@ def _unique(x: np.ndarray) -> np.ndarray:
     """Sorted distinct values (same dtype). Sort-based on purpose: numpy 2's hash-based
     ``np.unique`` measured 20-40x slower than a sort on a step's few hundred thousand int keys,
     and a hash pass (polars' ``unique``) no faster than polars' sort. The sort is polars', not
-    numpy's: on 663 K int64 keys it took 23 ms of CPU against numpy's 37, and it runs without the
-    GIL, so the engine's other threads go on meanwhile (``benchmarks/bench_recompute.py``)."""
+    numpy's, and on one thread: on 650 K int64 keys 9.8 ms of CPU, against 22 ms for polars'
+    multithreaded sort (in the same wall time: its threads mostly wait on 2 cores) and 39 ms for
+    numpy's; it runs without the GIL, so the engine's other threads go on meanwhile, and the
+    recompute's parallelism is its worker processes (``benchmarks/bench_recompute.py``)."""
     if len(x) == 0:
         return x
-    u = pl.Series(x).sort().to_numpy()
+    u = pl.Series(x).sort(multithreaded=False).to_numpy()
     return u[np.concatenate(([True], u[1:] != u[:-1]))]
 
 

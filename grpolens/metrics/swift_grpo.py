@@ -58,7 +58,6 @@ WINDOW_NORMALIZED = ("dapo", "cispo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
 _REFUSED = {
     "kl_in_reward": "ms-swift then logs the KL of its reward shaping per generation round",
-    "off_policy_sequence_mask_delta": "the off-policy sequence mask is not reproduced",
     "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
     "sdar_loss_coef": "SDAR's distillation loss needs the teacher's log-probs",
@@ -110,7 +109,7 @@ def settings(cfg: dict) -> dict | None:
 
 
 _COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.kl1", "sw.low1", "sw.high1", "sw.region1",
-         "sw.cispo1", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", *rc.COLS)
+         "sw.cispo1", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", "ro.n", *rc.COLS)
 #: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
 _MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
 
@@ -154,12 +153,28 @@ def entropy_thresholds(b: TokenBatch, top: float) -> np.ndarray:
     return out
 
 
+def off_policy_mask(b: TokenBatch, s: dict, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``m`` less the rows ``off_policy_sequence_mask_delta`` drops (``_compute_off_policy_sequence_mask``):
+    mean_t(π_behaviour − logp) > delta with a negative mean advantage, the behaviour policy the
+    rollout engine's log-probs when the run has them, else the old policy's; ``m`` itself without a delta."""
+    delta = s["off_policy_sequence_mask_delta"]
+    if delta is None:
+        return m
+    behaviour = b.cols["rollout_logp"] if b.has("rollout_logp") else b.old
+    with np.errstate(invalid="ignore"):
+        gap = b.seq_sum(np.where(m, behaviour - b.logp, 0.0)) / np.maximum(n, 1.0)
+        adv = b.seq_sum(np.where(m, b.adv, 0.0)) / np.maximum(n, 1.0)
+    return m & ~b.broadcast((gap > float(delta)) & (adv < 0))
+
+
 def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     s = settings(cfg)
     if s is None or b.n_seq == 0:
         return {c: np.zeros(b.n_seq) for c in _COLS}
     m = b.mask
     n, zero = b.count(m), np.zeros(b.n_seq)
+    mk = off_policy_mask(b, s, m, n)  # the mask of the loss' normaliser and the metrics
+    nk = b.count(mk) if mk is not m else n
     # ``…1`` columns: the same sums over every stored token, unmasked: what ms-swift averages over the
     # rows instead of the masked tokens when a loss call is one token wide (``masked_batch_mean``)
     out = {}
@@ -187,7 +202,7 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             ind["region"] = ind["low"] | ind["high"]
         for k in ("low", "high", "region", "cispo"):
             x = ind.get(k)
-            out[f"sw.{k}"] = zero if x is None else b.seq_sum((x & m).astype(np.float64))
+            out[f"sw.{k}"] = zero if x is None else b.seq_sum((x & mk).astype(np.float64))
             out[f"sw.{k}1"] = zero if x is None else b.count(x)
         thr = np.full(b.n_seq, np.nan)
         if float(s["top_entropy_quantile"]) < 1.0 and b.has("entropy"):  # only the top entropies train
@@ -197,7 +212,7 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and b.has("ref_logp"):
             k3 = rc.clamped_k3(b.cols["ref_logp"] - b.logp)
             L = L + float(s["beta"]) * k3
-            out["sw.kl"], out["sw.kl1"] = b.seq_sum(np.where(m, k3, 0.0)), b.seq_sum(k3)
+            out["sw.kl"], out["sw.kl1"] = b.seq_sum(np.where(mk, k3, 0.0)), b.seq_sum(k3)
         ro = {}
         if rollout_on(s) and b.has("rollout_logp"):
             w = None
@@ -206,13 +221,13 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
                                float(s["rollout_importance_sampling_threshold"]), m, n)
                 L = L * w
             ro = rc.partials(b, s, m, n, w)
-        pg = b.seq_sum(np.where(m, L, 0.0))
+        pg = b.seq_sum(np.where(mk, L, 0.0))
         ent, ent_n = zero, zero
         if b.has("entropy"):  # every stored token: the completion mask before the overlong filter
             e = b.cols["entropy"]
             ok = ~np.isnan(e)
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
-    return {**out, "sw.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
+    return {**out, "sw.n": nk, "ro.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
             "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
 
 

@@ -79,6 +79,11 @@ CASES = [
     # of the loss by the overlong filter (ms-swift then averages its metrics over the rows unmasked)
     Case("one_token_overlong_entropy", {"overlong_filter": True, "log_entropy": True}, width=1, seed=17),
     Case("one_token_gspo", {"importance_sampling_level": "sequence"}, width=1, seed=18, drift=0.5),
+    Case("off_policy_mask_bnpo", {"off_policy_sequence_mask_delta": 0.02, "loss_type": "bnpo"}, seed=19, drift=0.4),
+    Case("off_policy_mask_rollout_is_dp2", {"off_policy_sequence_mask_delta": 0.01,
+                                            "rollout_importance_sampling_mode": "token_truncate",
+                                            "rollout_importance_sampling_threshold": 1.05}, world=2, seed=20, drift=0.4,
+         rollout=True),
 ]
 
 
