@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpolens.run import format as fmt
-from grpolens.cli import main
 from grpolens.adapters.synth import synth_run
 from grpolens.run.validate import ERROR, WARNING, Problem, check_before_reading, validate_run
 
@@ -52,14 +51,6 @@ def _only(report, severity=ERROR):
     probs = [p for p in report.problems if p.severity == severity]
     assert len(probs) == 1, report.problems
     return probs[0]
-
-
-def _cli(args) -> int:
-    try:
-        main(args)
-    except SystemExit as e:
-        return e.code or 0
-    return 0
 
 
 def test_good_run_is_clean(good):
@@ -376,7 +367,7 @@ def test_a_duplicate_sample_id_among_many_is_named_at_its_later_file(run, which)
 
 # -- joins, non-finite values -----------------------------------------------------------------
 
-def test_token_rows_without_samples_row_is_a_warning(run):
+def test_token_rows_without_samples_row_is_a_warning(cli, run):
     rows = pq.ParquetFile(run / TOK).metadata.num_rows
     (run / SMP).unlink()
     remark(run)
@@ -384,7 +375,7 @@ def test_token_rows_without_samples_row_is_a_warning(run):
     assert report.ok
     w = _only(report, WARNING)
     assert (w.path, w.column) == (TOK, "sample_id") and w.message.startswith(f"{rows:,} token rows reference 6 ")
-    assert _cli(["validate", str(run)]) == 0
+    assert cli("validate", run).code == 0
 
 
 def test_orphan_token_rows_are_summed_over_files_and_name_the_first(run):
@@ -993,23 +984,23 @@ def test_a_problem_reads_as_one_line_naming_its_file_and_column():
 
 # -- the command --------------------------------------------------------------------------------
 
-def test_cli_exit_codes_and_output(run, tmp_path, capsys):
-    assert _cli(["validate", str(run)]) == 0
-    assert "OK" in capsys.readouterr().err
+def test_cli_exit_codes_and_output(cli, run, tmp_path):
+    r = cli("validate", run)
+    assert r.code == 0 and "OK" in r.err
     _rewrite(run / TOK, lambda t: t.drop_columns(["advantage"]))
     (run / "[bold]x.txt").write_text("")  # names are shown verbatim, not as markup
-    assert _cli(["validate", str(run)]) == 1
-    out = capsys.readouterr()
-    assert "advantage" in out.out and "FAILED" in out.err and "[bold]x.txt" in out.out
-    assert _cli(["validate", "--json", str(run)]) == 1
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    r = cli("validate", run)
+    assert r.code == 1 and "advantage" in r.out and "FAILED" in r.err and "[bold]x.txt" in r.out
+    r = cli("validate", "--json", run)
+    assert r.code == 1
+    lines = [json.loads(line) for line in r.out.splitlines()]
     assert {"severity": ERROR, "path": TOK, "column": "advantage",
             "message": "required column missing (expected float)"} in lines
-    assert _cli(["validate", str(tmp_path / "nope")]) == 2
+    r = cli("validate", tmp_path / "nope")
+    assert r.code == 2 and "does not exist" in r.err and "Traceback" not in r.err
     (tmp_path / "file").write_text("")
-    assert _cli(["validate", str(tmp_path / "file")]) == 2
-    err = capsys.readouterr().err
-    assert "does not exist" in err and "not a directory" in err and "Traceback" not in err
+    r = cli("validate", tmp_path / "file")
+    assert r.code == 2 and "not a directory" in r.err and "Traceback" not in r.err
 
 
 # -- samples rows: only the usable columns are read ---------------------------------------------
