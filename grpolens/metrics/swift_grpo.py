@@ -58,7 +58,6 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
 WINDOW_NORMALIZED = ("dapo", "cispo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
 _REFUSED = {
-    "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
     "sdar_loss_coef": "SDAR's distillation loss needs the teacher's log-probs",
     "use_liger_kernel": "the Liger loss logs clip_ratio instead of clip_ratio/*",
@@ -88,7 +87,7 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
+    defaults = {"sdar_loss_coef": 0.0, "use_liger_kernel": False}
     for key, why in _REFUSED.items():
         if s[key] != defaults.get(key):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")
