@@ -237,7 +237,8 @@ HOME_TESTS = {
     "offset": ("test_rollout_is_offset",),
     "verl_actor": ("test_verl_reference",),
     "twinkle": ("test_twinkle_reference",),
-    "validate": ("test_validate", "test_validate_refusals"),
+    **{m: ("test_validator", "test_keys", "test_joins", "test_layout", "test_samples", "test_validate_refusals")
+       for m in ("validate", "validator", "checks", "footer")},  # tests/run/validate/
     "partials": ("test_merge", "test_boundaries", "test_rollout_is", "test_rollout_is_profiles"),
     "reduce": ("test_boundaries", "test_kl", "test_clip", "test_loss"),
 }
