@@ -141,9 +141,12 @@ class Call:
         return self.chosen is not None
 
 
-def kl_cov_choice(adv: np.ndarray, logp: np.ndarray, ratio: float, ordered: bool) -> Call:
+def kl_cov_choice(adv: np.ndarray, logp: np.ndarray, ratio: float, ordered: bool,
+                  gain: np.ndarray | None = None) -> Call:
     """The tokens verl's KL-Cov penalises in one call (its tokens in verl's flattened order, row by
-    row; ``ordered``: whether that is the order verl had, which only a tie at the boundary needs)."""
+    row; ``ordered``: whether that is the order verl had, which only a tie at the boundary needs;
+    ``gain``: what choosing each token adds to the call's loss, which settles a tie whose tokens
+    all add the same, whatever the order)."""
     n = len(adv)
     if n == 0:
         return Call(np.zeros(0, dtype=np.int64), 0)
@@ -152,15 +155,17 @@ def kl_cov_choice(adv: np.ndarray, logp: np.ndarray, ratio: float, ordered: bool
     chosen, sure = topk_indices(c, k, err=err, same=_same(adv, logp))
     if not sure:
         return Call(None, k, ROUNDING)
-    tied = k < n and bool((c[np.setdiff1d(np.arange(n), chosen)] == c[chosen].min()).any())
-    if tied and not ordered:
+    tie = c == c[chosen].min()  # the k-th value's class: any topk takes every larger one and some of these
+    if not ordered and k < n and tie.sum() > int(tie[chosen].sum()) and not _all_equal(gain, tie):
         return Call(None, k, ORDER)
     return Call(chosen, k)
 
 
-def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: dict) -> Call:
+def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: dict,
+                    gain: np.ndarray | None = None) -> Call:
     """The tokens verl's Clip-Cov zeroes in one call when the run determines them (every candidate,
-    when there are no more than clip_num), else their count only (or nothing near a bound)."""
+    when there are no more than clip_num, or any clip_num of them when each adds the same ``gain``),
+    else their count only (or nothing, near a bound)."""
     n = len(adv)
     if n == 0:
         return Call(np.zeros(0, dtype=np.int64), 0)
@@ -174,8 +179,15 @@ def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: d
     clip_num = max(int(s["clip_cov_ratio"] * n), 1)
     idx = np.flatnonzero(cand)
     if len(idx) > clip_num:
+        if _all_equal(gain, cand):  # whichever verl draws, the loss loses the same
+            return Call(idx[:clip_num], clip_num)
         return Call(None, clip_num, RANDOM)
     return Call(idx, len(idx))
+
+
+def _all_equal(gain: np.ndarray | None, where: np.ndarray) -> bool:
+    g = None if gain is None else gain[where]
+    return g is not None and len(g) > 0 and bool((g == g[0]).all())
 
 
 def _same(adv: np.ndarray, logp: np.ndarray) -> np.ndarray:
@@ -239,18 +251,21 @@ def call_changes(sd, calls: list) -> dict[tuple[int, int], tuple[Call, np.ndarra
     mode, s = loss_mode(a), settings(a)
     p = (sd.extra.get("pieces") or {}).get(VISITOR) or _NO_TOKENS
     sid_all = np.asarray(sd.col("sample_id"), dtype=np.int64)
+    per_row_mean = a.get("loss_agg_mode") == "seq-mean-token-mean"
     out = {}
     for r, u, _, idx in calls:
         sel = np.flatnonzero((p["rank"] == r) & (p["micro_batch"] == u))
-        adv, logp = p["adv"][sel], p["logp"][sel]
+        adv, logp, delta = p["adv"][sel], p["logp"][sel], p["delta"][sel]
+        rows = np.searchsorted(sid_all[idx], p["sample_id"][sel])  # a call's rows are in key order
+        # what a chosen token adds to the aggregated loss, up to a factor common to the call
+        gain = delta / (np.asarray(sd.col("va.n_pg"))[idx][rows] + 1e-8) if per_row_mean else delta
         if mode == "kl_cov":
-            call = kl_cov_choice(adv, logp, s["kl_cov_ratio"], order_known(a))
+            call = kl_cov_choice(adv, logp, s["kl_cov_ratio"], order_known(a), gain)
         else:
-            call = clip_cov_choice(adv, logp, p["clipped"][sel], s)
+            call = clip_cov_choice(adv, logp, p["clipped"][sel], s, gain)
         change = np.zeros(len(idx))
         if call.sure and len(call.chosen):
-            rows = np.searchsorted(sid_all[idx], p["sample_id"][sel][call.chosen])  # a call's rows are in key order
-            np.add.at(change, rows, p["delta"][sel][call.chosen])
+            np.add.at(change, rows[call.chosen], delta[call.chosen])
         out[(r, u)] = (call, change)
     return out
 

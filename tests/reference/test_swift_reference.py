@@ -84,6 +84,10 @@ CASES = [
                                             "rollout_importance_sampling_mode": "token_truncate",
                                             "rollout_importance_sampling_threshold": 1.05}, world=2, seed=20, drift=0.4,
          rollout=True),
+    # rloo and REINFORCE++ at their defaults: the KL to the reference shapes the reward (kl_in_reward)
+    Case("rloo_kl_in_reward", {"advantage_estimator": "rloo"}, seed=21),
+    Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
+         world=2, seed=22),
 ]
 
 
