@@ -12,7 +12,7 @@ What is ms-swift's code and what stands in for its plumbing:
   ``_score_completions``, ``_compute_rewards_per_func``, ``_prepare_batch_inputs``,
   ``_postprocess_batch``, ``_compute_advantages``, ``compute_loss``, ``_compute_loss``,
   ``_compute_loss_single``, ``_compute_loss_and_metrics``, ``_undo_gradient_accumulation_scaling``,
-  ``_update_metrics``, the rollout-correction methods, ``_gather_and_flatten`` and ``log``;
+  ``_update_metrics``, ``_compute_fipo_influence``, the rollout-correction methods, ``_gather_and_flatten`` and ``log``;
   ``RolloutTrainerMixin._generate_and_score_completions`` and ``split_by_mini_batches``;
   ``BaseRolloutTrainerMixin._split_data_by_steps``; ``RLHFArguments._init_grpo`` (the argument
   defaults it resolves); ``get_even_process_data``
@@ -128,7 +128,7 @@ GRPO_METHODS = (
     "_undo_gradient_accumulation_scaling", "_update_metrics", "_get_rollout_is_correction", "log",
     "_gather_and_flatten", "_prepare_metrics", "_prepare_algorithm_params", "_compute_sequence_level_ratios",
     "_apply_rollout_importance_sampling", "_compute_off_policy_sequence_mask", "_compute_rollout_offpolicy_metrics",
-    "_compute_is_correction_metrics", "_dynamic_sampling", "compute_std",
+    "_compute_is_correction_metrics", "_dynamic_sampling", "compute_std", "_compute_fipo_influence",
 )
 
 

@@ -91,6 +91,10 @@ CASES = [
     # DAPO's dynamic sampling: groups whose rewards are all equal are replaced by fresh ones
     Case("dynamic_sample_dapo_dp2", {"dynamic_sample": True, "loss_type": "dapo", "epsilon_high": 0.28}, world=2,
          seed=23, weights=(1.0, 0.0), pools=3),
+    Case("fipo", {"loss_type": "fipo"}, seed=24, drift=0.3),
+    Case("fipo_delta_both_sides_safety_dp2", {"loss_type": "fipo", "delta": 1.3, "fipo_clip_high_only": False,
+                                              "fipo_safety_threshold": 1.2, "fipo_decay_rate": 4.0}, world=2, seed=25,
+         drift=0.4),
     Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
          world=2, seed=22),
 ]
