@@ -48,7 +48,7 @@ _SUM_ERR = 2.0 ** -16
 #: why a call's pg_loss is not determined by the run
 RANDOM, ORDER, ROUNDING = "random", "order", "rounding"
 REASONS = {
-    RANDOM: "verl's Clip-Cov zeroes a random choice of its candidate tokens (torch.randperm)",
+    RANDOM: "the Clip-Cov loss zeroes a random choice of its candidate tokens (drawn with torch.randperm)",
     ORDER: "covariances tie at the top-k boundary and verl's row order within the micro-batch is not recorded "
            "(actor.shuffle or use_dynamic_bsz)",
     ROUNDING: "covariances lie within verl's float32 rounding of each other at the boundary",
