@@ -1,12 +1,17 @@
 """Every metric, profile and visitor registered once for the whole session, as the commands do
 before they use the registry (modules that read ``REGISTRY`` or ``PROFILES`` directly rely on it).
 
+The ``cli`` fixture: ``grpolens ARGS`` run in this process, through the command line's own entry point.
+
 And a guard: a test writes under ``tmp_path``, never into the checkout. An export once left MLflow's
 ``./mlruns`` in the repository root and it was committed; the session now fails when the root gained
 an entry."""
 
 import sys
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 from grpolens.plugins import load_plugins
 
@@ -37,3 +42,31 @@ def pytest_sessionfinish(session, exitstatus):
         sys.stderr.write(f"\nthe tests wrote into the repository root {_ROOT}: {', '.join(new)} "
                          "(write under tmp_path)\n")
         session.exitstatus = 1
+
+
+class CliResult(NamedTuple):
+    """What ``grpolens ARGS`` did: its exit code and what it printed (unpacks as ``code, out, err``)."""
+
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*args)``: ``grpolens ARGS`` in this process (``grpolens.cli.main``, so a user error is
+    its one line and exit code, as a user sees it), each argument ``str()``-ed; returns a
+    :class:`CliResult` with what it printed from the call on."""
+    from grpolens.cli import main
+
+    def run(*args) -> CliResult:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        cap = capsys.readouterr()
+        return CliResult(code, cap.out, cap.err)
+
+    return run

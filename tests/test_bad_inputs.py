@@ -31,22 +31,14 @@ def _snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.parent.rglob("*")) if p.is_file()}
 
 
-def cli(args: list[str], capsys) -> tuple[int, str]:
-    """The CLI's own entry point, in this process."""
-    from grpolens.cli import main
-
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        rc = 0
-    except SystemExit as e:
-        rc = e.code or 0
-    out = capsys.readouterr()
-    return rc, " ".join((out.err + out.out).split())
+def said(r) -> tuple[int, str]:
+    """A ``cli`` fixture's result as ``(exit code, what it printed on one line)``: rich wraps a long
+    message, and a message is checked whatever its width."""
+    return r.code, " ".join((r.err + r.out).split())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_validate_and_recompute_refuse_with_one_message(good, tmp_path, capsys, monkeypatch, name):
+def test_validate_and_recompute_refuse_with_one_message(good, tmp_path, cli, monkeypatch, name):
     from grpolens.run.validate import validate_run
 
     monkeypatch.setenv("COLUMNS", "1000")
@@ -56,22 +48,22 @@ def test_validate_and_recompute_refuse_with_one_message(good, tmp_path, capsys, 
     errors = validate_run(run).errors
     hits = [e for e in errors if (e.path, e.column) == (case.path, case.column) and case.message in e.message]
     assert hits, errors
-    rc, err = cli(["validate", run], capsys)
+    rc, err = said(cli("validate", run))
     assert rc == 1 and case.message in err and "Traceback" not in err
     before = _snapshot(run)
-    rc, err = cli(["recompute", run, "-q", "--full"], capsys)
+    rc, err = said(cli("recompute", run, "-q", "--full"))
     assert rc == 2 and case.message in err and "Traceback" not in err, err[-2000:]
     assert _snapshot(run) == before, "a refused recompute changed the run or wrote outputs"
 
 
 @pytest.mark.parametrize("name", sorted(OK))
-def test_the_neighbour_on_the_good_side_passes(good, tmp_path, capsys, name):
+def test_the_neighbour_on_the_good_side_passes(good, tmp_path, cli, name):
     from grpolens.run.validate import validate_run
 
     run = _copy(good, tmp_path)
     OK[name](run)
     assert validate_run(run).ok, validate_run(run).errors
-    rc, err = cli(["recompute", run, "-q"], capsys)
+    rc, err = said(cli("recompute", run, "-q"))
     assert rc == 0, err[-2000:]
 
 
@@ -99,7 +91,7 @@ def test_a_name_that_is_one_path_component_is_kept(name):
 
 
 @pytest.mark.parametrize("how", ["run_name", "--name"])
-def test_export_writes_nothing_outside_for_a_traversing_name(good, tmp_path, capsys, how):
+def test_export_writes_nothing_outside_for_a_traversing_name(good, tmp_path, cli, how):
     pytest.importorskip("tensorboard")
     from tests.bad_inputs import _manifest
 
@@ -110,7 +102,7 @@ def test_export_writes_nothing_outside_for_a_traversing_name(good, tmp_path, cap
         _manifest(run, lambda m: m.update(run_name="../../../ESCAPED/deep"))
     else:
         args += ["--name", "../../../ESCAPED/deep"]
-    rc, err = cli(args, capsys)
+    rc, err = said(cli(*args))
     assert rc == 2 and "'../../../ESCAPED/deep' cannot name a file or directory: it contains '/'" in err
     assert err.startswith("error: --name:" if how == "--name" else "error: the run name (run_name in")
     assert not (tmp_path / "a" / "ESCAPED").exists() and not list(tmp_path.rglob("ESCAPED"))
@@ -185,34 +177,34 @@ def test_a_footer_micro_batch_range_of_two_billion_costs_nothing(good, tmp_path)
     (["--set", "zzzz=1"], "--set: unknown config key 'zzzz'"),
     (["--set", "rollout_is.uper=3"], "unknown setting(s) uper (did you mean 'upper'?)"),
 ])
-def test_an_unknown_key_in_set_is_an_error_naming_the_closest(good, tmp_path, capsys, args, message):
+def test_an_unknown_key_in_set_is_an_error_naming_the_closest(good, tmp_path, cli, args, message):
     run = _copy(good, tmp_path)
-    rc, err = cli(["recompute", run, "-q", *args], capsys)
+    rc, err = said(cli("recompute", run, "-q", *args))
     assert rc == 2 and message in err and "Traceback" not in err
     assert not (run / "grpolens" / "variants").exists() or not any((run / "grpolens" / "variants").iterdir())
 
 
-def test_a_key_of_the_runs_own_manifest_may_be_set(good, tmp_path, capsys):
+def test_a_key_of_the_runs_own_manifest_may_be_set(good, tmp_path, cli):
     run = _copy(good, tmp_path)  # reward_funcs: the synthetic trainer's own key, not grpolens'
-    rc, err = cli(["recompute", run, "-q", "--set", 'reward_funcs=["a","b"]', "--set", "epsilon_high=0.3"], capsys)
+    rc, err = said(cli("recompute", run, "-q", "--set", 'reward_funcs=["a","b"]', "--set", "epsilon_high=0.3"))
     assert rc == 0, err
 
 
 @pytest.mark.parametrize("suffix, text", [(".json", '{"epsilon_hihg": 0.5}'), (".toml", "epsilon_hihg = 0.5\n"),
                                           (".toml", "[config]\nepsilon_hihg = 0.5\n")])
-def test_an_unknown_key_in_a_config_file_is_an_error(good, tmp_path, capsys, suffix, text):
+def test_an_unknown_key_in_a_config_file_is_an_error(good, tmp_path, cli, suffix, text):
     run = _copy(good, tmp_path)
     f = tmp_path / f"what-if{suffix}"
     f.write_text(text)
-    rc, err = cli(["recompute", run, "-q", "--config", f], capsys)
+    rc, err = said(cli("recompute", run, "-q", "--config", f))
     assert rc == 2 and f"--config {f}: unknown config key 'epsilon_hihg' (did you mean 'epsilon_high'?)" in err
 
 
-def test_a_config_file_nested_too_deeply_is_one_line(good, tmp_path, capsys):
+def test_a_config_file_nested_too_deeply_is_one_line(good, tmp_path, cli):
     run = _copy(good, tmp_path)
     f = tmp_path / "deep.json"
     f.write_text("[" * 100_000 + "]" * 100_000)
-    rc, err = cli(["recompute", run, "-q", "--config", f], capsys)
+    rc, err = said(cli("recompute", run, "-q", "--config", f))
     assert rc == 2 and f"--config: {f} is nested too deeply to read" in err and "Traceback" not in err
 
 
@@ -249,12 +241,12 @@ def test_a_yaml_merge_key_may_override():
     ("GRPOLENS_WORKERS", "0", "GRPOLENS_WORKERS: expected a whole number from 1 to 1,024, got '0'"),
     ("GRPOLENS_WORKERS", "1025", "got '1025'"),
 ])
-def test_a_bad_environment_variable_is_one_line(good, tmp_path, capsys, monkeypatch, var, value, message):
+def test_a_bad_environment_variable_is_one_line(good, tmp_path, cli, monkeypatch, var, value, message):
     run = _copy(good, tmp_path)
     monkeypatch.setenv(var, value)
     monkeypatch.setenv("COLUMNS", "1000")
-    rc, err = cli(["recompute", run, "-q", "--full", "--workers", "1"] if var == "GRPOLENS_THREADS"
-                  else ["recompute", run, "-q", "--full"], capsys)
+    workers = ["--workers", "1"] if var == "GRPOLENS_THREADS" else []
+    rc, err = said(cli("recompute", run, "-q", "--full", *workers))
     assert rc == 2 and message in err and "Traceback" not in err, err
 
 
@@ -310,14 +302,14 @@ def test_ctrl_c_while_starting_is_one_line_and_130():
     assert (r.returncode, r.stderr) == (130, "error: interrupted\n")
 
 
-def test_ctrl_c_in_a_command_is_one_line_and_130(good, capsys, monkeypatch):
+def test_ctrl_c_in_a_command_is_one_line_and_130(good, cli, monkeypatch):
     from grpolens.run import validate
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(validate, "validate_run", interrupted)
-    rc, err = cli(["validate", good], capsys)
+    rc, err = said(cli("validate", good))
     assert (rc, err) == (130, "error: interrupted")
 
 

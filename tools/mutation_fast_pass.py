@@ -232,12 +232,14 @@ def run_chunk(chunk: list[tuple[Path, str, list[str]]], tests_of: dict[str, list
 # the module whose name it carries: tests/metrics/test_kl.py -> grpolens.metrics.kl).
 HOME_TESTS = {
     # the two rollout_is packages (functional/ and metrics/): their modules' names do not say so
-    **{m: ("test_rollout_is", "test_merge") for m in ("weights", "per_token", "summary", "inputs", "producers",
-                                                      "visitors", "catalogue")},
+    **{m: ("test_rollout_is", "test_rollout_is_profiles", "test_merge")
+       for m in ("weights", "per_token", "summary", "inputs", "producers", "visitors", "catalogue")},
+    "offset": ("test_rollout_is_offset",),
     "verl_actor": ("test_verl_reference",),
     "twinkle": ("test_twinkle_reference",),
-    "validate": ("test_validate", "test_validate_refusals"),
-    "partials": ("test_merge", "test_boundaries", "test_rollout_is"),
+    **{m: ("test_validator", "test_keys", "test_joins", "test_layout", "test_samples", "test_validate_refusals")
+       for m in ("validate", "validator", "checks", "footer")},  # tests/run/validate/
+    "partials": ("test_merge", "test_boundaries", "test_rollout_is", "test_rollout_is_profiles"),
     "reduce": ("test_boundaries", "test_kl", "test_clip", "test_loss"),
 }
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
+from grpolens.metrics import swift_fipo as fipo
+from grpolens.metrics import swift_rewards as sr
 from grpolens.metrics import swift_rollout_corr as rc
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
@@ -50,16 +52,14 @@ DEFAULTS = {
     "rollout_importance_sampling_mode": None, "rollout_importance_sampling_threshold": 2.0,
     "log_rollout_offpolicy_metrics": False, "off_policy_sequence_mask_delta": None,
     "dynamic_sample": False, "advantage_reweight": None, "sdar_loss_coef": 0.0,
+    "fipo_decay_rate": 32.0, "fipo_clip_range": 0.2, "fipo_clip_high_only": True, "fipo_safety_threshold": 4.0,
     "logging_steps": 5, "logging_first_step": True, "max_steps": None, "use_liger_kernel": False,
 }
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "fipo")
 #: loss types whose loss is normalised by the generation round's tokens (ms-swift's WINDOW_NORMALIZED_LOSS_TYPES)
-WINDOW_NORMALIZED = ("dapo", "cispo")
+WINDOW_NORMALIZED = ("dapo", "cispo", "fipo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
 _REFUSED = {
-    "kl_in_reward": "ms-swift then logs the KL of its reward shaping per generation round",
-    "off_policy_sequence_mask_delta": "the off-policy sequence mask is not reproduced",
-    "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
     "sdar_loss_coef": "SDAR's distillation loss needs the teacher's log-probs",
     "use_liger_kernel": "the Liger loss logs clip_ratio instead of clip_ratio/*",
@@ -89,9 +89,9 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"kl_in_reward": False, "sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
+    defaults = {"sdar_loss_coef": 0.0, "use_liger_kernel": False}
     for key, why in _REFUSED.items():
-        if s[key] != defaults.get(key) and not (key == "kl_in_reward" and float(s["beta"]) == 0.0):
+        if s[key] != defaults.get(key):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")
     tq = s["top_entropy_quantile"]
     if isinstance(tq, bool) or not isinstance(tq, (int, float)) or not 0 < tq <= 1:
@@ -110,7 +110,9 @@ def settings(cfg: dict) -> dict | None:
 
 
 _COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.kl1", "sw.low1", "sw.high1", "sw.region1",
-         "sw.cispo1", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", *rc.COLS)
+         "sw.cispo1", "sw.okl", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", "ro.n", *rc.COLS)
+_FIPO_COLS = ("sw.fk", "sw.fk1", "sw.fw", "sw.fw1", "sw.keep", "sw.keep1")
+_COLS += _FIPO_COLS
 #: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
 _MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
 
@@ -154,12 +156,28 @@ def entropy_thresholds(b: TokenBatch, top: float) -> np.ndarray:
     return out
 
 
+def off_policy_mask(b: TokenBatch, s: dict, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``m`` less the rows ``off_policy_sequence_mask_delta`` drops (``_compute_off_policy_sequence_mask``):
+    mean_t(π_behaviour − logp) > delta with a negative mean advantage, the behaviour policy the
+    rollout engine's log-probs when the run has them, else the old policy's; ``m`` itself without a delta."""
+    delta = s["off_policy_sequence_mask_delta"]
+    if delta is None:
+        return m
+    behaviour = b.cols["rollout_logp"] if b.has("rollout_logp") else b.old
+    with np.errstate(invalid="ignore"):
+        gap = b.seq_sum(np.where(m, behaviour - b.logp, 0.0)) / np.maximum(n, 1.0)
+        adv = b.seq_sum(np.where(m, b.adv, 0.0)) / np.maximum(n, 1.0)
+    return m & ~b.broadcast((gap > float(delta)) & (adv < 0))
+
+
 def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     s = settings(cfg)
     if s is None or b.n_seq == 0:
         return {c: np.zeros(b.n_seq) for c in _COLS}
     m = b.mask
     n, zero = b.count(m), np.zeros(b.n_seq)
+    mk = off_policy_mask(b, s, m, n)  # the mask of the loss' normaliser and the metrics
+    nk = b.count(mk) if mk is not m else n
     # ``…1`` columns: the same sums over every stored token, unmasked: what ms-swift averages over the
     # rows instead of the masked tokens when a loss call is one token wide (``masked_batch_mean``)
     out = {}
@@ -183,21 +201,28 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             c2 = np.clip(c, 1 - eps_lo, 1 + eps_hi)
             c1 = c if s["delta"] is None else np.minimum(c, float(s["delta"]))
             L = -np.minimum(c1 * A, c2 * A)
+            if lt == "fipo":
+                f = fipo.influence(b, s, m, c, A)
+                L = L * f["weight"]
+                for k, x in (("fk", f["future_kl"]), ("fw", f["weight"]), ("keep", f["keep"].astype(np.float64))):
+                    out[f"sw.{k}"], out[f"sw.{k}1"] = b.seq_sum(np.where(mk, x, 0.0)), b.seq_sum(x)
             ind["low"], ind["high"] = (c1 < 1 - eps_lo) & (A < 0), (c1 > 1 + eps_hi) & (A > 0)
             ind["region"] = ind["low"] | ind["high"]
         for k in ("low", "high", "region", "cispo"):
             x = ind.get(k)
-            out[f"sw.{k}"] = zero if x is None else b.seq_sum((x & m).astype(np.float64))
+            out[f"sw.{k}"] = zero if x is None else b.seq_sum((x & mk).astype(np.float64))
             out[f"sw.{k}1"] = zero if x is None else b.count(x)
         thr = np.full(b.n_seq, np.nan)
         if float(s["top_entropy_quantile"]) < 1.0 and b.has("entropy"):  # only the top entropies train
             thr = entropy_thresholds(b, float(s["top_entropy_quantile"]))
             L = L * (b.cols["entropy"].astype(np.float32) >= b.broadcast(thr).astype(np.float32))
-        out["sw.kl"] = out["sw.kl1"] = zero
+        out["sw.kl"] = out["sw.kl1"] = out["sw.okl"] = zero
+        if float(s["beta"]) != 0.0 and s["kl_in_reward"] and b.has("ref_logp"):  # the reward's shaping
+            out["sw.okl"] = b.seq_sum(b.old - b.cols["ref_logp"])
         if float(s["beta"]) != 0.0 and not s["kl_in_reward"] and b.has("ref_logp"):
             k3 = rc.clamped_k3(b.cols["ref_logp"] - b.logp)
             L = L + float(s["beta"]) * k3
-            out["sw.kl"], out["sw.kl1"] = b.seq_sum(np.where(m, k3, 0.0)), b.seq_sum(k3)
+            out["sw.kl"], out["sw.kl1"] = b.seq_sum(np.where(mk, k3, 0.0)), b.seq_sum(k3)
         ro = {}
         if rollout_on(s) and b.has("rollout_logp"):
             w = None
@@ -206,13 +231,14 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
                                float(s["rollout_importance_sampling_threshold"]), m, n)
                 L = L * w
             ro = rc.partials(b, s, m, n, w)
-        pg = b.seq_sum(np.where(m, L, 0.0))
+        pg = b.seq_sum(np.where(mk, L, 0.0))
         ent, ent_n = zero, zero
         if b.has("entropy"):  # every stored token: the completion mask before the overlong filter
             e = b.cols["entropy"]
             ok = ~np.isnan(e)
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
-    return {**out, "sw.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
+    out.update({c: zero for c in _FIPO_COLS if c not in out})
+    return {**out, "sw.n": nk, "ro.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
             "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
 
 
@@ -252,6 +278,9 @@ def slot_values(sd) -> dict[str, float]:
         out.update({"clip_ratio/low_mean": float(np.mean(low)), "clip_ratio/low_min": min(low),
                     "clip_ratio/high_mean": float(np.mean(high)), "clip_ratio/high_max": max(high),
                     "clip_ratio/region_mean": float(np.mean(region))})
+    if s["loss_type"] == "fipo":
+        for key, col in zip(fipo.KEYS, ("sw.fk", "sw.fw", "sw.keep")):
+            out[f"fipo/{key}"] = float(np.mean(_rank_means(sd, col)))
     if rollout_on(s) and "rollout_logp" in sd.present:
         r = sd.col("rank")
         per_rank = [rc.rank_values(lambda c, k=k: sd.col(c)[r == k], s) for k in np.unique(r)]
@@ -286,9 +315,9 @@ def call_loss(s: dict, pg: np.ndarray, n: np.ndarray, world: int, round_tokens: 
 _FAM = "swift_grpo"
 _WHEN = lambda cfg: isinstance(cfg.get("swift_args"), dict)  # noqa: E731
 _DOCS = {
-    "kl": "ms-swift's kl: per loss call each rank's masked mean of its clamped k3 (x = ref − logp clamped ±20, "
-          "k3 clamped ±10; token mean also under sequence-level importance sampling), mean over ranks; only "
-          "when β ≠ 0 and not kl_in_reward.",
+    "kl": "ms-swift's kl (β ≠ 0): per loss call each rank's masked mean of its clamped k3 (x = ref − logp clamped "
+          "±20, k3 clamped ±10; token mean also under sequence-level importance sampling), mean over ranks; with "
+          "kl_in_reward per generation round the mean over its completions of Σ_t (old_logp − ref_logp).",
     "clip_ratio/low_mean": "ms-swift's clip_ratio/low_mean: per call each rank's masked mean of c < 1 − ε with A < 0 "
                            "(a sequence's indicator on each of its tokens at sequence level), mean over ranks.",
     "clip_ratio/low_min": "ms-swift's clip_ratio/low_min: the smallest rank's clip_ratio/low fraction of the call.",
@@ -309,11 +338,16 @@ _DOCS.update({f"rollout_correction/{k}": f"ms-swift's rollout_correction/{k} (lo
                "IS mode; the run's rollout_logp): per call each rank's value (grpolens/metrics/swift_rollout_corr.py), "
                + ("max" if k.endswith("_max") else "min" if k.endswith("_min") else "NaN-ignoring mean") + " over ranks."
                for k in (*rc.KEYS, *rc.IS_KEYS)})
+_DOCS.update({f"fipo/{k}": f"ms-swift's fipo/{k} (loss_type fipo): per call each rank's masked mean of the "
+               + {"future_kl_mean": "future KL Σ_s≥t γ^(s−t) δ_s", "influence_weight_mean": "influence weight",
+                  "safety_keep_ratio": "tokens the safety rule leaves alone"}[k]
+               + " (grpolens/metrics/swift_fipo.py), mean over ranks." for k in fipo.KEYS})
 _ONLY = {
-    "kl": lambda cfg: _WHEN(cfg) and float(settings(cfg)["beta"]) != 0.0 and not settings(cfg)["kl_in_reward"],
+    "kl": lambda cfg: _WHEN(cfg) and float(settings(cfg)["beta"]) != 0.0,
     "cispo_clip_ratio": lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "cispo",
     **{f"entropy/{k}": (lambda cfg: _WHEN(cfg) and bool(settings(cfg)["log_entropy"])) for k in ("mean", "max", "min")},
     "entropy/threshold": lambda cfg: _WHEN(cfg) and float(settings(cfg)["top_entropy_quantile"]) < 1.0,
+    **{f"fipo/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "fipo") for k in fipo.KEYS},
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and rollout_on(settings(cfg))) for k in rc.KEYS},
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["rollout_importance_sampling_mode"] is not None)
        for k in rc.IS_KEYS},
@@ -379,45 +413,18 @@ def step_loss(sd) -> float | None:
     return float(np.mean(list(per_rank.values())))
 
 
-def _groups_of(df) -> list[np.ndarray]:
-    """The rewards of each prompt group of a round's samples (by ``group_id``), in order."""
-    r = df["reward"].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64)
-    _, inv = np.unique(df["group_id"].to_numpy(), return_inverse=True)
-    return [r[inv == k] for k in range(inv.max() + 1)] if len(r) else []
-
-
-def reward_std(sd) -> float | None:
-    """ms-swift's ``reward_std`` (``compute_reward_metrics``): scale_rewards group/none/gdpo the mean
-    over prompt groups of each group's sample std (0.0 with one completion per prompt); batch the
-    sample std of the round's rewards."""
+def _kl(sd) -> float | None:
+    """``kl``: per loss call, or with kl_in_reward per generation round (the reward shaping's KL)."""
     s = settings(sd.cfg)
-    df = sd.samples
-    if s is None or df is None or df.height == 0 or "reward" not in df.columns:
-        return None
-    if s["scale_rewards"] == "batch":
-        r = df["reward"].cast(float).to_numpy().astype(np.float64)
-        return float(np.std(r, ddof=1)) if len(r) > 1 else 0.0
-    if s["num_generations"] <= 1:
-        return 0.0
-    return float(np.mean([np.std(x, ddof=1) for x in _groups_of(df)]))
-
-
-def frac_reward_zero_std(sd) -> float | None:
-    """ms-swift's ``frac_reward_zero_std``: the share of prompt groups whose reward std is
-    ``isclose`` to 0 (≤ 1e-8), whatever ``scale_rewards``; 1.0 with one completion per prompt."""
-    s = settings(sd.cfg)
-    df = sd.samples
-    if s is None or df is None or df.height == 0 or "reward" not in df.columns:
-        return None
-    if s["num_generations"] <= 1:
-        return 1.0
-    return float(np.mean([np.std(x, ddof=1) <= 1e-8 for x in _groups_of(df)]))
+    if s is not None and s["kl_in_reward"]:
+        return per_round(lambda r: sr.kl_mean(r, s))(sd)
+    return _slot_mean("kl")(sd)
 
 
 for _k, _doc in _DOCS.items():
     _req = {"rollout_correction": ("rollout_logp",), "kl": ("ref_logp",), "entropy": ("entropy",)}.get(_k.split("/")[0], ())
-    register(Metric(f"swift/{_k}", _FAM, _doc, kind="custom", fn=_slot_mean(_k),
-                    when=_ONLY.get(_k, _CLIP), config=("swift_args",), requires=_req))
+    register(Metric(f"swift/{_k}", _FAM, _doc, kind="custom", fn=_kl if _k == "kl" else _slot_mean(_k),
+                    when=_ONLY.get(_k, _CLIP), config=("swift_args",), requires=_req, reads_samples=_k == "kl"))
 
 register(Metric("swift/loss", _FAM, "ms-swift's loss (transformers' logged loss for one optimizer step): each call's "
                 "loss as _compute_loss returns it (grpo/sapo mean over rows of the row's token mean, bnpo the "
@@ -425,13 +432,23 @@ register(Metric("swift/loss", _FAM, "ms-swift's loss (transformers' logged loss 
                 "tokens per rank × the accumulation steps) ÷ the accumulation steps, summed over a rank's calls, "
                 "mean over ranks.", kind="custom", fn=step_loss, when=_WHEN, config=("swift_args",),
                 reads_samples=True))
-register(Metric("swift/reward_std", _FAM, "ms-swift's reward_std: per generation round the mean over prompt groups "
-                "of the group's sample std of the total reward (scale_rewards batch: the round's std).",
-                kind="custom", fn=per_round(reward_std), when=_WHEN, config=("swift_args",), source="samples",
-                requires=("reward",)))
-register(Metric("swift/frac_reward_zero_std", _FAM, "ms-swift's frac_reward_zero_std: per generation round the "
-                "share of prompt groups whose reward std is ≤ 1e-8 (per group whatever scale_rewards).",
-                kind="custom", fn=per_round(frac_reward_zero_std), when=_WHEN, config=("swift_args",),
-                source="samples", requires=("reward",)))
+def _round_stat(fn):
+    def stat(sd):
+        s = settings(sd.cfg)
+        return None if s is None else fn(sd, s)
+    stat.__name__ = f"swift_rewards.{fn.__name__}"
+    return per_round(stat)
+
+
+_SHAPED = ("; with kl_in_reward (β ≠ 0) of the shaped reward, the total minus β·Σ_t (old_logp − ref_logp) over the "
+           "completion (null when a completion of the round has no tokens at its step)")
+for _k, _fn, _doc in (
+        ("reward", sr.reward_mean, "ms-swift's reward: per generation round the mean of the total reward"),
+        ("reward_std", sr.reward_std, "ms-swift's reward_std: per generation round the mean over prompt groups of the "
+                                      "group's sample std of the total reward (scale_rewards batch: the round's std)"),
+        ("frac_reward_zero_std", sr.frac_reward_zero_std, "ms-swift's frac_reward_zero_std: per generation round the "
+         "share of prompt groups whose reward std is ≤ 1e-8 (per group whatever scale_rewards)")):
+    register(Metric(f"swift/{_k}", _FAM, _doc + _SHAPED + ".", kind="custom", fn=_round_stat(_fn), when=_WHEN,
+                    config=("swift_args",), source="samples", requires=("reward",), reads_samples=True))
 
 register_family(Family("swift_grpo", page="policy"))

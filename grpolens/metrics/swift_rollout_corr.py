@@ -84,7 +84,7 @@ def partials(b: TokenBatch, s: dict, m: np.ndarray, n: np.ndarray, w: np.ndarray
 
 def rank_values(col, s: dict) -> dict[str, float]:
     """One rank's values for one call: ``col(name)`` gives the call's rows' partials on that rank."""
-    n = col("sw.n")
+    n = col("ro.n")  # the completion mask before the off-policy sequence mask
     N = max(n.sum(), 1.0)
     den = np.maximum(n, 1.0)
     l_old, l_ro = col("ro.old") / den, col("ro.roll") / den

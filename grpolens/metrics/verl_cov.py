@@ -48,7 +48,7 @@ _SUM_ERR = 2.0 ** -16
 #: why a call's pg_loss is not determined by the run
 RANDOM, ORDER, ROUNDING = "random", "order", "rounding"
 REASONS = {
-    RANDOM: "verl's Clip-Cov zeroes a random choice of its candidate tokens (torch.randperm)",
+    RANDOM: "the Clip-Cov loss zeroes a random choice of its candidate tokens (drawn with torch.randperm)",
     ORDER: "covariances tie at the top-k boundary and verl's row order within the micro-batch is not recorded "
            "(actor.shuffle or use_dynamic_bsz)",
     ROUNDING: "covariances lie within verl's float32 rounding of each other at the boundary",
@@ -131,19 +131,24 @@ def _trailing_zeros(v: np.ndarray) -> np.ndarray:
 @dataclass
 class Call:
     """One loss call's choice: ``chosen`` indices into its tokens (None when not determined),
-    ``count`` the number chosen (None when not determined either), ``reason`` one of :data:`REASONS`."""
+    ``count`` the number chosen (None when not determined either), ``reason`` one of :data:`REASONS`,
+    ``drawn_from`` the candidates of a Clip-Cov draw (each chosen with probability count / their number)."""
     chosen: np.ndarray | None
     count: int | None
     reason: str | None = None
+    drawn_from: np.ndarray | None = None
 
     @property
     def sure(self) -> bool:
         return self.chosen is not None
 
 
-def kl_cov_choice(adv: np.ndarray, logp: np.ndarray, ratio: float, ordered: bool) -> Call:
+def kl_cov_choice(adv: np.ndarray, logp: np.ndarray, ratio: float, ordered: bool,
+                  gain: np.ndarray | None = None) -> Call:
     """The tokens verl's KL-Cov penalises in one call (its tokens in verl's flattened order, row by
-    row; ``ordered``: whether that is the order verl had, which only a tie at the boundary needs)."""
+    row; ``ordered``: whether that is the order verl had, which only a tie at the boundary needs;
+    ``gain``: what choosing each token adds to the call's loss, which settles a tie whose tokens
+    all add the same, whatever the order)."""
     n = len(adv)
     if n == 0:
         return Call(np.zeros(0, dtype=np.int64), 0)
@@ -152,15 +157,17 @@ def kl_cov_choice(adv: np.ndarray, logp: np.ndarray, ratio: float, ordered: bool
     chosen, sure = topk_indices(c, k, err=err, same=_same(adv, logp))
     if not sure:
         return Call(None, k, ROUNDING)
-    tied = k < n and bool((c[np.setdiff1d(np.arange(n), chosen)] == c[chosen].min()).any())
-    if tied and not ordered:
+    tie = c == c[chosen].min()  # the k-th value's class: any topk takes every larger one and some of these
+    if not ordered and k < n and tie.sum() > int(tie[chosen].sum()) and not _all_equal(gain, tie):
         return Call(None, k, ORDER)
     return Call(chosen, k)
 
 
-def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: dict) -> Call:
+def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: dict,
+                    gain: np.ndarray | None = None) -> Call:
     """The tokens verl's Clip-Cov zeroes in one call when the run determines them (every candidate,
-    when there are no more than clip_num), else their count only (or nothing near a bound)."""
+    when there are no more than clip_num, or any clip_num of them when each adds the same ``gain``),
+    else their count only (or nothing, near a bound)."""
     n = len(adv)
     if n == 0:
         return Call(np.zeros(0, dtype=np.int64), 0)
@@ -174,8 +181,15 @@ def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: d
     clip_num = max(int(s["clip_cov_ratio"] * n), 1)
     idx = np.flatnonzero(cand)
     if len(idx) > clip_num:
-        return Call(None, clip_num, RANDOM)
+        if _all_equal(gain, cand):  # whichever verl draws, the loss loses the same
+            return Call(idx[:clip_num], clip_num)
+        return Call(None, clip_num, RANDOM, drawn_from=idx)
     return Call(idx, len(idx))
+
+
+def _all_equal(gain: np.ndarray | None, where: np.ndarray) -> bool:
+    g = None if gain is None else gain[where]
+    return g is not None and len(g) > 0 and bool((g == g[0]).all())
 
 
 def _same(adv: np.ndarray, logp: np.ndarray) -> np.ndarray:
@@ -232,26 +246,38 @@ def _cov_visitor(cfg: dict) -> CovTokens:
     return CovTokens(cfg)
 
 
-def call_changes(sd, calls: list) -> dict[tuple[int, int], tuple[Call, np.ndarray]]:
-    """Per loss call ``(rank, micro_batch)``: verl's choice and the change to each of its rows' loss
-    sum (aligned with the call's row indices ``idx``; zeros where the choice is not determined)."""
+def call_changes(sd, calls: list) -> dict[tuple[int, int], tuple[Call, np.ndarray, np.ndarray | None]]:
+    """Per loss call ``(rank, micro_batch)``: verl's choice, the change to each of its rows' loss
+    sum (aligned with the call's row indices ``idx``; zeros where the choice is not determined) and
+    its expectation over Clip-Cov's draw (the change itself without a draw; None where not determined)."""
     a = actor_cfg(sd.cfg)
     mode, s = loss_mode(a), settings(a)
     p = (sd.extra.get("pieces") or {}).get(VISITOR) or _NO_TOKENS
     sid_all = np.asarray(sd.col("sample_id"), dtype=np.int64)
+    per_row_mean = a.get("loss_agg_mode") == "seq-mean-token-mean"
+    # the tokens are in key order: each call's are one run of (rank, micro_batch)
+    keys = np.stack([p["rank"], p["micro_batch"]], axis=1)
+    starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]) if len(keys) else np.zeros(0, int)
+    spans = {(int(keys[i, 0]), int(keys[i, 1])): (i, j) for i, j in zip(starts, np.r_[starts[1:], len(keys)])}
     out = {}
     for r, u, _, idx in calls:
-        sel = np.flatnonzero((p["rank"] == r) & (p["micro_batch"] == u))
-        adv, logp = p["adv"][sel], p["logp"][sel]
+        sel = np.arange(*spans.get((r, u), (0, 0)))
+        adv, logp, delta = p["adv"][sel], p["logp"][sel], p["delta"][sel]
+        rows = np.searchsorted(sid_all[idx], p["sample_id"][sel])  # a call's rows are in key order
+        # what a chosen token adds to the aggregated loss, up to a factor common to the call
+        gain = delta / (np.asarray(sd.col("va.n_pg"))[idx][rows] + 1e-8) if per_row_mean else delta
         if mode == "kl_cov":
-            call = kl_cov_choice(adv, logp, s["kl_cov_ratio"], order_known(a))
+            call = kl_cov_choice(adv, logp, s["kl_cov_ratio"], order_known(a), gain)
         else:
-            call = clip_cov_choice(adv, logp, p["clipped"][sel], s)
+            call = clip_cov_choice(adv, logp, p["clipped"][sel], s, gain)
         change = np.zeros(len(idx))
         if call.sure and len(call.chosen):
-            rows = np.searchsorted(sid_all[idx], p["sample_id"][sel][call.chosen])  # a call's rows are in key order
-            np.add.at(change, rows, p["delta"][sel][call.chosen])
-        out[(r, u)] = (call, change)
+            np.add.at(change, rows[call.chosen], delta[call.chosen])
+        expect = change if call.sure else None
+        if call.drawn_from is not None:
+            expect = np.zeros(len(idx))
+            np.add.at(expect, rows[call.drawn_from], delta[call.drawn_from] * (call.count / len(call.drawn_from)))
+        out[(r, u)] = (call, change, expect)
     return out
 
 

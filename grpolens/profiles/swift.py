@@ -30,16 +30,17 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from grpolens.metrics import swift_grpo
+from grpolens.metrics import swift_grpo, swift_rewards
 from grpolens.metrics.profile import Profile, register_profile
 from grpolens.metrics.rewards import generation_rounds
 from grpolens.profiles import trl
 
 #: the generation-side keys ms-swift logs under TRL's names, and its own loss-side metrics
 NAMES = {
-    **{k: trl.NAMES[k] for k in ("reward/mean", "rewards/<name>/mean", "rewards/<name>/std", "completions/length/mean",
+    **{k: trl.NAMES[k] for k in ("rewards/<name>/mean", "rewards/<name>/std", "completions/length/mean",
                                  "completions/length/min", "completions/length/max", "completions/truncated_frac")},
     "swift/loss": "loss",
+    "swift/reward": "reward",
     "swift/reward_std": "reward_std",
     "swift/frac_reward_zero_std": "frac_reward_zero_std",
     **{f"swift/{k}": k for k in swift_grpo._DOCS},
@@ -95,6 +96,9 @@ def appended(metric, sd) -> list[float]:
         vals = [reduce.compute(metric, r) for r in (generation_rounds(sd) or [sd])]
     elif name == "swift/loss":
         vals = [reduce.compute(metric, sd)]
+    elif name == "swift/kl" and (swift_grpo.settings(sd.cfg) or {}).get("kl_in_reward"):  # per generation round
+        s = swift_grpo.settings(sd.cfg)
+        vals = [swift_rewards.kl_mean(r, s) for r in (generation_rounds(sd) or [sd])] if sd.samples is not None else []
     else:
         vals = swift_grpo.slot_series(sd, name[len("swift/"):])
     return [float(v) for v in vals if v is not None]
@@ -119,7 +123,9 @@ def swift_config(args: Any) -> dict[str, Any]:
     s = {**swift_grpo.DEFAULTS, **o}
     seq = s["importance_sampling_level"] != "token"
     cfg: dict[str, Any] = {
-        "loss_type": "gspo" if seq and s["loss_type"] == "grpo" else s["loss_type"],
+        # FIPO is dapo's objective × its influence weight, which only the swift profile reproduces
+        # (as the verl integration records verl's other losses as grpo)
+        "loss_type": "gspo" if seq and s["loss_type"] == "grpo" else "dapo" if s["loss_type"] == "fipo" else s["loss_type"],
         "importance_sampling_level": s["importance_sampling_level"],
         "beta": float(s["beta"]), "epsilon": float(s["epsilon"]),
         "epsilon_high": float(s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]),

@@ -183,32 +183,23 @@ def test_spec_rejects_bad_parameters():
             parse_injection(bad)
 
 
-def _cli(args) -> int:
-    try:
-        main(args)
-    except SystemExit as e:
-        return e.code or 0
-    return 0
-
-
-def test_cli_synth_and_errors(tmp_path, capsys):
+def test_cli_synth_and_errors(cli, tmp_path):
     out = tmp_path / "cli"
     args = ["synth", str(out), "--steps", "2", "--groups", "2", "--generations", "2", "--max-len", "8",
             "--inject", "kl-spike@1", "--seed", "1"]
-    assert _cli(args) == 0 and validate_run(out).ok
+    assert cli(*args).code == 0 and validate_run(out).ok
     assert json.loads((out / fmt.MANIFEST_NAME).read_text())["synth"]["inject"] == ["kl-spike@1"]
     # existing output: refused without --overwrite, replaced with it
-    assert _cli(args) == 2 and "--overwrite" in capsys.readouterr().err
-    assert _cli(args + ["--overwrite"]) == 0 and validate_run(out).ok
+    r = cli(*args)
+    assert r.code == 2 and "--overwrite" in r.err
+    assert cli(*args, "--overwrite").code == 0 and validate_run(out).ok
     # a directory that is not a run is never overwritten
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "thesis.tex").write_text("x")
-    assert _cli(["synth", str(tmp_path / "precious"), "--overwrite"]) == 2
+    assert cli("synth", tmp_path / "precious", "--overwrite").code == 2
     assert (tmp_path / "precious" / "thesis.tex").exists()
-    capsys.readouterr()
-    assert _cli(["synth", str(tmp_path / "x"), "--inject", "bogus@1"]) == 2
-    err = capsys.readouterr().err
-    assert "bogus@1" in err and "Traceback" not in err
+    r = cli("synth", tmp_path / "x", "--inject", "bogus@1")
+    assert r.code == 2 and "bogus@1" in r.err and "Traceback" not in r.err
     assert not (tmp_path / "x").exists()
 
 

@@ -289,3 +289,34 @@ def test_incremental_keeps_rows_and_sample_only_steps(tmp_path):
     t2 = pl.read_parquet(path)
     assert sorted(t2["step"].unique().to_list()) == [0, 4, 7]
     assert t2.filter(pl.col("step") == 0).equals(t1.filter(pl.col("step") == 0))
+
+
+@pytest.mark.parametrize("key, why", [
+    ("a/b", "contains '/' (a name is one path component)"),
+    ("a\\b", "contains '\\' (a name is one path component)"),
+    (" ", "is empty"),
+    ("..", "is a special directory name"),
+    (".hidden", "starts with '.' (a hidden name)"),
+    ("tab\there", "contains a control character"),
+    ("del\x7f", "contains a control character"),
+    ("k" * 256, "is 256 bytes long, more than the 255 a file name may have"),
+])
+def test_a_key_that_cannot_name_a_file_is_refused_as_run_names_are(key, why):
+    """--key is checked by grpolens.run.names, the one place a name becomes a path component."""
+    with pytest.raises(grpolens.errors.UserError) as e:
+        sidecars.check_key(key)
+    assert e.value.message == f"--key: {key!r} cannot name a file or directory: it {why}"
+
+
+def test_a_key_is_refused_when_its_file_names_would_be_too_long(tmp_path):
+    """The key fits, its file names not: refused before the command computes (the shortest name)
+    or before the first file is written (a step of more digits), naming the file name."""
+    assert sidecars.check_key(" " + "k" * 238 + " ") == "k" * 238  # + "_step_000000.json": 255 bytes
+    with pytest.raises(grpolens.errors.UserError) as e:
+        sidecars.check_key("k" * 239)
+    assert e.value.message == (f"--key: {'k' * 239 + '_step_000000.json'!r} cannot name a file or directory: "
+                               "it is 256 bytes long, more than the 255 a file name may have")
+    table = pl.DataFrame({"step": [1, 1_000_000], "prompt_index": [0, 0], "completion_index": [0, 0]})
+    with pytest.raises(grpolens.errors.UserError, match="_step_1000000.json' cannot name a file or directory: it is 256"):
+        sidecars.write_sidecars(tmp_path, table, key="k" * 238, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # not the first step's file either

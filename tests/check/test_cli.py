@@ -18,7 +18,6 @@ from grpolens.check import check
 from grpolens.check.baseline import read_golden
 from grpolens.check.defaults import DEFAULT_RULES_TOML
 from grpolens.check.rules import Rule, parse_rules
-from grpolens.cli import main
 from grpolens.errors import UserError
 from grpolens.adapters.synth import synth_run
 
@@ -51,16 +50,6 @@ def runs(tmp_path_factory):
                 marker.unlink()
     out["short"] = short
     return out
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def failures(report):
@@ -115,16 +104,16 @@ def test_golden_round_trip(runs, tmp_path):
     assert bad.exit_code == 1 and failures(bad)["entropy collapse"].step == 15
 
 
-def test_short_candidate_is_a_clear_failure(runs, capsys):
-    code, out, _ = cli(capsys, "check", runs["short"], "--baseline", runs["clean"])
+def test_short_candidate_is_a_clear_failure(runs, cli):
+    code, out, _ = cli("check", runs["short"], "--baseline", runs["clean"])
     assert code == 1
     assert "baseline coverage" in out and "this run lacks 4 of the baseline's 16 step(s) (first missing: step 12" in out
 
 
-def test_cli_outputs(runs, tmp_path, capsys):
+def test_cli_outputs(runs, tmp_path, cli):
     junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
     summary.write_text("previous\n")
-    code, out, _ = cli(capsys, "check", runs["nan@8"], "--junit", junit, "--github", "--summary-md", summary)
+    code, out, _ = cli("check", runs["nan@8"], "--junit", junit, "--github", "--summary-md", summary)
     assert code == 1
     gh = [ln for ln in out.splitlines() if ln.startswith("::error ")]
     assert gh and "non-finite tokens" in gh[0] and f"grpolens tokens {runs['nan@8']} --step 8" in gh[0]
@@ -133,36 +122,36 @@ def test_cli_outputs(runs, tmp_path, capsys):
     assert len(root.find("testsuite").findall("testcase")) == len(parse_rules(DEFAULT_RULES_TOML).rules)
     text = summary.read_text()
     assert text.startswith("previous\n") and "❌ regression" in text
-    code, out, _ = cli(capsys, "check", runs["clean"], "--summary-md", summary, "-q")
+    code, out, _ = cli("check", runs["clean"], "--summary-md", summary, "-q")
     assert code == 0 and "passed" in out and summary.read_text().count("### grpolens check") == 2
 
 
-def test_cli_bad_input_exits_2(runs, tmp_path, capsys):
+def test_cli_bad_input_exits_2(runs, tmp_path, cli):
     rules = tmp_path / "bad.toml"
     rules.write_text("[[rule]]\nmetric = 'entropy'\nreduce = 'average'\nmin = 0\n")
-    code, _, err = cli(capsys, "check", runs["clean"], "--rules", rules)
+    code, _, err = cli("check", runs["clean"], "--rules", rules)
     assert code == 2 and f"{rules}:3: rule 1: reduce: unknown reducer 'average'" in err
-    code, _, err = cli(capsys, "check", runs["clean"], "--baseline", tmp_path / "nowhere")
+    code, _, err = cli("check", runs["clean"], "--baseline", tmp_path / "nowhere")
     assert code == 2 and "no such run directory or golden file" in err
     (tmp_path / "g.json").write_text('{"format": "something else"}')
-    code, _, err = cli(capsys, "check", runs["clean"], "--baseline", tmp_path / "g.json")
+    code, _, err = cli("check", runs["clean"], "--baseline", tmp_path / "g.json")
     assert code == 2 and "not a grpolens golden file" in err
-    code, _, err = cli(capsys, "check", tmp_path / "no-run")
+    code, _, err = cli("check", tmp_path / "no-run")
     assert code == 2 and "does not exist" in err
     # `--summary-md "$GITHUB_STEP_SUMMARY"` outside GitHub Actions: an empty path is the current directory
     junit = tmp_path / "fresh" / "check.xml"
-    code, _, err = cli(capsys, "check", runs["clean"], "--summary-md", "", "--junit", junit)
+    code, _, err = cli("check", runs["clean"], "--summary-md", "", "--junit", junit)
     assert code == 2 and "--summary-md: . is a directory" in err and not junit.exists()
 
 
-def test_rule_missing_from_golden_is_an_error(runs, tmp_path, capsys):
+def test_rule_missing_from_golden_is_an_error(runs, tmp_path, cli):
     golden = tmp_path / "g.json"
     rules = tmp_path / "r.toml"
     rules.write_text("[[rule]]\nmetric = 'entropy'\nrel = 0.1\n")
     check(runs["clean"], rules=rules, write_golden_to=golden)
     assert set(json.loads(golden.read_text())["metrics"]) == {"entropy"}
     rules.write_text("[[rule]]\nmetric = 'entropy'\nrel = 0.5\n[[rule]]\nmetric = 'health/tokens'\nrel = 0.5\n")
-    code, out, _ = cli(capsys, "check", runs["clean"], "--rules", rules, "--baseline", golden)
+    code, out, _ = cli("check", runs["clean"], "--rules", rules, "--baseline", golden)
     assert code == 2 and "ERROR" in out and "the baseline has no values for health/tokens" in out
 
 
@@ -198,25 +187,25 @@ def test_rules_file_names_its_baseline(runs, tmp_path):
     assert report.exit_code == 1 and failures(report)["kl/k3 max"].step == 12
 
 
-def test_show_rules_prints_parseable_defaults(capsys):
-    code, out, _ = cli(capsys, "check", "unused", "--show-rules")
+def test_show_rules_prints_parseable_defaults(cli):
+    code, out, _ = cli("check", "unused", "--show-rules")
     assert code == 0 and out == DEFAULT_RULES_TOML
     assert parse_rules(out).rules
 
 
-def test_example_rules_against_example_baseline(runs, tmp_path, capsys):
+def test_example_rules_against_example_baseline(runs, tmp_path, cli):
     """docs/examples/ci-rules.toml: the documented CI rules, run as the docs show them."""
     golden = tmp_path / "golden.json"
-    code, _, _ = cli(capsys, "check", runs["clean"], "--rules", EXAMPLES / "ci-rules.toml", "--write-golden", golden)
+    code, _, _ = cli("check", runs["clean"], "--rules", EXAMPLES / "ci-rules.toml", "--write-golden", golden)
     assert code == 0
-    code, out, _ = cli(capsys, "check", runs["clean-other-seed"], "--rules", EXAMPLES / "ci-rules.toml",
+    code, out, _ = cli("check", runs["clean-other-seed"], "--rules", EXAMPLES / "ci-rules.toml",
                        "--baseline", golden)
     assert code == 0, out
-    code, out, _ = cli(capsys, "check", runs["kl-spike@12"], "--rules", EXAMPLES / "ci-rules.toml", "--baseline", golden)
+    code, out, _ = cli("check", runs["kl-spike@12"], "--rules", EXAMPLES / "ci-rules.toml", "--baseline", golden)
     assert code == 1 and "--step 12" in out
 
 
-def test_sample_github_workflow_runs(runs, tmp_path, monkeypatch, capsys):
+def test_sample_github_workflow_runs(runs, tmp_path, monkeypatch, cli):
     """docs/examples/github-workflow.yml: its grpolens steps run as written, in a checkout laid out as
     its header says, and the check passes, writes the JUnit report and appends the job summary."""
     yaml = pytest.importorskip("yaml")
@@ -232,7 +221,7 @@ def test_sample_github_workflow_runs(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for cmd in steps:  # as the runner's shell would split them
         argv = [os.path.expandvars(a) for a in shlex.split(cmd)]
-        code, out, err = cli(capsys, *argv[1:])
+        code, out, err = cli(*argv[1:])
         assert code == 0, out + err
     assert ET.parse(tmp_path / "reports" / "grpolens-check.xml").getroot().get("failures") == "0"
     assert "### grpolens check: ✅ passed" in summary.read_text()
@@ -270,12 +259,12 @@ def masked_copy(src: Path, dst: Path, step: int) -> Path:
     return dst
 
 
-def test_a_step_without_data_fails_every_report(runs, tmp_path, capsys):
+def test_a_step_without_data_fails_every_report(runs, tmp_path, cli):
     """All tokens of step 3 masked: kl/k3 and entropy are null there. The built-in rules used to
     report '9 passed'; now each rule whose metric is null there is NO DATA (exit 1) in every report."""
     run = masked_copy(runs["clean"], tmp_path / "masked", 3)
     junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
-    code, out, _ = cli(capsys, "check", run, "--junit", junit, "--github", "--summary-md", summary)
+    code, out, _ = cli("check", run, "--junit", junit, "--github", "--summary-md", summary)
     assert code == 1
     flat = " ".join(out.split())
     assert "9 passed" not in flat and "NO DATA: " in flat

@@ -12,24 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from grpolens.cli import main
 from tests.distributed.conftest import upload
 
 pytestmark = pytest.mark.slow  # the S3 server subprocess and a synthetic run, once per session
 
 TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of ``grpolens ARGS``."""
-    capsys.readouterr()
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -42,37 +29,37 @@ def trl_remote(s3_env, tmp_path, monkeypatch):
     return local, upload(s3_env, local, f"trl-{tmp_path.name}")
 
 
-def test_validate(capsys, synth_small, remote):
-    code_l, out_l, _ = run_cli(capsys, "validate", str(synth_small), "--json")
-    code_r, out_r, err_r = run_cli(capsys, "validate", remote, "--json")
+def test_validate(cli, synth_small, remote):
+    code_l, out_l, _ = cli("validate", str(synth_small), "--json")
+    code_r, out_r, err_r = cli("validate", remote, "--json")
     assert (code_r, out_r) == (code_l, out_l)
     assert f"OK {remote}:" in err_r.replace("\n", " ")
 
 
-def test_validate_reads_an_empty_prefix_as_an_empty_run_directory(capsys, s3_env, tmp_path):
+def test_validate_reads_an_empty_prefix_as_an_empty_run_directory(cli, s3_env, tmp_path):
     """A prefix with no object under it "exists" (object storage has no directories): validate
     names the missing manifest, by its path in the run, as for an empty local directory (not a
     missing run)."""
     (tmp_path / "empty").mkdir()
-    local = run_cli(capsys, "validate", str(tmp_path / "empty"), "--json")[:2]
-    remote = run_cli(capsys, "validate", f"s3://runs/empty-{tmp_path.name}", "--json")[:2]
+    local = cli("validate", str(tmp_path / "empty"), "--json")[:2]
+    remote = cli("validate", f"s3://runs/empty-{tmp_path.name}", "--json")[:2]
     assert remote[0] == local[0] == 1
     where = [[p[k] for k in ("severity", "path", "column")] for p in map(json.loads, remote[1].splitlines())]
     assert where == [[p[k] for k in ("severity", "path", "column")] for p in map(json.loads, local[1].splitlines())]
     assert where[0] == ["error", "grpolens.json", None]  # relative to the run, as every problem's path
 
 
-def test_storage_option_is_every_commands(capsys, s3_env, remote, monkeypatch):
+def test_storage_option_is_every_commands(cli, s3_env, remote, monkeypatch):
     """--storage-option is the one shared option: it reaches the readers below any command."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
-    code, _, err = run_cli(capsys, "validate", remote, "--json")
+    code, _, err = cli("validate", remote, "--json")
     assert code == 2 and "cannot reach the storage endpoint" in err
     for args in (["validate", remote], ["completions", remote, "--step", "1"], ["tokens", remote, "--step", "1"]):
-        code, out, err = run_cli(capsys, *args, "--storage-option", f"endpoint_url={s3_env.endpoint}")
+        code, out, err = cli(*args, "--storage-option", f"endpoint_url={s3_env.endpoint}")
         assert code == 0, err
 
 
-def test_validate_reports_problems_in_the_bucket(capsys, s3_env, synth_small, remote):
+def test_validate_reports_problems_in_the_bucket(cli, s3_env, synth_small, remote):
     """A stray key, an interrupted upload's temporary key and a truncated shard: the problems a
     local run with the same damage gives, named by their paths in the run."""
     client = s3_env.client()
@@ -81,7 +68,7 @@ def test_validate_reports_problems_in_the_bucket(capsys, s3_env, synth_small, re
     body = (synth_small / shard).read_bytes()
     client.put_object(Bucket="runs", Key=f"{prefix}/{shard}", Body=body[: len(body) // 2])
     client.put_object(Bucket="runs", Key=f"{prefix}/notes.txt", Body=b"x")
-    code, out, _ = run_cli(capsys, "validate", remote, "--json")
+    code, out, _ = cli("validate", remote, "--json")
     problems = [json.loads(line) for line in out.splitlines()]
     assert code == 1
     by_path = {p["path"]: p for p in problems}
@@ -89,40 +76,40 @@ def test_validate_reports_problems_in_the_bucket(capsys, s3_env, synth_small, re
     assert by_path["notes.txt"]["severity"] == "warning"
 
 
-def test_validate_loads_the_buckets_tokenizer(capsys, trl_remote):
+def test_validate_loads_the_buckets_tokenizer(cli, trl_remote):
     """tokenizer.json is read from the bucket, and loads: validate says of the s3:// run what it
     says of the local copy, and nothing of the tokenizer."""
     local, remote = trl_remote
-    code_l, out_l, _ = run_cli(capsys, "validate", str(local), "--json")
-    code_r, out_r, _ = run_cli(capsys, "validate", remote, "--json")
+    code_l, out_l, _ = cli("validate", str(local), "--json")
+    code_r, out_r, _ = cli("validate", remote, "--json")
     assert (code_r, out_r) == (code_l, out_l)
     assert "tokenizer.json" not in out_r
 
 
-def test_tokens_decodes_with_the_buckets_tokenizer(capsys, trl_remote):
+def test_tokens_decodes_with_the_buckets_tokenizer(cli, trl_remote):
     local, remote = trl_remote
     for args in (["--step", "1", "--by", "kl", "--json"], ["--step", "2", "--sample", "1000003", "--json"]):
-        code_l, out_l, _ = run_cli(capsys, "tokens", str(local), *args)
-        code_r, out_r, _ = run_cli(capsys, "tokens", remote, *args)
+        code_l, out_l, _ = cli("tokens", str(local), *args)
+        code_r, out_r, _ = cli("tokens", remote, *args)
         assert code_l == 0 and (code_r, out_r) == (code_l, out_l)
         rows = json.loads(out_r)
         assert rows and all(r["token"] is not None for r in rows)  # text from tokenizer.json, read from the bucket
-    _, table, _ = run_cli(capsys, "tokens", remote, "--step", "1")
+    _, table, _ = cli("tokens", remote, "--step", "1")
     assert "decoded with the run's tokenizer.json" in table
 
 
-def test_completions(capsys, synth_small, remote):
+def test_completions(cli, synth_small, remote):
     for step in ("0", "3"):
-        code_l, out_l, _ = run_cli(capsys, "completions", str(synth_small), "--step", step, "--json", "-n", "0")
-        code_r, out_r, _ = run_cli(capsys, "completions", remote, "--step", step, "--json", "-n", "0")
+        code_l, out_l, _ = cli("completions", str(synth_small), "--step", step, "--json", "-n", "0")
+        code_r, out_r, _ = cli("completions", remote, "--step", step, "--json", "-n", "0")
         assert code_l == 0 and (code_r, out_r) == (code_l, out_l)
         assert json.loads(out_r)
     # after a recompute, the table comes from the run's local outputs (./run.grpolens/completions.parquet)
-    run_cli(capsys, "recompute", remote, "-q")
+    cli("recompute", remote, "-q")
     assert Path("run.grpolens", "completions.parquet").is_file()
-    code, out, _ = run_cli(capsys, "completions", remote, "--step", "3")
+    code, out, _ = cli("completions", remote, "--step", "3")
     assert code == 0 and "— completions.parquet" in out
-    assert run_cli(capsys, "completions", remote, "--step", "3", "--json", "-n", "0")[1] == out_l
+    assert cli("completions", remote, "--step", "3", "--json", "-n", "0")[1] == out_l
 
 
 @pytest.fixture
@@ -137,18 +124,18 @@ def _files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_sidecars(capsys, local_copy, remote):
-    assert run_cli(capsys, "sidecars", str(local_copy), "-q")[0] == 0
-    assert run_cli(capsys, "sidecars", remote, "-q")[0] == 0
+def test_sidecars(cli, local_copy, remote):
+    assert cli("sidecars", str(local_copy), "-q")[0] == 0
+    assert cli("sidecars", remote, "-q")[0] == 0
     want = _files(local_copy / "grpolens" / "rich_completions")
     assert want and _files(Path("run.grpolens", "rich_completions")) == want
 
 
-def test_recompute_is_weights(capsys, local_copy, remote):
+def test_recompute_is_weights(cli, local_copy, remote):
     import polars as pl
 
-    assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
-    assert run_cli(capsys, "recompute", remote, "--is-weights", "-q")[0] == 0
+    assert cli("recompute", str(local_copy), "--is-weights", "-q")[0] == 0
+    assert cli("recompute", remote, "--is-weights", "-q")[0] == 0
     local_dir, remote_dir = local_copy / "grpolens" / "is_weights", Path("run.grpolens", "is_weights")
     names = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*.parquet"))
     assert names and names == sorted(p.relative_to(remote_dir).as_posix() for p in remote_dir.rglob("*.parquet"))
@@ -157,13 +144,13 @@ def test_recompute_is_weights(capsys, local_copy, remote):
     assert (remote_dir / "config.json").read_bytes() == (local_dir / "config.json").read_bytes()
 
 
-def test_recompute_is_weights_to_the_bucket(capsys, s3_env, local_copy, remote):
+def test_recompute_is_weights_to_the_bucket(cli, s3_env, local_copy, remote):
     """--is-weights --out s3://: every weight file lands under OUT/is_weights/ in the bucket (each
     uploaded atomically: no temporary key left), the same bytes' tables as the local run's, and
     nothing of them is written locally."""
-    assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
+    assert cli("recompute", str(local_copy), "--is-weights", "-q")[0] == 0
     out = f"{remote}-out"
-    code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q")
+    code, _, err = cli("recompute", remote, "--is-weights", "--out", out, "-q")
     assert code == 0, err
     base = out[len("s3://runs/"):] + "/is_weights/"
     client = s3_env.client()
@@ -191,7 +178,7 @@ def _assert_bucket_holds_the_local_files(client, base: str, local_dir: Path, nam
             assert body == (local_dir / n).read_bytes(), n
 
 
-def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsys, s3_env, local_copy, remote):
+def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(cli, s3_env, local_copy, remote):
     """A second --is-weights --out s3:// over the weights of an earlier recompute with other settings
     (an upper bound of 1.001) and over parts of an earlier layout (a rank and a part the run no longer
     has): the bucket then holds the local run's files and nothing else of the weights', the other
@@ -199,12 +186,12 @@ def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsy
     uploads them at its end; staged weights went up over the new ones and restored the stale parts."""
     import polars as pl
 
-    assert run_cli(capsys, "recompute", str(local_copy), "--is-weights", "-q")[0] == 0
+    assert cli("recompute", str(local_copy), "--is-weights", "-q")[0] == 0
     local_dir = local_copy / "grpolens" / "is_weights"
     want = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
     assert max(pl.read_parquet(local_dir / n)["is_weight"].max() for n in want if n.endswith(".parquet")) > 1.001
     out = f"{remote}-out"
-    code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q",
+    code, _, err = cli("recompute", remote, "--is-weights", "--out", out, "-q",
                            "--set", "rollout_is.upper=1.001")
     assert code == 0, err
     base = out[len("s3://runs/"):] + "/is_weights/"
@@ -213,7 +200,7 @@ def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsy
     kept = ["step=00000001/notes.txt", "step=00000001/old.parquet", "step=00000001/rank=00007.json"]
     for n in stale + kept:
         client.put_object(Bucket="runs", Key=base + n, Body=b"not this recompute's")
-    code, _, err = run_cli(capsys, "recompute", remote, "--is-weights", "--out", out, "-q")
+    code, _, err = cli("recompute", remote, "--is-weights", "--out", out, "-q")
     assert code == 0, err
     keys = sorted(o["Key"][len(base):] for o in client.list_objects_v2(Bucket="runs", Prefix=base)["Contents"]
                   if not o["Key"].endswith("/"))
@@ -221,20 +208,20 @@ def test_recompute_is_weights_to_the_bucket_replaces_an_earlier_recomputes(capsy
     _assert_bucket_holds_the_local_files(client, base, local_dir, want)
 
 
-def test_parity_reads_the_trainers_log_from_the_bucket(capsys, s3_env, trl_remote):
+def test_parity_reads_the_trainers_log_from_the_bucket(cli, s3_env, trl_remote):
     local, remote = trl_remote
-    code_l, out_l, _ = run_cli(capsys, "parity", str(local), "--json")
-    code_r, out_r, _ = run_cli(capsys, "parity", remote, "--json")
+    code_l, out_l, _ = cli("parity", str(local), "--json")
+    code_r, out_r, _ = cli("parity", remote, "--json")
     assert code_l == 0 and (code_r, out_r) == (code_l, out_l) and len(json.loads(out_r)) > 50
 
 
-def test_export(capsys, trl_remote):
+def test_export(cli, trl_remote):
     pytest.importorskip("tensorboard")
     from tests.export.readers import tensorboard_scalars
 
     local, remote = trl_remote
-    assert run_cli(capsys, "export", str(local), "--to", "tensorboard", "-q")[0] == 0
-    assert run_cli(capsys, "export", remote, "--to", "tensorboard", "-q")[0] == 0
+    assert cli("export", str(local), "--to", "tensorboard", "-q")[0] == 0
+    assert cli("export", remote, "--to", "tensorboard", "-q")[0] == 0
     want = tensorboard_scalars(local / "grpolens" / "tensorboard" / "trl-tiny")
     assert want and tensorboard_scalars(Path("trl-tiny.grpolens", "tensorboard", "trl-tiny")) == want
 
@@ -268,12 +255,12 @@ def test_serve_draws_an_s3_run_as_the_local_one(local_copy, remote):
     assert out[1] == out[0]
 
 
-def test_check_against_a_baseline_in_the_bucket(capsys, synth_small, remote, tmp_path):
+def test_check_against_a_baseline_in_the_bucket(cli, synth_small, remote, tmp_path):
     """check --baseline s3://...: the verdicts (rule by rule) of the same check on disk."""
     base = tmp_path / "base"
     shutil.copytree(synth_small, base, ignore=shutil.ignore_patterns("grpolens"))
-    code_l, out_l, _ = run_cli(capsys, "check", str(synth_small), "--baseline", str(base), "--json")
-    code_r, out_r, _ = run_cli(capsys, "check", remote, "--baseline", remote, "--json")
+    code_l, out_l, _ = cli("check", str(synth_small), "--baseline", str(base), "--json")
+    code_r, out_r, _ = cli("check", remote, "--baseline", remote, "--json")
     drop = ("drilldown", "message")  # these name the run's path
 
     def verdicts(out: str) -> list[dict]:
@@ -283,10 +270,10 @@ def test_check_against_a_baseline_in_the_bucket(capsys, synth_small, remote, tmp
     assert any(row["rule"] == "baseline coverage" and row["status"] == "PASS" for row in json.loads(out_r))
 
 
-def test_check_against_a_prefix_in_the_bucket_that_is_not_a_run_names_it(capsys, s3_env, synth_small, tmp_path):
+def test_check_against_a_prefix_in_the_bucket_that_is_not_a_run_names_it(cli, s3_env, synth_small, tmp_path):
     """A baseline prefix with no run under it: one line naming it (no "directory": object storage has none)."""
     base = f"s3://runs/empty-{tmp_path.name}"
-    code, _, err = run_cli(capsys, "check", str(synth_small), "--baseline", base)
+    code, _, err = cli("check", str(synth_small), "--baseline", base)
     assert code == 2 and err.strip() == f"error: --baseline: {base} is not a grpolens run (no grpolens.json)"
 
 
@@ -371,7 +358,7 @@ def test_an_s3_runs_hub_tokenizer_comes_from_the_local_cache_not_the_bucket(s3_e
     assert r.stdout.strip() == "tokenizer b"
 
 
-def test_doctor(capsys, s3_env, tmp_path, monkeypatch):
+def test_doctor(cli, s3_env, tmp_path, monkeypatch):
     """The diagnosis of an s3:// run is the local one's (findings with their explanation, every
     detector's status), and it writes nothing beside the bucket or in the working directory."""
     from grpolens.adapters.synth import synth_run
@@ -381,8 +368,8 @@ def test_doctor(capsys, s3_env, tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    code_l, out_l, _ = run_cli(capsys, "doctor", str(local), "--json", "--fail-on", "critical")
-    code_r, out_r, err_r = run_cli(capsys, "doctor", remote, "--json", "--fail-on", "critical")
+    code_l, out_l, _ = cli("doctor", str(local), "--json", "--fail-on", "critical")
+    code_r, out_r, err_r = cli("doctor", remote, "--json", "--fail-on", "critical")
     assert code_l == code_r == 1, err_r
     lj, rj = json.loads(out_l), json.loads(out_r)
     assert rj["run"] == remote and rj["findings"] == lj["findings"] and rj["detectors"] == lj["detectors"]

@@ -7,7 +7,6 @@ import pytest
 
 from grpolens.adapters.synth import synth_run
 from grpolens.analysis.doctor import DETECTORS, diagnose, load_detectors
-from grpolens.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -18,18 +17,8 @@ def runs(tmp_path_factory):
             "nan": synth_run(root / "nan", steps=24, seed=7, inject=["nan@5"])}
 
 
-def cli(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def test_json_is_the_contract(runs, capsys):
-    code, out, _ = cli(capsys, "doctor", runs["spike"], "--json", "--no-explain")
+def test_json_is_the_contract(runs, cli):
+    code, out, _ = cli("doctor", runs["spike"], "--json", "--no-explain")
     assert code == 0
     r = json.loads(out)
     assert set(r) == {"run", "findings", "detectors"}
@@ -46,8 +35,8 @@ def test_json_is_the_contract(runs, capsys):
 @pytest.mark.parametrize("run,fail_on,code", [("clean", "warning", 0), ("clean", "critical", 0),
                                                ("spike", "warning", 1), ("spike", "critical", 1),
                                                ("nan", "critical", 1)])
-def test_fail_on(runs, capsys, run, fail_on, code):
-    assert cli(capsys, "doctor", runs[run], "--fail-on", fail_on, "--no-explain")[0] == code
+def test_fail_on(runs, cli, run, fail_on, code):
+    assert cli("doctor", runs[run], "--fail-on", fail_on, "--no-explain")[0] == code
 
 
 def test_worst_severity_and_fails():
@@ -68,14 +57,14 @@ def test_worst_severity_and_fails():
     (["--profile", "nope"], "--profile: unknown profile 'nope'"),
     (["--detector", "nope"], "--detector: unknown detector 'nope'"),
 ])
-def test_bad_input_is_one_line_exit_2(runs, capsys, args, message):
-    code, out, err = cli(capsys, "doctor", runs["clean"], *args)
+def test_bad_input_is_one_line_exit_2(runs, cli, args, message):
+    code, out, err = cli("doctor", runs["clean"], *args)
     assert code == 2 and out == ""
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_not_a_run_is_exit_2(tmp_path, capsys):
-    code, _, err = cli(capsys, "doctor", tmp_path / "missing")
+def test_not_a_run_is_exit_2(tmp_path, cli):
+    code, _, err = cli("doctor", tmp_path / "missing")
     assert code == 2 and "Traceback" not in err
 
 
@@ -92,8 +81,8 @@ def test_profile_names_the_trainers_settings(runs):
     assert "`beta`" in by["grpolens"] and "learning rate" in by["grpolens"]  # not a run-config key: in words
 
 
-def test_rich_view_lists_findings_and_every_detector(runs, capsys):
-    code, out, _ = cli(capsys, "doctor", runs["nan"], "--no-explain")
+def test_rich_view_lists_findings_and_every_detector(runs, cli):
+    code, out, _ = cli("doctor", runs["nan"], "--no-explain")
     assert code == 0
     assert "CRITICAL" in out and "nonfinite" in out and "health/nonfinite/logp" in out
     for d in DETECTORS:

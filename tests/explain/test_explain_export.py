@@ -8,20 +8,11 @@ import json
 import pytest
 
 from grpolens.adapters.synth import synth_run
-from grpolens.cli import main
 
 
 @pytest.fixture(scope="module")
 def spiked(tmp_path_factory):
     return synth_run(tmp_path_factory.mktemp("spike") / "run", steps=6, max_len=48, seed=2, inject=["kl-spike@4"])
-
-
-def _cli(*args) -> int:
-    try:
-        main([str(a) for a in args])
-        return 0
-    except SystemExit as e:
-        return e.code
 
 
 def test_rows_explain_the_flagged_step(spiked):
@@ -37,18 +28,18 @@ def test_rows_explain_the_flagged_step(spiked):
     assert explanations.table(spiked, steps=[0, 1]) is None  # only the steps being exported
 
 
-def test_explain_needs_a_table_type(spiked, capsys):
-    assert _cli("export", spiked, "--to", "tensorboard", "--explain", "-q") == 2
-    assert "--explain: tensorboard has no table type" in capsys.readouterr().err
+def test_explain_needs_a_table_type(cli, spiked):
+    r = cli("export", spiked, "--to", "tensorboard", "--explain", "-q")
+    assert r.code == 2 and "--explain: tensorboard has no table type" in r.err
 
 
 @pytest.mark.slow  # wandb starts its service process: ~20 s
-def test_wandb_offline_run_holds_the_table(spiked, tmp_path, monkeypatch):
+def test_wandb_offline_run_holds_the_table(cli, spiked, tmp_path, monkeypatch):
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
     for var, sub in (("WANDB_CONFIG_DIR", "cfg"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
         monkeypatch.setenv(var, str(tmp_path / sub))
-    assert _cli("export", spiked, "--to", "wandb", "--explain", "-q") == 0
+    assert cli("export", spiked, "--to", "wandb", "--explain", "-q").code == 0
     files = sorted((spiked / "grpolens" / "wandb").glob("offline-run-*/files/media/table/grpolens/tables/explanations_*.table.json"))
     assert len(files) == 1
     t = json.loads(files[0].read_text())

@@ -16,20 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from grpolens.cli import main
 from tests.export.readers import tensorboard_scalars, wandb_history
 
 ROOT = Path(__file__).resolve().parents[2]
 TRL_TINY = ROOT / "sample_runs" / "trl-tiny"
 CUT = 12
-
-
-def cli(*args) -> int:
-    try:
-        main([str(a) for a in args])
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 def _cut(run: Path, last: int) -> None:
@@ -76,41 +67,41 @@ def assert_no_duplicates_and_equal(points: dict[str, list[tuple[int, float]]], w
 
 
 @pytest.mark.slow  # two recomputes and two exports of the run: ~25 s on a loaded 2-core machine
-def test_tensorboard(grown):
+def test_tensorboard(cli, grown):
     run, grow = grown
-    assert cli("export", run, "--to", "tensorboard", "-q") == 0
+    assert cli("export", run, "--to", "tensorboard", "-q").code == 0
     logdir = run / "grpolens" / "tensorboard" / "trl-tiny"
     assert max(s for s, _ in tensorboard_scalars(logdir)["grpolens/step"]) == CUT
     grow()
-    assert cli("export", run, "--to", "tensorboard", "-q") == 0
+    assert cli("export", run, "--to", "tensorboard", "-q").code == 0
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # the earlier export's file was replaced
     assert_no_duplicates_and_equal(tensorboard_scalars(logdir), expected(run))
 
 
-def test_tensorboard_logdir_option(grown, tmp_path):
+def test_tensorboard_logdir_option(cli, grown, tmp_path):
     run, _ = grown
-    assert cli("export", run, "--to", "tensorboard", "--logdir", tmp_path / "tb", "--name", "mine", "-q") == 0
+    assert cli("export", run, "--to", "tensorboard", "--logdir", tmp_path / "tb", "--name", "mine", "-q").code == 0
     got = tensorboard_scalars(tmp_path / "tb" / "mine")
     assert_no_duplicates_and_equal(got, expected(run))
 
 
-def test_tensorboard_variant(grown, tmp_path):
+def test_tensorboard_variant(cli, grown, tmp_path):
     """--variant exports a what-if's metrics (recompute --set), as a tracker run of its own."""
     from grpolens.run.variants import variant_key
 
     run, _ = grown
-    assert cli("recompute", run, "--set", "epsilon=0.1", "-q") == 0
+    assert cli("recompute", run, "--set", "epsilon=0.1", "-q").code == 0
     where = run / "grpolens" / "variants" / variant_key({"epsilon": 0.1})
-    assert cli("export", run, "--variant", "epsilon=0.1", "--to", "tensorboard", "--logdir", tmp_path / "tb", "-q") == 0
+    assert cli("export", run, "--variant", "epsilon=0.1", "--to", "tensorboard", "--logdir", tmp_path / "tb", "-q").code == 0
     got = tensorboard_scalars(tmp_path / "tb" / "trl-tiny @ epsilon=0.1")
     assert_no_duplicates_and_equal(got, expected(run, where))
-    assert cli("recompute", run, "-q") == 0
+    assert cli("recompute", run, "-q").code == 0
     assert expected(run, where) != expected(run)  # the what-if's values were exported, not the run's
-    assert cli("export", run, "--variant", "epsilon=9", "--to", "tensorboard", "-q") == 2
+    assert cli("export", run, "--variant", "epsilon=9", "--to", "tensorboard", "-q").code == 2
 
 
 @pytest.mark.slow  # MLflow creates its SQLite schema through ~100 alembic migrations: ~20 s
-def test_mlflow(grown, tmp_path, monkeypatch):
+def test_mlflow(cli, grown, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     from grpolens.export.mlflow import metric_key
@@ -121,9 +112,9 @@ def test_mlflow(grown, tmp_path, monkeypatch):
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert cli("export", run, "--to", "mlflow", "-q") == 0
+    assert cli("export", run, "--to", "mlflow", "-q").code == 0
     grow()
-    assert cli("export", run, "--to", "mlflow", "-q") == 0
+    assert cli("export", run, "--to", "mlflow", "-q").code == 0
     client = MlflowClient(tracking_uri=f"sqlite:///{run / 'grpolens' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("grpolens")
     runs = client.search_runs([exp.experiment_id])
@@ -147,17 +138,17 @@ def test_mlflow(grown, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # wandb starts its service process for each export: ~50 s for three
-def test_wandb_offline(grown, tmp_path, monkeypatch):
+def test_wandb_offline(cli, grown, tmp_path, monkeypatch):
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     run, grow = grown
-    assert cli("export", run, "--to", "wandb", "-q") == 0
+    assert cli("export", run, "--to", "wandb", "-q").code == 0
     grow()
-    assert cli("export", run, "--to", "wandb", "-q") == 0
-    assert cli("export", run, "--to", "wandb", "-q") == 0  # nothing new: no third offline run
+    assert cli("export", run, "--to", "wandb", "-q").code == 0
+    assert cli("export", run, "--to", "wandb", "-q").code == 0  # nothing new: no third offline run
     dirs = sorted((run / "grpolens" / "wandb").glob("offline-run-*"))
     assert len(dirs) == 2 and all(d.name.endswith(dirs[0].name.split("-", 3)[-1]) for d in dirs)  # one run id
     rows = wandb_history(dirs)
@@ -213,13 +204,13 @@ def test_trackio(grown, tmp_path):
     assert tables == {"grpolens/tables/completions", "grpolens/tables/top_tokens"}
 
 
-def test_bad_options(grown, capsys):
+def test_bad_options(cli, grown):
     run, _ = grown
-    assert cli("export", run, "--to", "neptune") == 2
-    assert "--to: unknown tracker 'neptune'; choose one of wandb, tensorboard, mlflow, trackio" in capsys.readouterr().err
-    assert cli("export", run, "--to", "tensorboard", "--resume", "abc") == 2
-    assert "--resume applies to --to wandb only" in capsys.readouterr().err
-    assert cli("export", run / "nope", "--to", "tensorboard") == 2
+    r = cli("export", run, "--to", "neptune")
+    assert r.code == 2 and "--to: unknown tracker 'neptune'; choose one of wandb, tensorboard, mlflow, trackio" in r.err
+    r = cli("export", run, "--to", "tensorboard", "--resume", "abc")
+    assert r.code == 2 and "--resume applies to --to wandb only" in r.err
+    assert cli("export", run / "nope", "--to", "tensorboard").code == 2
     assert not (run / "nope").exists()
 
 

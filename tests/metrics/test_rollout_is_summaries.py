@@ -1,6 +1,6 @@
 """The per-profile step summaries of the rollout-IS family (``grpolens.metrics.rollout_is``): which
 rows each trainer's summary counts, and when it reports nothing. The references are those of
-``tests/metrics/test_rollout_is.py`` (numpy on padded arrays) and of
+``tests/metrics/rollout_is_reference.py`` (numpy on padded arrays) and of
 ``tests/metrics/test_rollout_is_visitors.py`` (verl's rejection filters)."""
 
 import copy
@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 import grpolens
-from tests.metrics.test_rollout_is import close, norm, verl_ref
+from tests.metrics.rollout_is_reference import close, norm, verl_ref
 from tests.metrics.test_rollout_is_visitors import padded, verl_rs_ref
 from tests.refdata import random_calls, write_run
 
@@ -58,7 +58,7 @@ def test_verl_batch_norm_factor_of_a_mean_exactly_on_its_guard_is_one(tmp_path):
     """verl divides by the batch mean of the applied weights only when it is above 1e-8, and logs
     a factor of 1.0 otherwise. One token of raw weight e^-19 truncated up to a lower bound of 1e-8
     (grpolens' own keys under the verl profile): the mean is exactly 1e-8, not above it."""
-    from tests.metrics.test_rollout_is import one_call
+    from tests.metrics.rollout_is_reference import one_call
 
     cfg = {"level": "token", "mode": "truncate", "lower": 1e-8, "upper": 2.0, "batch_normalize": True}
     run, _ = one_call(tmp_path, [[-20.0]], [[-1.0]], config=cfg)

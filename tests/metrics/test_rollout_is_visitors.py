@@ -320,7 +320,7 @@ def test_is_hist_has_its_documented_columns_and_counts_zeroed_weights_apart(tmp_
     old, roll = [[-1.0, -1.0, -1.0], [-1.0, -9.0, -9.0]], [[-1.0 - np.log(0.4), -1.0, -1.0 - np.log(2.0)],
                                                          [-1.0 - np.log(1.1), -9.0, -9.0]]
     mask = np.array([[True, True, True], [True, False, False]])
-    from tests.metrics.test_rollout_is import one_call
+    from tests.metrics.rollout_is_reference import one_call
 
     run, _ = one_call(tmp_path, old, roll, mask=mask, config={"rollout_is": "token", "rollout_is_threshold": "0.5_1.2"})
     grpolens.recompute(run)
@@ -340,7 +340,7 @@ def test_rejection_statistic_exactly_on_a_bound_is_counted_on_neither_side(tmp_p
     fraction. Rows δ = [0, 0], [0.5, 0.25], [-0.25] (exact in float32): k1 = −δ is exactly 0 = log 1
     on row 0, a bound of both bands; k2 = δ²/2 is exactly 0.125, the k2 bound, on row 1's first
     token, and row 1's max."""
-    from tests.metrics.test_rollout_is import one_call
+    from tests.metrics.rollout_is_reference import one_call
 
     delta = [[0.0, 0.0], [0.5, 0.25], [-0.25, 0.0]]
     mask = np.array([[True, True], [True, True], [True, False]])

@@ -213,3 +213,34 @@ def test_clip_cov_edge_cases(tmp_path):
     a, l = np.array([3.0, 3.0, -3.0], np.float32), np.array([-0.01, -3.0, -0.9], np.float32)
     assert covariance(a, l)[0][0] > 0.5  # in range, but clipped by the ratio:
     assert clip_cov_choice(a, l, np.array([True, False, False]), {**policy, "clip_cov_ub": 5.0}).count == 0
+
+
+def test_equal_gains_settle_a_draw_or_a_tie(tmp_path):
+    # Clip-Cov, clip_num 1 of two candidates (cov 1.92 and 1.76 in (1.7, 4)), both on-policy tokens of
+    # row 0 (L = −2 each): whichever verl draws, pg_loss = (−2·3 + 2·2 + 2) / 5 = 0
+    actor = {"policy_loss": {"loss_mode": "clip_cov", "clip_cov_lb": 1.7, "clip_cov_ub": 4.0}}
+    v = values(verl_run(tmp_path / "a", actor, **CLIP_COV_CALL))
+    assert v == pytest.approx({"actor/pg_loss": 0.0, "actor/loss": 0.0, "actor/pg_clipfrac": 0.2, "actor/ppo_kl": 0.0})
+    # KL-Cov, rows shuffled: the tied tokens (row 0 and row 1, log-prob −0.1, A = 1) all have |d| = 0.2,
+    # so the unrecorded order does not matter
+    logp, old = [[-0.1, -0.1], [-0.1, -2.0], [-1.0, -1.5]], [[-0.3, -0.3], [-0.3, -2.0], [-1.0, -1.5]]
+    adv = [[1.0, 1.0], [1.0, 1.0], [-1.0, -1.0]]
+    policy = {"loss_mode": "kl_cov", "kl_cov_ratio": 0.34, "ppo_kl_coef": 1.0}
+    v = values(verl_run(tmp_path / "b", {"policy_loss": policy, "shuffle": True}, logp, old, adv, [(0, [0, 1, 2])]))
+    assert v["actor/pg_loss"] == pytest.approx(reference(logp, old, adv, [(0, [0, 1, 2])], "kl_cov", policy)["actor/pg_loss"])
+
+
+def test_clip_cov_expectation_over_the_draw_hand_worked(tmp_path):
+    # Σ L = −2·3 + 2·2 = −2; candidates tokens 1, 3, 4 (cov 1.92, 1.76, 4.32 in (1.7, 5); L = −2, −2, 2),
+    # clip_num 1: zeroing one leaves Σ L = 0, 0 or −4, verl's draw; the expectation is (0 + 0 − 4) / 3 / 5
+    actor = {"policy_loss": {"loss_mode": "clip_cov", "clip_cov_lb": 1.7}}
+    row = grpolens.recompute(verl_run(tmp_path / "a", actor, **CLIP_COV_CALL), profile="verl", write=False).row(0, named=True)
+    assert row["actor/pg_loss"] is None and row["grpolens/pg_loss_random_calls"] == 1.0
+    assert row["grpolens/pg_loss_expected"] == pytest.approx(-4 / 3 / 5)
+    # without a draw (clip_num 3: all three zeroed, Σ L = 0) it is pg_loss itself; under KL-Cov no such key
+    actor["policy_loss"]["clip_cov_ratio"] = 0.6
+    row = grpolens.recompute(verl_run(tmp_path / "b", actor, **CLIP_COV_CALL), profile="verl", write=False).row(0, named=True)
+    assert row["grpolens/pg_loss_expected"] == row["actor/pg_loss"] == 0.0
+    row = grpolens.recompute(verl_run(tmp_path / "c", {"policy_loss": {"loss_mode": "kl_cov"}}, **CLIP_COV_CALL),
+                             profile="verl", write=False).row(0, named=True)
+    assert row.get("grpolens/pg_loss_expected") is None

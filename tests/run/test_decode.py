@@ -19,16 +19,6 @@ from grpolens.run.decode import TOKENIZER_FILE, describe, make_decoder
 TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 
 
-def cli(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
 @pytest.fixture
 def run(tmp_path):
     dst = tmp_path / "trl-tiny"
@@ -55,24 +45,24 @@ def test_bundled_tokenizer_is_the_training_one(run):
         assert tok.decode(rows.sort("pos")["token_id"].to_list(), skip_special_tokens=True) == text
 
 
-def test_tokens_view_shows_text(run, capsys):
+def test_tokens_view_shows_text(run, cli):
     tok = Tokenizer.from_file(str(run / TOKENIZER_FILE))
-    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 5, "--json")
+    code, out, _ = cli("tokens", run, "--step", 2, "-k", 5, "--json")
     rows = json.loads(out)
     assert code == 0 and rows
     assert [r["token"] for r in rows] == [tok.decode([r["token_id"]], skip_special_tokens=False) for r in rows]
-    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 3)
+    code, out, _ = cli("tokens", run, "--step", 2, "-k", 3)
     assert "decoded with the run's tokenizer.json" in out and "⟨" not in out
 
 
-def test_without_tokenizer_ids_and_why(run, capsys):
+def test_without_tokenizer_ids_and_why(run, cli):
     (run / TOKENIZER_FILE).unlink()
     decode, source = make_decoder(run, {})
     assert source == "ids" and decode(5) == "⟨5⟩"
-    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 3)
+    code, out, _ = cli("tokens", run, "--step", 2, "-k", 3)
     assert code == 0 and "⟨" in out
     assert " ".join(describe("ids").split()[:6]) in " ".join(out.split())
-    code, out, _ = cli(capsys, "tokens", run, "--step", 2, "-k", 3, "--json")
+    code, out, _ = cli("tokens", run, "--step", 2, "-k", 3, "--json")
     assert all(r["token"] is None for r in json.loads(out))
 
 
@@ -81,11 +71,11 @@ def test_unreadable_tokenizer_falls_back_to_ids(run):
     assert make_decoder(run, {})[1] == "ids"
 
 
-def test_completions_of_a_step_that_reuses_rollouts(run, capsys):
+def test_completions_of_a_step_that_reuses_rollouts(run, cli):
     """trl-tiny generates at odd steps (steps_per_generation = 2); step 2 trains on step 1's
     completions and must show them, with step 1's group columns and step 2's token columns."""
     assert not (run / "samples" / "step=00000002").exists()
-    code, out, err = cli(capsys, "completions", run, "--step", 2, "--limit", 0, "--json")
+    code, out, err = cli("completions", run, "--step", 2, "--limit", 0, "--json")
     assert code == 0, err
     rows = json.loads(out)
     trained = set(_tokens(run, 2)["sample_id"].to_list())
@@ -94,7 +84,7 @@ def test_completions_of_a_step_that_reuses_rollouts(run, capsys):
     texts = dict(_samples(run, 1).select("sample_id", "completion").iter_rows())
     assert all(r["completion"] == texts[r["sample_id"]] for r in rows)
     # group columns as at step 1, where the group was generated
-    code, out1, _ = cli(capsys, "completions", run, "--step", 1, "--limit", 0, "--json")
+    code, out1, _ = cli("completions", run, "--step", 1, "--limit", 0, "--json")
     at1 = {r["sample_id"]: r for r in json.loads(out1)}
     for r in rows:
         for k in ("prompt_index", "completion_index", "reward_rank_desc", "reward_total", "advantage"):
@@ -161,7 +151,7 @@ def test_a_file_the_manifest_names_outside_the_run_is_refused(run, key):
                             "directory; files a run references must be inside it (a path relative to the run)")
 
 
-def test_a_tokenizer_directory_linked_from_outside_the_run_is_refused(run, tmp_path, capsys):
+def test_a_tokenizer_directory_linked_from_outside_the_run_is_refused(run, tmp_path, cli):
     """The manifest's tokenizer may be a hub name or a directory of the run; a directory of the run
     that is a symbolic link to one outside it is refused like a path with '..' (validate says so
     too), not loaded. (The name-or-path key skipped the link check before.)"""
@@ -180,7 +170,7 @@ def test_a_tokenizer_directory_linked_from_outside_the_run_is_refused(run, tmp_p
     manifest = json.loads((run / "grpolens.json").read_text())
     manifest["config"]["tokenizer"] = "hf"
     (run / "grpolens.json").write_text(json.dumps(manifest))
-    code, out, _ = cli(capsys, "validate", run, "--json")
+    code, out, _ = cli("validate", run, "--json")
     problems = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert code != 0 and any("config.tokenizer = 'hf' resolves outside the run directory" in p["message"]
                              for p in problems if p["severity"] == "error"), problems

@@ -26,11 +26,13 @@ def sidecar_name(key: str, step: int) -> str:
 
 
 def check_key(key: str) -> str:
-    from grpolens.errors import UserError
+    """``--key`` (stripped) when it and the file names made of it are each one path component
+    (:mod:`grpolens.run.names`, the one place a name becomes one); else a UserError naming ``--key``
+    and why."""
+    from grpolens.run.names import path_component
 
-    k = (key or "").strip()
-    if not k or "/" in k or "\\" in k or k.startswith(".") or any(ord(ch) < 32 for ch in k):
-        raise UserError(f"--key: {key!r} is not usable in a file name (non-empty, no '/', no leading '.')")
+    k = path_component((key or "").strip() or key, "--key")  # a blank key is shown as given
+    path_component(sidecar_name(k, 0), "--key")  # the shortest of its file names fits too
     return k
 
 
@@ -72,12 +74,14 @@ def write_sidecars(run: os.PathLike | str, table: pl.DataFrame, key: str = DEFAU
                    out_dir: os.PathLike | str | None = None,
                    progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """One file per step of ``table`` under ``RUN/grpolens/rich_completions/`` (atomic writes)."""
+    from grpolens.run.names import child
+
     key = check_key(key)
     d = Path(out_dir) if out_dir is not None else fmt.derived_dir(run) / SIDECAR_DIR
     paths = []
     steps = sorted(table["step"].unique().to_list()) if table.height else []
-    for i, step in enumerate(steps, 1):
-        p = d / sidecar_name(key, step)
+    files = [child(d, sidecar_name(key, step), "--key") for step in steps]  # all checked before one is written
+    for i, (step, p) in enumerate(zip(steps, files), 1):
         fmt.atomic_write_bytes(p, sidecar_bytes(table.filter(pl.col("step") == step), nan_literals))
         paths.append(p)
         if progress:
