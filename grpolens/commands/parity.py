@@ -26,7 +26,8 @@ def parity_cmd(
     """Check that recompute reproduces every value the trainer logged (exit 1 if any differs).
 
     Each key the log and the profile both have is compared step by step; keys only the trainer
-    knows (grad_norm, learning_rate) are skipped. --json/--csv print every compared value as a
+    knows (grad_norm, learning_rate) are skipped. A value the run does not determine (verl's
+    Clip-Cov zeroes a random choice of tokens) is listed as undetermined, with why, and is no failure. --json/--csv print every compared value as a
     row (step, key, logged, grpolens, status); the exit code is the same.
     """
     refuse_unless_remote(storage_option, {"RUN": run, "--log": log})

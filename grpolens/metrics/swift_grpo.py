@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.errors import UserError
+from grpolens.metrics import swift_fipo as fipo
 from grpolens.metrics import swift_rewards as sr
 from grpolens.metrics import swift_rollout_corr as rc
 from grpolens.metrics.batch import TokenBatch
@@ -51,14 +52,14 @@ DEFAULTS = {
     "rollout_importance_sampling_mode": None, "rollout_importance_sampling_threshold": 2.0,
     "log_rollout_offpolicy_metrics": False, "off_policy_sequence_mask_delta": None,
     "dynamic_sample": False, "advantage_reweight": None, "sdar_loss_coef": 0.0,
+    "fipo_decay_rate": 32.0, "fipo_clip_range": 0.2, "fipo_clip_high_only": True, "fipo_safety_threshold": 4.0,
     "logging_steps": 5, "logging_first_step": True, "max_steps": None, "use_liger_kernel": False,
 }
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "fipo")
 #: loss types whose loss is normalised by the generation round's tokens (ms-swift's WINDOW_NORMALIZED_LOSS_TYPES)
-WINDOW_NORMALIZED = ("dapo", "cispo")
+WINDOW_NORMALIZED = ("dapo", "cispo", "fipo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
 _REFUSED = {
-    "dynamic_sample": "dynamic sampling's resampled groups are not reproduced",
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
     "sdar_loss_coef": "SDAR's distillation loss needs the teacher's log-probs",
     "use_liger_kernel": "the Liger loss logs clip_ratio instead of clip_ratio/*",
@@ -88,7 +89,7 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"sdar_loss_coef": 0.0, "dynamic_sample": False, "use_liger_kernel": False}
+    defaults = {"sdar_loss_coef": 0.0, "use_liger_kernel": False}
     for key, why in _REFUSED.items():
         if s[key] != defaults.get(key):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")
@@ -110,6 +111,8 @@ def settings(cfg: dict) -> dict | None:
 
 _COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.kl1", "sw.low1", "sw.high1", "sw.region1",
          "sw.cispo1", "sw.okl", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", "ro.n", *rc.COLS)
+_FIPO_COLS = ("sw.fk", "sw.fk1", "sw.fw", "sw.fw1", "sw.keep", "sw.keep1")
+_COLS += _FIPO_COLS
 #: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
 _MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
 
@@ -198,6 +201,11 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             c2 = np.clip(c, 1 - eps_lo, 1 + eps_hi)
             c1 = c if s["delta"] is None else np.minimum(c, float(s["delta"]))
             L = -np.minimum(c1 * A, c2 * A)
+            if lt == "fipo":
+                f = fipo.influence(b, s, m, c, A)
+                L = L * f["weight"]
+                for k, x in (("fk", f["future_kl"]), ("fw", f["weight"]), ("keep", f["keep"].astype(np.float64))):
+                    out[f"sw.{k}"], out[f"sw.{k}1"] = b.seq_sum(np.where(mk, x, 0.0)), b.seq_sum(x)
             ind["low"], ind["high"] = (c1 < 1 - eps_lo) & (A < 0), (c1 > 1 + eps_hi) & (A > 0)
             ind["region"] = ind["low"] | ind["high"]
         for k in ("low", "high", "region", "cispo"):
@@ -229,6 +237,7 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
             e = b.cols["entropy"]
             ok = ~np.isnan(e)
             ent, ent_n = b.seq_sum(np.where(ok, e, 0.0)), b.count(ok)
+    out.update({c: zero for c in _FIPO_COLS if c not in out})
     return {**out, "sw.n": nk, "ro.n": n, "sw.pg": pg, "sw.ent": ent, "sw.ent_n": ent_n, "sw.len": b.lengths.astype(np.float64),
             "sw.thr": thr, **{c: ro.get(c, zero) for c in rc.COLS}}
 
@@ -269,6 +278,9 @@ def slot_values(sd) -> dict[str, float]:
         out.update({"clip_ratio/low_mean": float(np.mean(low)), "clip_ratio/low_min": min(low),
                     "clip_ratio/high_mean": float(np.mean(high)), "clip_ratio/high_max": max(high),
                     "clip_ratio/region_mean": float(np.mean(region))})
+    if s["loss_type"] == "fipo":
+        for key, col in zip(fipo.KEYS, ("sw.fk", "sw.fw", "sw.keep")):
+            out[f"fipo/{key}"] = float(np.mean(_rank_means(sd, col)))
     if rollout_on(s) and "rollout_logp" in sd.present:
         r = sd.col("rank")
         per_rank = [rc.rank_values(lambda c, k=k: sd.col(c)[r == k], s) for k in np.unique(r)]
@@ -326,11 +338,16 @@ _DOCS.update({f"rollout_correction/{k}": f"ms-swift's rollout_correction/{k} (lo
                "IS mode; the run's rollout_logp): per call each rank's value (grpolens/metrics/swift_rollout_corr.py), "
                + ("max" if k.endswith("_max") else "min" if k.endswith("_min") else "NaN-ignoring mean") + " over ranks."
                for k in (*rc.KEYS, *rc.IS_KEYS)})
+_DOCS.update({f"fipo/{k}": f"ms-swift's fipo/{k} (loss_type fipo): per call each rank's masked mean of the "
+               + {"future_kl_mean": "future KL Σ_s≥t γ^(s−t) δ_s", "influence_weight_mean": "influence weight",
+                  "safety_keep_ratio": "tokens the safety rule leaves alone"}[k]
+               + " (grpolens/metrics/swift_fipo.py), mean over ranks." for k in fipo.KEYS})
 _ONLY = {
     "kl": lambda cfg: _WHEN(cfg) and float(settings(cfg)["beta"]) != 0.0,
     "cispo_clip_ratio": lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "cispo",
     **{f"entropy/{k}": (lambda cfg: _WHEN(cfg) and bool(settings(cfg)["log_entropy"])) for k in ("mean", "max", "min")},
     "entropy/threshold": lambda cfg: _WHEN(cfg) and float(settings(cfg)["top_entropy_quantile"]) < 1.0,
+    **{f"fipo/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] == "fipo") for k in fipo.KEYS},
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and rollout_on(settings(cfg))) for k in rc.KEYS},
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["rollout_importance_sampling_mode"] is not None)
        for k in rc.IS_KEYS},

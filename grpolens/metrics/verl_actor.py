@@ -262,6 +262,12 @@ def _agg(sd, idx: np.ndarray, s: str | np.ndarray, tm: str | np.ndarray, N: floa
     return float(tm.sum() / G * dp)  # seq-mean-token-mean
 
 
+def _agg_changed(sd, idx: np.ndarray, change: np.ndarray, N: float, dp: int, G: int) -> float:
+    """agg_loss of one call's policy loss with ``change`` added to its rows' sums (verl_cov)."""
+    tm = sd.col("va.pg_tm")[idx] + change / (sd.col("va.n_pg")[idx] + 1e-8)
+    return _agg(sd, idx, sd.col("va.pg")[idx] + change, tm, N, dp, G)
+
+
 def _values(sd) -> dict[str, float]:
     key = ("verl_actor", "values")
     if key in sd.extra:
@@ -284,21 +290,24 @@ def _values(sd) -> dict[str, float]:
         for mini in sorted({c[2] for c in calls}):
             cs = [c for c in calls if c[2] == mini]
             N = float(sum(sd.col("va.n")[c[3]].sum() for c in cs))
-            acc: dict[str, list] = {k: [] for k in ("pg", "ent", "kl", "clip", "low", "ppo_kl", "loss")}
+            acc: dict[str, list] = {k: [] for k in ("pg", "pg_e", "ent", "kl", "clip", "low", "ppo_kl", "loss")}
             for r, u, _, idx in cs:
                 nt = sd.col("va.n_pg")[idx].sum()
                 if geo:  # verl's GMPO: the mean of its rows' terms, whatever loss_agg_mode says
                     pg = float(sd.col("va.pg_row")[idx].sum() / len(idx))
                 elif sapo:  # verl's SAPO always aggregates seq-mean-token-mean
                     pg = float(sd.col("va.pg_tm")[idx].sum() / G * dp)
-                elif (r, u) in cov:
-                    call, change = cov[(r, u)]
-                    pg = np.nan if not call.sure else _agg(
-                        sd, idx, sd.col("va.pg")[idx] + change,
-                        sd.col("va.pg_tm")[idx] + change / (sd.col("va.n_pg")[idx] + 1e-8), N, dp, G)
+                elif (r, u) in cov:  # NaN where the run does not determine it (or its expectation)
+                    call, change, expect = cov[(r, u)]
+                    pg = _agg_changed(sd, idx, change, N, dp, G) if call.sure else np.nan
+                    pg_e = _agg_changed(sd, idx, expect, N, dp, G) if expect is not None else np.nan
                 else:
                     pg = _agg(sd, idx, "va.pg", "va.pg_tm", N, dp, G)
-                pg /= norm.get((r, u), 1.0) if isinstance(norm, dict) else norm  # linear in the IS weights
+                if (r, u) not in cov:
+                    pg_e = pg
+                f = norm.get((r, u), 1.0) if isinstance(norm, dict) else norm  # linear in the IS weights
+                pg, pg_e = pg / f, pg_e / f
+                acc["pg_e"].append(pg_e)
                 ent = _agg(sd, idx, "va.ent", "va.ent_tm", N, dp, G)
                 kl = _agg(sd, idx, "va.kld", "va.kld_tm", N, dp, G)
                 acc["pg"].append(pg)
@@ -310,7 +319,7 @@ def _values(sd) -> dict[str, float]:
                     count = cov[(r, u)][0].count
                     acc["clip"][-1] = np.nan if count is None else count / (nt + 1e-8)
                 acc["loss"].append(pg - (ec * ent if with_ent else 0.0) + (kc * kl if with_kl else 0.0))
-            per_mini[mini] = {"pg": sum(acc["pg"]) / dp, "ent": sum(acc["ent"]) / dp, "kl": sum(acc["kl"]) / dp,
+            per_mini[mini] = {"pg": sum(acc["pg"]) / dp, "pg_e": sum(acc["pg_e"]) / dp, "ent": sum(acc["ent"]) / dp, "kl": sum(acc["kl"]) / dp,
                               "loss": sum(acc["loss"]) / dp, "clip": np.mean(acc["clip"]),
                               "low": np.mean(acc["low"]), "ppo_kl": np.mean(acc["ppo_kl"])}
         mean = lambda k: float(np.mean([v[k] for v in per_mini.values()]))  # noqa: E731
@@ -325,8 +334,10 @@ def _values(sd) -> dict[str, float]:
             out.update({} if np.isnan(mean("clip")) else {"pg_clipfrac": mean("clip")})
         elif pg_mode not in ("reinforce", "gpg", "dro", "kl_cov"):
             out.update(pg_clipfrac=mean("clip"), pg_clipfrac_lower=mean("low"))
+        if pg_mode == "clip_cov" and not np.isnan(mean("pg_e")):  # grpolens' own: over verl's draw
+            out["pg_loss_expected"] = mean("pg_e")
         if cov:  # how many calls leave their policy loss to what the run does not record, by why
-            reasons = [c.reason for c, _ in cov.values()]
+            reasons = [c.reason for c, *_ in cov.values()]
             out["pg_loss_random_calls"] = float(reasons.count(verl_cov.RANDOM))
             out["pg_loss_unsure_calls"] = float(sum(r in (verl_cov.ORDER, verl_cov.ROUNDING) for r in reasons))
         if with_ent:
@@ -414,6 +425,9 @@ for _k, _doc in _DOCS.items():
                     config=("verl_actor", "rollout_is")))
 _COV_WHEN = lambda cfg: _WHEN(cfg) and _mode(actor_cfg(cfg)) in COV_MODES and not bypass(cfg)  # noqa: E731
 _COV_DOCS = {
+    "pg_loss_expected": "grpolens' own (verl logs no such key): the expectation of verl's Clip-Cov pg_loss over its random "
+                        "draw, each candidate zeroed with probability clip_num / candidates (pg_loss itself where no call "
+                        "draws); empty where a call's candidates are not determined.",
     "pg_loss_random_calls": "verl's Clip-Cov: the step's loss calls with more candidate tokens than clip_num, of "
                             "which verl zeroes a random choice (torch.randperm): pg_loss and loss are then left empty.",
     "pg_loss_unsure_calls": "verl's KL-Cov / Clip-Cov: the step's loss calls whose chosen tokens the run leaves open "

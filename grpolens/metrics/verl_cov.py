@@ -48,7 +48,7 @@ _SUM_ERR = 2.0 ** -16
 #: why a call's pg_loss is not determined by the run
 RANDOM, ORDER, ROUNDING = "random", "order", "rounding"
 REASONS = {
-    RANDOM: "verl's Clip-Cov zeroes a random choice of its candidate tokens (torch.randperm)",
+    RANDOM: "the Clip-Cov loss zeroes a random choice of its candidate tokens (drawn with torch.randperm)",
     ORDER: "covariances tie at the top-k boundary and verl's row order within the micro-batch is not recorded "
            "(actor.shuffle or use_dynamic_bsz)",
     ROUNDING: "covariances lie within verl's float32 rounding of each other at the boundary",
@@ -131,10 +131,12 @@ def _trailing_zeros(v: np.ndarray) -> np.ndarray:
 @dataclass
 class Call:
     """One loss call's choice: ``chosen`` indices into its tokens (None when not determined),
-    ``count`` the number chosen (None when not determined either), ``reason`` one of :data:`REASONS`."""
+    ``count`` the number chosen (None when not determined either), ``reason`` one of :data:`REASONS`,
+    ``drawn_from`` the candidates of a Clip-Cov draw (each chosen with probability count / their number)."""
     chosen: np.ndarray | None
     count: int | None
     reason: str | None = None
+    drawn_from: np.ndarray | None = None
 
     @property
     def sure(self) -> bool:
@@ -181,7 +183,7 @@ def clip_cov_choice(adv: np.ndarray, logp: np.ndarray, clipped: np.ndarray, s: d
     if len(idx) > clip_num:
         if _all_equal(gain, cand):  # whichever verl draws, the loss loses the same
             return Call(idx[:clip_num], clip_num)
-        return Call(None, clip_num, RANDOM)
+        return Call(None, clip_num, RANDOM, drawn_from=idx)
     return Call(idx, len(idx))
 
 
@@ -244,17 +246,22 @@ def _cov_visitor(cfg: dict) -> CovTokens:
     return CovTokens(cfg)
 
 
-def call_changes(sd, calls: list) -> dict[tuple[int, int], tuple[Call, np.ndarray]]:
-    """Per loss call ``(rank, micro_batch)``: verl's choice and the change to each of its rows' loss
-    sum (aligned with the call's row indices ``idx``; zeros where the choice is not determined)."""
+def call_changes(sd, calls: list) -> dict[tuple[int, int], tuple[Call, np.ndarray, np.ndarray | None]]:
+    """Per loss call ``(rank, micro_batch)``: verl's choice, the change to each of its rows' loss
+    sum (aligned with the call's row indices ``idx``; zeros where the choice is not determined) and
+    its expectation over Clip-Cov's draw (the change itself without a draw; None where not determined)."""
     a = actor_cfg(sd.cfg)
     mode, s = loss_mode(a), settings(a)
     p = (sd.extra.get("pieces") or {}).get(VISITOR) or _NO_TOKENS
     sid_all = np.asarray(sd.col("sample_id"), dtype=np.int64)
     per_row_mean = a.get("loss_agg_mode") == "seq-mean-token-mean"
+    # the tokens are in key order: each call's are one run of (rank, micro_batch)
+    keys = np.stack([p["rank"], p["micro_batch"]], axis=1)
+    starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]) if len(keys) else np.zeros(0, int)
+    spans = {(int(keys[i, 0]), int(keys[i, 1])): (i, j) for i, j in zip(starts, np.r_[starts[1:], len(keys)])}
     out = {}
     for r, u, _, idx in calls:
-        sel = np.flatnonzero((p["rank"] == r) & (p["micro_batch"] == u))
+        sel = np.arange(*spans.get((r, u), (0, 0)))
         adv, logp, delta = p["adv"][sel], p["logp"][sel], p["delta"][sel]
         rows = np.searchsorted(sid_all[idx], p["sample_id"][sel])  # a call's rows are in key order
         # what a chosen token adds to the aggregated loss, up to a factor common to the call
@@ -266,7 +273,11 @@ def call_changes(sd, calls: list) -> dict[tuple[int, int], tuple[Call, np.ndarra
         change = np.zeros(len(idx))
         if call.sure and len(call.chosen):
             np.add.at(change, rows[call.chosen], delta[call.chosen])
-        out[(r, u)] = (call, change)
+        expect = change if call.sure else None
+        if call.drawn_from is not None:
+            expect = np.zeros(len(idx))
+            np.add.at(expect, rows[call.drawn_from], delta[call.drawn_from] * (call.count / len(call.drawn_from)))
+        out[(r, u)] = (call, change, expect)
     return out
 
 

@@ -53,7 +53,8 @@ NAMES.update({f"verl_actor/rollout_corr/{k}": "actor/" + PREFIX + v for k, v in 
 NAMES.update({f"verl_actor/{k}": f"actor/{k}" for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
                                                          "entropy_loss", "kl_loss", "loss", "entropy")})
 # grpolens' own counts (verl logs none): why a KL-Cov / Clip-Cov step has no actor/pg_loss
-NAMES.update({f"verl_actor/{k}": f"grpolens/{k}" for k in ("pg_loss_random_calls", "pg_loss_unsure_calls")})
+NAMES.update({f"verl_actor/{k}": f"grpolens/{k}" for k in ("pg_loss_random_calls", "pg_loss_unsure_calls",
+                                                             "pg_loss_expected")})
 _WHY = (("grpolens/pg_loss_random_calls", "verl's Clip-Cov zeroed a random choice of its candidate tokens "
          "(torch.randperm), which the run does not record"),
         ("grpolens/pg_loss_unsure_calls", "verl's KL-Cov / Clip-Cov choice of tokens is left open by the run (a tie "

@@ -30,8 +30,6 @@ def test_settings_resolve_as_ms_swift_does():
 
 @pytest.mark.parametrize("args, key", [
     ({"loss_type": "real"}, "loss_type"),
-    ({"loss_type": "fipo"}, "loss_type"),
-    ({"dynamic_sample": True}, "dynamic_sample"),
     ({"use_liger_kernel": True}, "use_liger_kernel"),
     ({"rollout_importance_sampling_mode": "both"}, "rollout_importance_sampling_mode"),
     ({"top_entropy_quantile": 0.0}, "top_entropy_quantile"),
@@ -105,10 +103,10 @@ def test_hand_worked_step(tmp_path):
 
 
 def test_a_refused_setting_is_a_one_line_error(tmp_path, capsys):
-    run = _run(tmp_path / "run", {"dynamic_sample": True})
+    run = _run(tmp_path / "run", {"use_liger_kernel": True})
     with pytest.raises(SystemExit) as e:
         main(["recompute", str(run), "--profile", "swift", "-q"])
     err = capsys.readouterr().err
     assert e.value.code == 2
-    assert "swift_args.dynamic_sample" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "swift_args.use_liger_kernel" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (run / "grpolens" / "swift").exists()  # nothing half-written

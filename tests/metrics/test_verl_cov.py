@@ -228,3 +228,19 @@ def test_equal_gains_settle_a_draw_or_a_tie(tmp_path):
     policy = {"loss_mode": "kl_cov", "kl_cov_ratio": 0.34, "ppo_kl_coef": 1.0}
     v = values(verl_run(tmp_path / "b", {"policy_loss": policy, "shuffle": True}, logp, old, adv, [(0, [0, 1, 2])]))
     assert v["actor/pg_loss"] == pytest.approx(reference(logp, old, adv, [(0, [0, 1, 2])], "kl_cov", policy)["actor/pg_loss"])
+
+
+def test_clip_cov_expectation_over_the_draw_hand_worked(tmp_path):
+    # Σ L = −2·3 + 2·2 = −2; candidates tokens 1, 3, 4 (cov 1.92, 1.76, 4.32 in (1.7, 5); L = −2, −2, 2),
+    # clip_num 1: zeroing one leaves Σ L = 0, 0 or −4, verl's draw; the expectation is (0 + 0 − 4) / 3 / 5
+    actor = {"policy_loss": {"loss_mode": "clip_cov", "clip_cov_lb": 1.7}}
+    row = grpolens.recompute(verl_run(tmp_path / "a", actor, **CLIP_COV_CALL), profile="verl", write=False).row(0, named=True)
+    assert row["actor/pg_loss"] is None and row["grpolens/pg_loss_random_calls"] == 1.0
+    assert row["grpolens/pg_loss_expected"] == pytest.approx(-4 / 3 / 5)
+    # without a draw (clip_num 3: all three zeroed, Σ L = 0) it is pg_loss itself; under KL-Cov no such key
+    actor["policy_loss"]["clip_cov_ratio"] = 0.6
+    row = grpolens.recompute(verl_run(tmp_path / "b", actor, **CLIP_COV_CALL), profile="verl", write=False).row(0, named=True)
+    assert row["grpolens/pg_loss_expected"] == row["actor/pg_loss"] == 0.0
+    row = grpolens.recompute(verl_run(tmp_path / "c", {"policy_loss": {"loss_mode": "kl_cov"}}, **CLIP_COV_CALL),
+                             profile="verl", write=False).row(0, named=True)
+    assert row.get("grpolens/pg_loss_expected") is None

@@ -12,7 +12,7 @@ What is ms-swift's code and what stands in for its plumbing:
   ``_score_completions``, ``_compute_rewards_per_func``, ``_prepare_batch_inputs``,
   ``_postprocess_batch``, ``_compute_advantages``, ``compute_loss``, ``_compute_loss``,
   ``_compute_loss_single``, ``_compute_loss_and_metrics``, ``_undo_gradient_accumulation_scaling``,
-  ``_update_metrics``, the rollout-correction methods, ``_gather_and_flatten`` and ``log``;
+  ``_update_metrics``, ``_compute_fipo_influence``, the rollout-correction methods, ``_gather_and_flatten`` and ``log``;
   ``RolloutTrainerMixin._generate_and_score_completions`` and ``split_by_mini_batches``;
   ``BaseRolloutTrainerMixin._split_data_by_steps``; ``RLHFArguments._init_grpo`` (the argument
   defaults it resolves); ``get_even_process_data``
@@ -22,7 +22,8 @@ What is ms-swift's code and what stands in for its plumbing:
 * Stand-ins: the model forward (``_get_per_token_logps_and_entropies`` returns the recorded
   log-probs and entropies of the rows of the micro-batch: the old policy's at generation, the
   reference's, then the current policy's of the iteration), the reward functions
-  (``score_completions`` returns the recorded rewards), the encoder and collator (a
+  (``score_completions`` returns the recorded rewards; dynamic sampling's new prompts are the
+  round's next pool of recorded completions), the encoder and collator (a
   ``GRPOBatch``-shaped namespace of the rows' masks and rollout log-probs), accelerate's
   ``gather``/``gather_object``/``gather_for_metrics`` (``torch.distributed`` all-gathers, flattened
   as accelerate flattens them; the tensor unchanged in a single process), and transformers'
@@ -127,7 +128,7 @@ GRPO_METHODS = (
     "_undo_gradient_accumulation_scaling", "_update_metrics", "_get_rollout_is_correction", "log",
     "_gather_and_flatten", "_prepare_metrics", "_prepare_algorithm_params", "_compute_sequence_level_ratios",
     "_apply_rollout_importance_sampling", "_compute_off_policy_sequence_mask", "_compute_rollout_offpolicy_metrics",
-    "_compute_is_correction_metrics",
+    "_compute_is_correction_metrics", "_dynamic_sampling", "compute_std", "_compute_fipo_influence",
 )
 
 
@@ -290,8 +291,20 @@ class Runner:
 
         def rollout_samples(inputs):
             ids = self.c["rounds"][self.round][rank]
-            self.round += 1
+            self.round, self.attempt = self.round + 1, 0
             return [SimpleNamespace(id=i, rollout_infos={}, messages=[], extra={}) for i in ids]
+
+        def resample(inputs):  # dynamic sampling's next prompts: the round's next pool of completions
+            ids = self.c["resample"][self.round - 1][self.attempt][rank]
+            self.attempt += 1
+            return [SimpleNamespace(id=i, rollout_infos={}, messages=[], extra={}) for i in ids]
+
+        score = t._score_completions
+
+        def score_completions(samples):  # the real one; the samples it keeps are the round's
+            kept = score(samples)
+            self.round_ids.append([int(i) for i in gather_object([s.id for s in kept])])
+            return kept
 
         def forward(model, model_inputs, grpo_batch, compute_entropy=False, origin_data=None):
             T = grpo_batch.logits_to_keep
@@ -305,7 +318,11 @@ class Runner:
             self.calls.append([int(i) for i in ids])
             return torch.tensor(DATA["cur"][it][ids][:, :T]), ent
 
+        self.round_ids: list[list[int]] = []
         t._rollout_samples = rollout_samples
+        t._score_completions = score_completions
+        t.to_samples, t._generate_completions = resample, (lambda samples: samples)
+        t.dynamic_resample_iterator = iter(lambda: None, object())
         t._get_per_token_logps_and_entropies = forward
         t._log_rollout = lambda samples: None
         t._template_context = lambda template: contextlib.nullcontext()
@@ -348,7 +365,7 @@ def _rank_main(rank: int, world: int, init: str, cases: list):
         r = Runner(rank, world, case["config"])
         logs = r.train()
         dumps = [None] * world
-        dist.all_gather_object(dumps, {"calls": r.calls, "advantages": r.advantages})
+        dist.all_gather_object(dumps, {"calls": r.calls, "advantages": r.advantages, "round_ids": r.round_ids})
         if rank == 0:
             Path(case["out"]).write_text(json.dumps({"logs": logs, "ranks": dumps}))
         dist.barrier()

@@ -48,6 +48,8 @@ class Case:
     drift: float = 0.2
     width: int = 9
     rollout: bool = False  # the rollout engine's log-probs in the batches
+    weights: tuple = (1.0, 1.0)  # reward_weights
+    pools: int = 0  # dynamic sampling: pools of fresh completions per round
 
 
 CASES = [
@@ -86,6 +88,13 @@ CASES = [
          rollout=True),
     # rloo and REINFORCE++ at their defaults: the KL to the reference shapes the reward (kl_in_reward)
     Case("rloo_kl_in_reward", {"advantage_estimator": "rloo"}, seed=21),
+    # DAPO's dynamic sampling: groups whose rewards are all equal are replaced by fresh ones
+    Case("dynamic_sample_dapo_dp2", {"dynamic_sample": True, "loss_type": "dapo", "epsilon_high": 0.28}, world=2,
+         seed=23, weights=(1.0, 0.0), pools=3),
+    Case("fipo", {"loss_type": "fipo"}, seed=24, drift=0.3),
+    Case("fipo_delta_both_sides_safety_dp2", {"loss_type": "fipo", "delta": 1.3, "fipo_clip_high_only": False,
+                                              "fipo_safety_threshold": 1.2, "fipo_decay_rate": 4.0}, world=2, seed=25,
+         drift=0.4),
     Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
          world=2, seed=22),
 ]
@@ -109,7 +118,7 @@ def build(case: Case) -> tuple[dict, dict]:
     per_rank = case.batch * spg
     n_round = per_rank * case.world
     rounds = -(-case.steps * case.gas // (spg * iters))
-    n = n_round * rounds
+    n = n_round * rounds * (1 + case.pools)
     W = case.width
     lens = rng.integers(1, W + 1, n)
     trunc = lens == W
@@ -125,8 +134,10 @@ def build(case: Case) -> tuple[dict, dict]:
               "rewards": rewards}
     ids = [[list(range(g * n_round + r * per_rank, g * n_round + (r + 1) * per_rank)) for r in range(case.world)]
            for g in range(rounds)]
-    config = {"args": args, "world": case.world, "steps": case.steps, "rounds": ids, "reward_funcs": REWARD_FUNCS,
-              "reward_weights": [1.0, 1.0], "rollout": case.rollout}
+    pools = [[[list(range(base + r * per_rank, base + (r + 1) * per_rank)) for r in range(case.world)]
+              for base in (n_round * rounds * (1 + p) + g * n_round for p in range(case.pools))] for g in range(rounds)]
+    config = {"args": args, "world": case.world, "steps": case.steps, "rounds": ids, "resample": pools,
+              "reward_funcs": REWARD_FUNCS, "reward_weights": list(case.weights), "rollout": case.rollout}
     return arrays, config
 
 
@@ -160,7 +171,7 @@ def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
             step, it = c // gas + 1, (c // spg) % iters
             if r == 0 and c % (spg * iters) == 0:  # the micro-step that generated a round
                 g = c // (spg * iters)
-                rids = [i for rank_ids in config["rounds"][g] for i in rank_ids]
+                rids = dump["round_ids"][g]  # the round's completions ms-swift kept (dynamic sampling's)
                 rw = arrays["rewards"][rids].astype(np.float64)
                 hook.log_samples(step=step, sample_ids=torch.tensor(rids), group_ids=torch.tensor(rids) // case.generations,
                                  completion_lens=torch.tensor(lens[rids]), truncated=torch.tensor(arrays["trunc"][rids]),
@@ -184,6 +195,9 @@ def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_swift_profile_reproduces_swift(case, swift_logged, tmp_path):
     arrays, config, out = swift_logged[case.name]
+    if case.pools:  # dynamic sampling replaced some groups
+        kept = out["ranks"][0]["round_ids"]
+        assert any(sorted(k) != sorted(i for r in ids for i in r) for k, ids in zip(kept, config["rounds"]))
     run = tmp_path / "run"
     record(case, arrays, config, out, run)
     df = grpolens.recompute(run, profile="swift", write=False)

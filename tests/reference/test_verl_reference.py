@@ -261,7 +261,8 @@ def verl_logged(verl_python, tmp_path_factory):
     for c in CASES:
         arrays, config = build(c, str(d))
         np.savez(d / f"{c.name}.npz", **arrays)
-        jobs.append({"in": str(d / f"{c.name}.npz"), "config": config, "out": str(d / f"{c.name}.out.npz")})
+        jobs.append({"in": str(d / f"{c.name}.npz"), "config": config, "out": str(d / f"{c.name}.out.npz")}
+                    | ({"every_draw": str(d / f"{c.name}.draws.npz")} if _draws(c) else {}))
         inputs[c.name] = (arrays, config)
     jobs.append({"kl_penalty": {"logp": KL_LOGP, "ref": KL_REF, "types": KL_TYPES}})
     (d / "cases.json").write_text(json.dumps(jobs))
@@ -381,6 +382,25 @@ def test_verl_profile_reproduces_verl(case, group, verl_logged, tmp_path):
         or (group == "actor_entropy" and bypass(case)) or (group == "actor_rollout_corr" and not bypass(case)), \
         "verl logged nothing in this group"
     assert not bad, f"{len(bad)} of {len(rows) + len(extra)} values differ:\n" + "\n".join(bad)
+
+
+def _draws(case: Case) -> bool:
+    """Clip-Cov: verl's loss is also averaged over its random draw (the driver's EveryDraw)."""
+    return case.actor.get("policy_loss", {}).get("loss_mode") == "clip_cov"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if _draws(c)], ids=lambda c: c.name)
+def test_clip_cov_expectation_is_verls_loss_averaged_over_its_draws(case, verl_logged, tmp_path):
+    """grpolens/pg_loss_expected (grpolens' own key) against verl's Clip-Cov loss run once per
+    cyclic shift of its randperm and averaged, through the same reductions; where verl draws
+    nothing it is verl's actor/pg_loss itself."""
+    (arrays, config), out, logged = verl_logged[case.name]
+    record(case, arrays, config, out, tmp_path / "run")
+    ours = grpolens.recompute(tmp_path / "run", profile="verl", write=False).row(0, named=True)
+    want = logged["grpolens/pg_loss_expected"]
+    assert close(ours["grpolens/pg_loss_expected"], want, ATOL, RTOL), (ours["grpolens/pg_loss_expected"], want)
+    if not case.undetermined:
+        assert want == pytest.approx(logged["actor/pg_loss"], rel=1e-6)
 
 
 def test_kl_penalty_is_verls(verl_logged):

@@ -4,7 +4,9 @@ Executed by the reference venv's interpreter (``tests/reference/refvenv.py``), n
 environment: ``python verl_driver.py CASES.json`` runs each case ``{"in": IN.npz, "config": {...},
 "out": OUT.npz}`` and prints one JSON list, the logged metrics of each case (one import of verl
 for the whole matrix). A job ``{"kl_penalty": {"logp": [...], "ref": [...], "types": [...]}}``
-instead gives verl's ``kl_penalty`` of each type on those log-probs (float64).
+instead gives verl's ``kl_penalty`` of each type on those log-probs (float64). A case with
+``"every_draw": OUT2.npz`` also gives ``grpolens/pg_loss_expected``: its ``actor/pg_loss`` with
+verl's Clip-Cov loss averaged over every draw (:class:`EveryDraw`).
 
 What is verl's code and what is replayed here:
 
@@ -244,6 +246,42 @@ def run_case(inp: str, c: dict, out_path: str) -> dict:
     return {k: float(v) for k, v in metrics.items()}
 
 
+class EveryDraw:
+    """verl's Clip-Cov loss averaged over its random draw, computed by verl's own function: it is
+    called once per cyclic shift s of ``torch.randperm(m)``'s output (m candidates); the first
+    clip_num places of the m shifts hold each candidate clip_num times, so the mean of the calls'
+    losses is the exact expectation over a uniform permutation (the loss is linear in which tokens
+    it zeroes)."""
+
+    def __enter__(self):
+        from verl.trainer.ppo import core_algos
+
+        self.registry, self.fn = core_algos.POLICY_LOSS_REGISTRY, core_algos.POLICY_LOSS_REGISTRY["clip_cov"]
+        self.registry["clip_cov"] = self.averaged
+        return self
+
+    def __exit__(self, *exc):
+        self.registry["clip_cov"] = self.fn
+
+    def averaged(self, *args, **kwargs):
+        randperm, seen = torch.randperm, []
+        torch.randperm = lambda n, *a, **k: seen.append(n) or randperm(n, *a, **k)
+        try:
+            first = self.fn(*args, **kwargs)
+        finally:
+            torch.randperm = randperm
+        if not seen:  # no candidate: nothing drawn
+            return first
+        m, losses = seen[0], []
+        try:
+            for shift in range(m):
+                torch.randperm = lambda n, *a, _s=shift, **k: torch.roll(torch.arange(n), -_s)
+                losses.append(self.fn(*args, **kwargs)[0])
+        finally:
+            torch.randperm = randperm
+        return torch.stack(losses).mean(), first[1]
+
+
 def kl_penalties(job: dict) -> dict:
     """``kl_penalty(logp, ref, type)`` of each type, as verl's KL loss computes it per token."""
     from verl.trainer.ppo.core_algos import kl_penalty
@@ -252,7 +290,16 @@ def kl_penalties(job: dict) -> dict:
     return {t: kl_penalty(logp, ref, t).tolist() for t in job["types"]}
 
 
+def run_job(c: dict) -> dict:
+    if "kl_penalty" in c:
+        return kl_penalties(c["kl_penalty"])
+    out = run_case(c["in"], c["config"], c["out"])
+    if c.get("every_draw"):  # Clip-Cov: also its loss' expectation over verl's draw (grpolens' name for it)
+        with EveryDraw():
+            out["grpolens/pg_loss_expected"] = run_case(c["in"], c["config"], c["every_draw"])["actor/pg_loss"]
+    return out
+
+
 if __name__ == "__main__":
     cases = json.loads(open(sys.argv[1]).read())
-    print(json.dumps([kl_penalties(c["kl_penalty"]) if "kl_penalty" in c else run_case(c["in"], c["config"], c["out"])
-                      for c in cases]))
+    print(json.dumps([run_job(c) for c in cases]))
