@@ -84,12 +84,12 @@ def test_long_tests_carry_the_slow_marker():
     end-to-end documentation examples: each of those modules is marked slow as a whole."""
     import ast
 
-    whole_modules = [ROOT / "tests" / "serve" / "test_browser.py", ROOT / "tests" / "test_docs_examples.py",
+    whole_modules = [*(ROOT / "tests" / "serve" / "browser").glob("test_*.py"), ROOT / "tests" / "test_docs_examples.py",
                      *[p for p in (ROOT / "tests" / "integration").glob("test_trl_*.py")
                        if "trl_run" in p.read_text()
                        # marks its trainings one by one, keeping one cheap case in the quick run on purpose
                        and p.name != "test_trl_logging_windows.py"]]  # the ones that train (the bundled sample run does not)
-    assert len(whole_modules) >= 5
+    assert len(whole_modules) >= 7
     unmarked = []
     for path in whole_modules:
         tree = ast.parse(path.read_text())

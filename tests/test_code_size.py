@@ -1,9 +1,15 @@
-"""No module of grpolens over 600 lines, no function over 150 (the team's limits, issue #29).
+"""No module of grpolens or of its tests over 600 lines, no function over 150 (the team's limits,
+issue #29).
 
 A module that outgrows the limit becomes a package with a re-exporting ``__init__`` (polars' way:
-callers keep their imports); a function that outgrows it becomes named steps. Lines are counted as
-an editor shows them: a module's lines, a function's from its ``def`` to its last line (decorators
-aside, its docstring and nested functions included; a nested function is also measured alone).
+callers keep their imports); a function that outgrows it becomes named steps. A test module that
+outgrows it is split by subject, mirroring the package (``tests/run/validate/`` for
+``grpolens/run/validate/``), its shared fixtures in a ``conftest.py`` and its shared references and
+helpers in a module beside it. Test functions are held to the same 150 lines: none is near it, and
+a test that long checks several things that would each read better, and fail more precisely, as a
+test of its own. Lines are counted as an editor shows them: a module's lines, a function's from its
+``def`` to its last line (decorators aside, its docstring and nested functions included; a nested
+function is also measured alone).
 """
 
 import ast
@@ -11,15 +17,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "grpolens"
+TESTS = ROOT / "tests"
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 150
 
 #: The offenders on main when this test arrived, each waiting for its owner's split. An entry
 #: leaves the list in the commit that brings its module or function under the limit (the test
 #: below fails on an entry that is no longer over it), until the list is empty.
-# Offenders still being split, each named with the work that splits it; empty now that every module and
-# function in grpolens/ is within the limits. An entry that is back within them fails the next test.
-ALLOWED: dict[str, str] = {}
+# Offenders still being split, each named with the work that splits it (every module and function in
+# grpolens/ is within the limits). An entry that is back within them fails the next test.
+ALLOWED: dict[str, str] = {
+    "tests/metrics/test_loss.py": "being extended for #34 (verl clip_cov/kl_cov, ms-swift) this session; split after",
+}
 
 
 def oversized(path: Path, rel: str) -> dict[str, int]:
@@ -49,7 +58,7 @@ def oversized(path: Path, rel: str) -> dict[str, int]:
 
 def scan() -> dict[str, int]:
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted([*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]):
         found.update(oversized(path, path.relative_to(ROOT).as_posix()))
     return found
 

@@ -52,10 +52,10 @@ DEFAULTS = {
     "rollout_importance_sampling_mode": None, "rollout_importance_sampling_threshold": 2.0,
     "log_rollout_offpolicy_metrics": False, "off_policy_sequence_mask_delta": None,
     "dynamic_sample": False, "advantage_reweight": None, "sdar_loss_coef": 0.0,
-    "fipo_decay_rate": 32.0, "fipo_clip_range": 0.2, "fipo_clip_high_only": True, "fipo_safety_threshold": 4.0,
+    "real_tau": 0.5, "fipo_decay_rate": 32.0, "fipo_clip_range": 0.2, "fipo_clip_high_only": True, "fipo_safety_threshold": 4.0,
     "logging_steps": 5, "logging_first_step": True, "max_steps": None, "use_liger_kernel": False,
 }
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "fipo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "fipo", "real")
 #: loss types whose loss is normalised by the generation round's tokens (ms-swift's WINDOW_NORMALIZED_LOSS_TYPES)
 WINDOW_NORMALIZED = ("dapo", "cispo", "fipo")
 #: what ms-swift 4.6.0 does that the profile does not reproduce, with why (refused by name)
@@ -83,6 +83,8 @@ def settings(cfg: dict) -> dict | None:
         raise _bad("importance_sampling_level", s["importance_sampling_level"], "must be token, sequence or sequence_token")
     if s["kl_in_reward"] is None:  # _init_grpo: true for rloo and reinforce_plus_plus
         s["kl_in_reward"] = s["advantage_estimator"] != "grpo"
+    if s["loss_type"] == "real":  # _init_grpo: REAL does not normalise rewards
+        s["scale_rewards"] = "none"
     if s["scale_rewards"] is None:
         s["scale_rewards"] = {"grpo": "group", "rloo": "none"}.get(s["advantage_estimator"], "batch")
     if s["epsilon_high"] is None:
@@ -111,7 +113,7 @@ def settings(cfg: dict) -> dict | None:
 
 _COLS = ("sw.n", "sw.kl", "sw.low", "sw.high", "sw.region", "sw.cispo", "sw.kl1", "sw.low1", "sw.high1", "sw.region1",
          "sw.cispo1", "sw.okl", "sw.pg", "sw.ent", "sw.ent_n", "sw.len", "sw.thr", "ro.n", *rc.COLS)
-_FIPO_COLS = ("sw.fk", "sw.fk1", "sw.fw", "sw.fw1", "sw.keep", "sw.keep1")
+_FIPO_COLS = ("sw.fk", "sw.fk1", "sw.fw", "sw.fw1", "sw.keep", "sw.keep1", "sw.d", "sw.adv")
 _COLS += _FIPO_COLS
 #: a loss call is never split across files, so its rows' threshold (one value per call) merges by max
 _MERGE = {c: "max" if c == "sw.thr" else "sum" for c in _COLS}
@@ -194,6 +196,10 @@ def _swift(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
         if lt == "cispo":
             L = -np.minimum(c, eps_hi) * A * logp
             ind["cispo"] = (c > eps_hi) & (A > 0)
+        elif lt == "real":  # its loss is a group-level one per call (call_loss)
+            L = np.zeros(b.n)
+            out["sw.d"] = b.seq_sum(np.where(mk, b.logp - b.old, 0.0))
+            out["sw.adv"] = b.seq_sum(np.where(mk, A, 0.0))
         elif lt == "sapo":
             tau = np.where(A > 0, float(s["tau_pos"]), float(s["tau_neg"]))
             L = -_sigmoid(tau * (c - 1.0)) * (4.0 / tau) * A
@@ -273,7 +279,7 @@ def slot_values(sd) -> dict[str, float]:
         out["kl"] = float(np.mean(_rank_means(sd, "sw.kl")))
     if s["loss_type"] == "cispo":
         out["cispo_clip_ratio"] = float(np.mean(_rank_means(sd, "sw.cispo")))
-    elif s["loss_type"] != "sapo":
+    elif s["loss_type"] not in ("sapo", "real"):
         low, high, region = (_rank_means(sd, c) for c in ("sw.low", "sw.high", "sw.region"))
         out.update({"clip_ratio/low_mean": float(np.mean(low)), "clip_ratio/low_min": min(low),
                     "clip_ratio/high_mean": float(np.mean(high)), "clip_ratio/high_max": max(high),
@@ -296,6 +302,34 @@ def slot_values(sd) -> dict[str, float]:
         out["entropy/max"] = float(np.max(per[ok])) if ok.any() else float("nan")
         out["entropy/min"] = float(np.min(per[ok])) if ok.any() else float("nan")
     return out
+
+
+def _logsumexp1(x: np.ndarray) -> float:
+    """log(1 + Σ e^x) (``torch.logsumexp`` over ``x`` and a 0)."""
+    z = np.append(x, 0.0)
+    top = z.max()
+    return float(top + np.log(np.exp(z - top).sum()))
+
+
+def real_loss(s: dict, d: np.ndarray, n: np.ndarray, adv: np.ndarray, kl: np.ndarray) -> float | None:
+    """REAL's loss for one call whose rows (in the micro-batch's order) form groups of
+    ``num_generations``: each row's score S = mean_t d, the groups with both a positive and a
+    non-positive mean advantage give log(1 + Σ_neg e^(S/τ)) + log(1 + Σ_pos e^(−S/τ)), summed and
+    divided by the call's groups (0 when none); + β times the call's token mean of k3."""
+    G = s["num_generations"]
+    if len(d) % G:
+        return None  # ms-swift cannot view the call's rows as groups either
+    den = np.maximum(n, 1.0)
+    score, a = (d / den).reshape(-1, G) / float(s["real_tau"]), (adv / den).reshape(-1, G)
+    total = 0.0
+    for sc, ad in zip(score, a):
+        pos, neg = ad > 0, ad <= 0
+        if pos.any() and neg.any():
+            total += _logsumexp1(sc[neg]) + _logsumexp1(-sc[pos])
+    loss = total / len(score)
+    if float(s["beta"]) != 0.0:
+        loss += float(s["beta"]) * kl.sum() / max(n.sum(), 1.0)
+    return loss
 
 
 def call_loss(s: dict, pg: np.ndarray, n: np.ndarray, world: int, round_tokens: float | None) -> float | None:
@@ -352,7 +386,7 @@ _ONLY = {
     **{f"rollout_correction/{k}": (lambda cfg: _WHEN(cfg) and settings(cfg)["rollout_importance_sampling_mode"] is not None)
        for k in rc.IS_KEYS},
 }
-_CLIP = lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] not in ("cispo", "sapo")  # noqa: E731
+_CLIP = lambda cfg: _WHEN(cfg) and settings(cfg)["loss_type"] not in ("cispo", "sapo", "real")  # noqa: E731
 
 
 def _slot_mean(key: str):
@@ -403,9 +437,13 @@ def step_loss(sd) -> float | None:
         if tokens is None:
             return None
     per_rank: dict[int, float] = {}
+    order = np.argsort(sd.col("sample_id"), kind="stable")  # a call's rows in the micro-batch's order
     for k in range(ng):
-        sel = g == k
-        v = call_loss(s, pg[sel], n[sel], world, None if tokens is None else float(tokens[sel][0]))
+        sel = order[g[order] == k]
+        if s["loss_type"] == "real":
+            v = real_loss(s, sd.col("sw.d")[sel], n[sel], sd.col("sw.adv")[sel], sd.col("sw.kl")[sel])
+        else:
+            v = call_loss(s, pg[sel], n[sel], world, None if tokens is None else float(tokens[sel][0]))
         if v is None:
             return None
         r = int(rank[sel][0])

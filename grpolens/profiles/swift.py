@@ -125,7 +125,8 @@ def swift_config(args: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         # FIPO is dapo's objective × its influence weight, which only the swift profile reproduces
         # (as the verl integration records verl's other losses as grpo)
-        "loss_type": "gspo" if seq and s["loss_type"] == "grpo" else "dapo" if s["loss_type"] == "fipo" else s["loss_type"],
+        "loss_type": "gspo" if seq and s["loss_type"] == "grpo" else "dapo" if s["loss_type"] == "fipo" else
+                     "grpo" if s["loss_type"] == "real" else s["loss_type"],
         "importance_sampling_level": s["importance_sampling_level"],
         "beta": float(s["beta"]), "epsilon": float(s["epsilon"]),
         "epsilon_high": float(s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]),

@@ -1,5 +1,6 @@
 """Reporters: JUnit XML structure (and the JUnit schema when lxml is installed), GitHub workflow
-annotations, the appended Markdown summary, the rich table's drill-down lines."""
+annotations, the appended Markdown summary, the rich table's drill-down lines (the terminal
+table's rows and colours: test_report_terminal.py)."""
 
 from __future__ import annotations
 
@@ -7,36 +8,18 @@ import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from grpolens.check import report as rep
-from grpolens.check.evaluate import Series, evaluate
+from grpolens.check.evaluate import evaluate
 from grpolens.check.rules import Rule
 from grpolens.check.runner import CheckReport
 
+from tests.check.report_cases import (ENTROPY_DETAIL, ERROR_MSG, KL_DETAIL, NO_DATA_MSG, SKIP_MSG,
+                                      every_status_report, make_report, outcome, s)
+
+
 XSD = Path(__file__).parents[1] / "data" / "junit-check.xsd"
-HOSTILE = "kl <b>&amp; ]]> | `x` *y*\n::error::\x07 100%, a:b"
-
-
-def s(vals):
-    return Series(np.arange(len(vals), dtype=np.int64), np.array(vals, np.float64))
-
-
-def make_report(run="runs/cand") -> CheckReport:
-    cand = {"a": s([0.1, 0.2, 0.9]), "b": s([1.0, 1.0, 1.0])}
-    base = {"a": s([0.1, 0.2, 0.2]), "b": s([1.0, 1.0, 1.0])}
-    rules = [
-        Rule("a rises", "a", direction="upper", abs=0.05, rel=0.1, why="KL must not rise"),
-        Rule("b steady", "b", abs=0.01),
-        Rule(HOSTILE, "b", reduce="mean", max=0.5),
-        Rule("only baseline", "c", abs=0.1, missing="skip"),
-        Rule("bad baseline", "b2", abs=0.1),
-    ]
-    cand["b2"] = s([1.0])
-    outcomes = [evaluate(r, cand, base) for r in rules]
-    outcomes[3] = evaluate(rules[3], cand, None)  # SKIP: no baseline for it
-    return CheckReport(Path(run), outcomes, "rules.toml", "golden.json", seconds=0.25, notes=["a note, with: colon"])
 
 
 def test_report_statuses_and_exit_code():
@@ -144,13 +127,7 @@ def test_drilldown_score(metric, by):
     assert drilldown_score(metric) == by
 
 
-# -- what the reports say, worked by hand ----------------------------------------------------
-
-def _outcome(status, **kw):
-    from grpolens.check.evaluate import Outcome
-
-    return Outcome(Rule(kw.pop("name", "r"), "m", max=1.0), status, kw.pop("metric", "m"), **kw)
-
+# -- what the reports say, worked by hand ------------------------------------------------------
 
 @pytest.mark.parametrize("statuses,no_data,word,line", [
     (["PASS", "SKIP"], [], "PASSED", "1 passed, 0 failed, 1 skipped in 0.25s"),
@@ -159,7 +136,7 @@ def _outcome(status, **kw):
     (["ERROR", "FAIL"], [], "ERROR", "0 passed, 1 failed, 1 error(s) in 0.25s"),
 ])
 def test_verdict_and_summary_line(statuses, no_data, word, line):
-    r = CheckReport(Path("run"), [_outcome(s) for s in statuses], "rules.toml", None, seconds=0.25, no_data_steps=no_data)
+    r = CheckReport(Path("run"), [outcome(s) for s in statuses], "rules.toml", None, seconds=0.25, no_data_steps=no_data)
     assert rep.verdict(r) == word and rep.summary_line(r) == line
 
 
@@ -178,7 +155,7 @@ def test_how_names_reducer_and_window():
     from grpolens.check.evaluate import Outcome
 
     assert rep.how(Outcome(COVERAGE_RULE, "PASS", "step")) == "every step"
-    assert rep.how(_outcome("PASS")) == "all steps"
+    assert rep.how(outcome("PASS")) == "all steps"
     assert rep.how(Outcome(Rule("r", "m", reduce="mean", max=1.0, window=Window(last=20)), "PASS", "m")) == "mean, last 20"
 
 
@@ -193,7 +170,7 @@ def test_detail_gives_the_value_step_baseline_limit_and_margin():
     # no value: the message alone
     o = evaluate(Rule("r", "m", max=1.0), {}, None)
     assert rep.detail(o) == "m has no values in this run"
-    assert rep.detail(_outcome("SKIP", message="skipped", value=0.5)) == "skipped"
+    assert rep.detail(outcome("SKIP", message="skipped", value=0.5)) == "skipped"
 
 
 def test_markdown_row_of_a_rule_without_baseline():
@@ -217,34 +194,7 @@ def test_rich_table_title_names_the_run_and_baseline():
     assert buf.getvalue().splitlines()[0].strip() == "grpolens check runs/cand vs golden.json"
 
 
-# -- every status once, built by hand: the whole JUnit document, every annotation ------------
-
-KL_DETAIL = ("1/4 step(s) outside the limit; first at step 3; "
-             "value 0.75 at step 3, baseline 0.25, limit ≤ 0.5, above by 0.25 (50%)")  # 0.25 past 0.5 is 50 %
-ENTROPY_DETAIL = "mean over all steps (4 step(s)); value 2, limit ≥ 1, headroom 1 (100%)"  # a reduced rule: no step
-NO_DATA_MSG = "no data at step 2 (1 of 4 in all steps): no token counts in the loss, so clip/high has no value"
-ERROR_MSG = "the baseline has no values for mismatch/kl_k3 (write the golden with these rules, or drop the rule)"
-SKIP_MSG = "compares with a baseline; none given"
-
-
-def every_status_report(run="runs/cand", baseline="golden.json", notes=()) -> CheckReport:
-    """FAIL, PASS, NO DATA, ERROR, SKIP: one outcome each, their numbers chosen to be worked by hand."""
-    from grpolens.check.evaluate import Outcome
-
-    outcomes = [
-        Outcome(Rule("kl rises", "kl/k3", direction="upper", abs=0.25, why="KL must stay low"), "FAIL", "kl/k3",
-                value=0.75, baseline=0.25, upper=0.5, step=3, failing=1, checked=4,
-                message="1/4 step(s) outside the limit; first at step 3"),
-        Outcome(Rule("entropy floor", "entropy", reduce="mean", min=1.0), "PASS", "entropy", value=2.0, lower=1.0,
-                step=2, checked=4, message="mean over all steps (4 step(s))"),
-        Outcome(Rule("clip high", "clip/high", max=0.1), "NO DATA", "clip/high", step=2, failing=1, checked=4,
-                message=NO_DATA_MSG),
-        Outcome(Rule("mismatch vs golden", "mismatch/kl_k3", abs=0.1), "ERROR", "mismatch/kl_k3", message=ERROR_MSG),
-        Outcome(Rule("veto", "rollout_is/veto/seq_fraction", abs=0.1), "SKIP", "rollout_is/veto/seq_fraction",
-                message=SKIP_MSG),
-    ]
-    return CheckReport(Path(run), outcomes, "rules.toml", baseline, seconds=1.5, notes=list(notes))
-
+# -- every status once, built by hand: the whole JUnit document, every annotation --------------
 
 def test_junit_document_of_every_status():
     import re
@@ -363,7 +313,7 @@ def test_github_annotation_of_hostile_text_reads_back_exactly():
     assert _parse_workflow_command(warn) == ("warning", {"title": "grpolens check"}, hostile)
 
 
-# -- the Markdown job summary ----------------------------------------------------------------
+# -- the Markdown job summary ------------------------------------------------------------------
 
 def test_markdown_summary_of_every_status():
     md = rep.markdown_summary(every_status_report(notes=["a note, with: colon"]))
@@ -403,7 +353,7 @@ def test_markdown_summary_of_every_status():
     (["ERROR", "FAIL"], "### grpolens check: ⚠️ error — run"),
 ])
 def test_markdown_heading_names_the_verdict(statuses, heading):
-    md = rep.markdown_summary(CheckReport(Path("run"), [_outcome(s) for s in statuses], "rules.toml", None))
+    md = rep.markdown_summary(CheckReport(Path("run"), [outcome(s) for s in statuses], "rules.toml", None))
     assert md.splitlines()[0] == heading  # no baseline: no " vs ..."
     assert "Drill down:" not in md  # no failure here has a step to drill into
 
@@ -494,115 +444,3 @@ def test_append_markdown_writes_utf8_under_an_ascii_locale(tmp_path):
 ])
 def test_md_escapes_markup_and_joins_lines(text, escaped):
     assert rep._md(text) == escaped
-
-
-# -- the terminal table ----------------------------------------------------------------------
-
-def _rendered(report: CheckReport) -> list[str]:
-    """What `grpolens check` prints, as plain text (a wide terminal, no colour)."""
-    from rich.console import Console
-
-    console = Console(width=200, color_system=None, record=True, file=io.StringIO())
-    rep.print_report(report, console)
-    return [ln.rstrip() for ln in console.export_text().splitlines()]
-
-
-def _cells(line: str, bar: str, right: set[int]) -> list[str]:
-    """The cells of one table line, each checked to be padded by one space and justified as its column is."""
-    out = []
-    for i, raw in enumerate(line.split(bar)[1:-1]):
-        inner = raw[1:-1]
-        text = inner.strip()
-        assert raw[0] == raw[-1] == " " and inner == (text.rjust if i in right else text.ljust)(len(inner)), (i, raw)
-        out.append(text)
-    return out
-
-
-def test_terminal_report_of_every_status():
-    r = every_status_report(notes=["a note, with: colon"])
-    r.golden_written = Path("out/golden.json")
-    lines = _rendered(r)
-    assert lines[0] == "grpolens check runs/cand vs golden.json"  # the title, flush left
-    right = {4, 5, 8}  # value, baseline and step are numbers: right-aligned
-    assert _cells(lines[2], "┃", right) == ["", "rule", "metric", "steps", "value", "baseline", "limit", "margin",
-                                            "step"]
-    # borders above and below the header, one line per rule, no rule between rows, the bottom border
-    assert [set(lines[i]) for i in (1, 3, 9)] == [set("┏━┳┓"), set("┡━╇┩"), set("└─┴┘")]
-    assert [_cells(ln, "│", right) for ln in lines[4:9]] == [
-        ["FAIL", "kl rises", "kl/k3", "all steps", "0.75", "0.25", "≤ 0.5", "above by 0.25 (50%)", "3"],
-        ["PASS", "entropy floor", "entropy", "mean, all steps", "2", "", "≥ 1", "headroom 1 (100%)", ""],
-        ["NO DATA", "clip high", "clip/high", "all steps", "", "", "", "", "2"],
-        ["ERROR", "mismatch vs golden", "mismatch/kl_k3", "all steps", "", "", "", "", ""],
-        ["SKIP", "veto", "rollout_is/veto/seq_fraction", "all steps", "", "", "", "", ""],
-    ]
-    # every rule that did not pass says why, a failure with its drill-down command; then notes, the golden
-    # file written and the verdict
-    assert lines[10:] == [
-        "FAIL kl rises: 1/4 step(s) outside the limit; first at step 3",
-        "  drill down: grpolens tokens runs/cand --step 3 --by kl",
-        "NO DATA clip high: " + NO_DATA_MSG,
-        "ERROR mismatch vs golden: " + ERROR_MSG,
-        "SKIP veto: " + SKIP_MSG,
-        "note: a note, with: colon",
-        "wrote golden values to out/golden.json",
-        "ERROR: 1 passed, 1 failed, 1 without data, 1 skipped, 1 error(s) in 1.50s",
-    ]
-
-
-def test_terminal_rows_show_the_step_unless_a_reduced_rule_passed_and_numbers_only_of_judged_rules():
-    from grpolens.check.evaluate import Outcome
-
-    outcomes = [Outcome(Rule("p", "m", max=1.0), "PASS", "m", value=0.5, upper=1.0, step=4),
-                Outcome(Rule("f", "m", reduce="max", max=1.0), "FAIL", "m", value=2.0, upper=1.0, step=6,
-                        message="too high"),
-                Outcome(Rule("s", "m", max=1.0), "SKIP", "m", value=2.0, baseline=1.0, upper=1.0, message="skipped")]
-    lines = _rendered(CheckReport(Path("run"), outcomes, "rules.toml", None, seconds=0.25))
-    assert lines[0] == "grpolens check run"  # no baseline
-    assert [_cells(ln, "│", {4, 5, 8}) for ln in lines[4:7]] == [
-        ["PASS", "p", "m", "all steps", "0.5", "", "≤ 1", "headroom 0.5 (50%)", "4"],
-        ["FAIL", "f", "m", "max, all steps", "2", "", "≤ 1", "above by 1 (100%)", "6"],
-        ["SKIP", "s", "m", "all steps", "", "", "", "", ""],
-    ]
-    assert lines[8:] == ["FAIL f: too high", "  drill down: grpolens tokens run --step 6 --by kl", "SKIP s: skipped",
-                         "REGRESSION: 1 passed, 1 failed, 1 skipped in 0.25s"]
-
-
-def test_terminal_report_that_passed():
-    lines = _rendered(CheckReport(Path("run"), [_outcome("PASS", message="fine")], "rules.toml", None, seconds=0.25))
-    assert lines[0] == "grpolens check run" and lines[-1] == "PASSED: 1 passed, 0 failed in 0.25s"
-    assert len(lines) == 1 + 5 + 1  # title, table (three borders, header, one row), verdict: no line for a pass
-
-
-def _styles(report: CheckReport) -> dict[str, list[str]]:
-    """Each styled piece of text the terminal report prints, with its ANSI SGR codes (1 bold, 31 red, 32 green,
-    33 yellow, 35 magenta, 36 cyan) wherever it appears, in order."""
-    import re
-
-    from rich.console import Console
-
-    buf = io.StringIO()
-    rep.print_report(report, Console(width=200, color_system="standard", force_terminal=True, file=buf))
-    out: dict[str, list[str]] = {}
-    for codes, text in re.findall("\x1b\\[([0-9;]+)m([^\x1b]*)", buf.getvalue()):
-        if text.strip() and codes != "0":  # 0: a reset, what follows is plain
-            out.setdefault(text.strip(), []).append(codes)
-    return out
-
-
-def test_terminal_colours_say_what_failed():
-    styles = _styles(every_status_report(notes=["a note"]))
-    # failures and rules without data in bold red, errors bold magenta, skips yellow, passes green: in the table,
-    # and (but passes) on the line that says why below it
-    assert {s: styles[s] for s in ("FAIL", "NO DATA", "ERROR", "SKIP", "PASS")} == {
-        "FAIL": ["1;31"] * 2, "NO DATA": ["1;31"] * 2, "ERROR": ["1;35"] * 2, "SKIP": ["33"] * 2, "PASS": ["32"]}
-    assert styles["above by 0.25 (50%)"] == ["1;31"] and "headroom 1 (100%)" not in styles  # a failure's margin
-    assert styles["kl rises"] == styles["kl rises:"] == ["1"]  # rule names in bold, in the table and below it
-    assert "1/4 step(s) outside the limit; first at step 3" not in styles  # the message itself is plain
-    assert styles["drill down: grpolens tokens runs/cand --step 3 --by kl"] == ["36"]
-    assert styles["note: a note"] == ["33"]
-    assert styles["ERROR:"] == ["1;35"]
-    assert "1 passed, 1 failed, 1 without data, 1 skipped, 1 error(s) in 1.50s" not in styles
-    passed = CheckReport(Path("run"), [_outcome("PASS")], "rules.toml", None)
-    assert _styles(passed)["PASSED:"] == ["1;32"]
-    for status, word in (("FAIL", "REGRESSION:"), ("NO DATA", "NO DATA:")):
-        assert _styles(CheckReport(Path("run"), [_outcome(status)], "rules.toml", None))[word] == ["1;31"]

@@ -29,7 +29,7 @@ def test_settings_resolve_as_ms_swift_does():
 
 
 @pytest.mark.parametrize("args, key", [
-    ({"loss_type": "real"}, "loss_type"),
+    ({"loss_type": "gkd"}, "loss_type"),
     ({"use_liger_kernel": True}, "use_liger_kernel"),
     ({"rollout_importance_sampling_mode": "both"}, "rollout_importance_sampling_mode"),
     ({"top_entropy_quantile": 0.0}, "top_entropy_quantile"),

@@ -95,6 +95,9 @@ CASES = [
     Case("fipo_delta_both_sides_safety_dp2", {"loss_type": "fipo", "delta": 1.3, "fipo_clip_high_only": False,
                                               "fipo_safety_threshold": 1.2, "fipo_decay_rate": 4.0}, world=2, seed=25,
          drift=0.4),
+    # REAL: a group-level loss per micro-batch (its rows form groups of num_generations)
+    Case("real", {"loss_type": "real"}, seed=26, drift=0.3),
+    Case("real_two_groups_per_call_dp2_tau", {"loss_type": "real", "real_tau": 0.2}, world=2, batch=8, seed=27),
     Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
          world=2, seed=22),
 ]

@@ -1,6 +1,6 @@
 """End-to-end: a run's what-if variant (``recompute --set``) in the dashboard, in headless Chromium:
 listed as a run of its own, overlaid on the curves, on the Runs page with its overrides, and in
-Compare. Its own server (one run and its variant); the browser and helpers are test_browser's."""
+Compare. Its own server (one run and its variant); the package's browser."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import threading
 
 import pytest
 
-from tests.serve.test_browser import (  # noqa: F401 - fixtures: one Chromium, nothing leaves loopback
-    browser, css, curve_view, go, nothing_leaves_loopback, severe_logs, shot, visible_graphs, wait,
-)
+from tests.serve.browser.helpers import css, curve_view, go, severe_logs, shot, visible_graphs, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
