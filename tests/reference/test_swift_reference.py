@@ -98,6 +98,12 @@ CASES = [
     # REAL: a group-level loss per micro-batch (its rows form groups of num_generations)
     Case("real", {"loss_type": "real"}, seed=26, drift=0.3),
     Case("real_two_groups_per_call_dp2_tau", {"loss_type": "real", "real_tau": 0.2}, world=2, batch=8, seed=27),
+    # ms-swift's own logging schedule (logging_steps 5, logging_first_step): logs at steps 1 and 5, and
+    # the closing summary carries steps 6-7
+    Case("logging_steps_5_seven_steps", {"logging_steps": 5}, steps=7, seed=28),
+    # a generation round spanning two optimizer steps (steps_per_generation = 2 × gas), and two rounds in one
+    Case("round_spans_two_steps_dapo", {"steps_per_generation": 4, "loss_type": "dapo"}, steps=4, seed=29),
+    Case("two_rounds_per_step_dp2", {"steps_per_generation": 1}, world=2, seed=30),
     Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
          world=2, seed=22),
 ]
