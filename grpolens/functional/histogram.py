@@ -118,13 +118,21 @@ class LogBins:
         """Bin of each finite float64 value: 0..per_sign-1 negative (most negative first), per_sign
         the zero bin, then positive (smallest first)."""
         a = np.abs(x)
-        # |x| is raised to min_abs first: the log is finite and k >= k_min
-        k = np.ceil(np.log(np.maximum(a, self.min_abs)) / math.log(self.gamma)).astype(np.int64)
-        off = np.minimum(k, self.k_max + 1) - self.k_min  # 0 .. per_sign-1 (last: overflow)
         zero = a < self.min_abs
-        pos = self.per_sign + 1 + off
-        neg = self.per_sign - 1 - off
-        return np.where(zero, self.per_sign, np.where(x > 0, pos, neg))
+        # |x| is raised to min_abs first: the log is finite and k >= k_min. One buffer, worked in
+        # place (every step on whole numbers below 2**53, so exact in float64): the offset
+        # off = min(k, k_max + 1) - k_min (0 .. per_sign-1, the last the overflow), then
+        # per_sign ± (off + 1) by the sign of x, per_sign itself in the zero bin
+        k = np.maximum(a, self.min_abs, out=a)
+        np.log(k, out=k)
+        np.divide(k, math.log(self.gamma), out=k)
+        np.ceil(k, out=k)
+        np.minimum(k, self.k_max + 1, out=k)
+        np.subtract(k, self.k_min - 1, out=k)
+        np.copysign(k, x, out=k)
+        k[zero] = 0.0
+        np.add(k, self.per_sign, out=k)
+        return k.astype(np.int64)
 
     def value(self, idx: int) -> float:
         """The representative value of bin ``idx`` (midpoint in relative terms; 0 for the zero bin)."""
@@ -155,7 +163,7 @@ class LogHistogram:
         bins = bins or LogBins()
         v = np.asarray(values, dtype=np.float64).ravel()
         fin = np.isfinite(v)
-        x = v[fin]
+        x = v if fin.all() else v[fin]  # the usual case (finite δ): no copy
         h = cls(bins, np.bincount(bins.index(x), minlength=bins.size).astype(np.int64), int(x.size),
                 float(x.min()) if x.size else math.inf, float(x.max()) if x.size else -math.inf,
                 int(v.size - x.size))

@@ -79,3 +79,16 @@ def kl_mean(sd, s: dict) -> float | None:
     """``kl`` with kl_in_reward: the round's nanmean of the completions' Σ_t (old − ref)."""
     kl = completion_kl(sd) if sd.samples is not None and sd.samples.height else None
     return None if kl is None or np.isnan(kl).all() else float(np.nanmean(kl))
+
+
+def func_std(sd, column: str) -> float | None:
+    """``rewards/<name>/std``: the sample std of the function's scored (non-NaN) values in the round,
+    0.0 for a single one, nothing when it scored none (ms-swift then logs no key)."""
+    df = sd.samples
+    if df is None or column not in df.columns:
+        return None
+    x = df[column].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64)
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return None
+    return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0

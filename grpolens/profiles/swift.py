@@ -32,7 +32,7 @@ import polars as pl
 
 from grpolens.metrics import swift_grpo, swift_rewards
 from grpolens.metrics.profile import Profile, register_profile
-from grpolens.metrics.rewards import generation_rounds
+from grpolens.metrics.rewards import generation_rounds, per_round
 from grpolens.profiles import trl
 
 #: the generation-side keys ms-swift logs under TRL's names, and its own loss-side metrics
@@ -152,6 +152,8 @@ PROFILE = register_profile(Profile(
               "num_generations": "num_generations", "max_completion_length": "max_completion_length",
               "temperature": "temperature", "rollout_is": "rollout_importance_sampling_mode",
               "overlong": "overlong_filter", "dynamic_sampling": "dynamic_sample", "reward_weights": "reward_weights"},
+    # compute_reward_metrics: a function's std is 0.0 when it scored a single completion of the round
+    reductions={"rewards/<name>/std": per_round(swift_rewards.func_std)},
     log_file="logging.jsonl",
     # ms-swift's progress callback rounds every float it writes to 8 decimals; its k3 and losses are float32
     float32_floors={"kl": 1e-7, "loss": 1e-6},

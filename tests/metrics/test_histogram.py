@@ -153,3 +153,24 @@ def test_edge_counts_are_numpys_histogram(seed):
             want = np.histogram(part, bins=edges)[0]
             got = edge_counts(part, edges)
             assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("bins", [LogBins(), LogBins(alpha=0.01), LogBins(min_abs=1e-3, max_abs=10.0)])
+def test_index_is_the_binning_formula(bins):
+    """LogBins.index (worked in place on one buffer) against the module docstring's formula written
+    plainly: k = ceil(ln max(|x|, min_abs) / ln gamma), capped at the overflow bin, mirrored by
+    sign, the zero bin below min_abs; on every bin edge, its neighbours, ±0, the smallest and
+    largest floats."""
+    rng = np.random.default_rng(3)
+    edges = bins.gamma ** np.arange(bins.k_min - 3, bins.k_max + 3, dtype=np.float64)
+    x = np.concatenate([rng.normal(size=20_000), rng.standard_cauchy(5_000) * 1e3, rng.normal(scale=1e-7, size=2_000),
+                        edges, -edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf), -np.nextafter(edges, np.inf),
+                        [0.0, -0.0, bins.min_abs, -bins.min_abs, np.nextafter(bins.min_abs, 0), bins.max_abs,
+                         -bins.max_abs, 1e300, -1e300, 5e-324, -5e-324]])
+    a = np.abs(x)
+    k = np.ceil(np.log(np.maximum(a, bins.min_abs)) / math.log(bins.gamma)).astype(np.int64)
+    off = np.minimum(k, bins.k_max + 1) - bins.k_min
+    want = np.where(a < bins.min_abs, bins.per_sign, np.where(x > 0, bins.per_sign + 1 + off, bins.per_sign - 1 - off))
+    got = bins.index(x)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    assert got.min() >= 0 and got.max() < bins.size

@@ -134,6 +134,9 @@ def test_kl_cov_tie_needs_the_rows_order(tmp_path):
     shuffled = values(verl_run(tmp_path / "b", {"policy_loss": policy, "shuffle": True}, logp, old, adv, calls))
     assert "actor/pg_loss" not in shuffled and "actor/loss" not in shuffled
     assert shuffled["actor/ppo_kl"] == ordered["actor/ppo_kl"]  # not a matter of the choice
+    # verl's dynamic batching regroups rows by length: the order is not the run's either
+    dynamic = values(verl_run(tmp_path / "c", {"policy_loss": policy, "use_dynamic_bsz": True}, logp, old, adv, calls))
+    assert "actor/pg_loss" not in dynamic
 
 
 def test_kl_cov_one_row_with_an_arbitrary_advantage_is_left_to_verls_rounding(tmp_path):

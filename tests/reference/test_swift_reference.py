@@ -50,6 +50,7 @@ class Case:
     rollout: bool = False  # the rollout engine's log-probs in the batches
     weights: tuple = (1.0, 1.0)  # reward_weights
     pools: int = 0  # dynamic sampling: pools of fresh completions per round
+    format_scored: int | None = None  # completions per round the format function scores (None: ~90 %)
 
 
 CASES = [
@@ -98,6 +99,15 @@ CASES = [
     # REAL: a group-level loss per micro-batch (its rows form groups of num_generations)
     Case("real", {"loss_type": "real"}, seed=26, drift=0.3),
     Case("real_two_groups_per_call_dp2_tau", {"loss_type": "real", "real_tau": 0.2}, world=2, batch=8, seed=27),
+    # ms-swift's own logging schedule (logging_steps 5, logging_first_step): logs at steps 1 and 5, and
+    # the closing summary carries steps 6-7
+    Case("logging_steps_5_seven_steps", {"logging_steps": 5}, steps=7, seed=28),
+    # a generation round spanning two optimizer steps (steps_per_generation = 2 × gas), and two rounds in one
+    Case("round_spans_two_steps_dapo", {"steps_per_generation": 4, "loss_type": "dapo"}, steps=4, seed=29),
+    Case("two_rounds_per_step_dp2", {"steps_per_generation": 1}, world=2, seed=30),
+    # a reward function that scores one completion of a round (std 0.0), then none (no key)
+    Case("format_scores_one", format_scored=1, seed=31),
+    Case("format_scores_none_dp2", format_scored=0, world=2, seed=32),
     Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
          world=2, seed=22),
 ]
@@ -133,6 +143,9 @@ def build(case: Case) -> tuple[dict, dict]:
     rewards = np.stack([rng.integers(0, 2, n).astype(np.float32), rng.uniform(0, 1, n).astype(np.float32)], axis=1)
     rewards[: case.generations, :] = 1.0  # a group whose rewards are equal
     rewards[rng.random(n) < 0.1, 1] = np.nan  # the format function could not score these
+    if case.format_scored is not None:  # it scores only the first few of each round's completions
+        per_round = per_rank * case.world
+        rewards[(np.arange(n) % per_round) >= case.format_scored, 1] = np.nan
     arrays = {"len": lens, "trunc": trunc, "old": old, "ref": ref, "rollout": rollout, "cur": cur, "ent": ent,
               "rewards": rewards}
     ids = [[list(range(g * n_round + r * per_rank, g * n_round + (r + 1) * per_rank)) for r in range(case.world)]

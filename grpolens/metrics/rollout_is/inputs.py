@@ -22,6 +22,19 @@ def batch_inputs(b: TokenBatch) -> ris.Inputs:
     return b.cached("rollout_is.inputs", lambda: ris.inputs(b))
 
 
+def mismatch_inputs(b: TokenBatch) -> tuple[ris.Segments, np.ndarray, np.ndarray, np.ndarray]:
+    """``(segments, old, rollout, δ)`` over the masked tokens (before the trainer's rejection:
+    :attr:`TokenBatch.pre_rejection_mask`) whose two log-probs are finite, in token order: what
+    the mismatch partials and the δ quantiles both read, computed once per batch."""
+    def make():
+        old, roll = b.old, b.cols["rollout_logp"]
+        s = ris.Segments(b, b.pre_rejection_mask & np.isfinite(old) & np.isfinite(roll))
+        o, r = old[s.idx], roll[s.idx]
+        return s, o, r, o - r
+
+    return b.cached("rollout_is.mismatch_inputs", make)
+
+
 def batch_partials(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
     """The batch's IS partials under ``c`` (the producer's, when it ran with the same config)."""
     return b.cached(("rollout_is.partials", c), lambda: ris.sequence_partials(b, batch_inputs(b), c))

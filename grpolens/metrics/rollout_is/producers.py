@@ -10,7 +10,7 @@ from grpolens.functional import estimators as est
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.rollout_is.inputs import FAMILY, REQ, batch_partials
+from grpolens.metrics.rollout_is.inputs import FAMILY, REQ, batch_partials, mismatch_inputs
 
 
 @producer("rollout_is", merge=ris.IS_MERGE, requires=REQ, families=(FAMILY,))
@@ -25,10 +25,7 @@ MM_MERGE = {"mm.n": "sum", "mm.old": "sum", "mm.roll": "sum", "mm.d": "sum", "mm
 def _mismatch_partials(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Over masked tokens (before the trainer's rejection: :attr:`TokenBatch.pre_rejection_mask`) whose two log-probs are finite: Σ log π_train, Σ log π_rollout, Σδ, Σ|δ|,
     max|δ|, Σ(e^δ − δ − 1) (k3, unbounded as in the reference) and Σ e^(2·clip(δ, ±20)) (χ²)."""
-    old, roll = b.old, b.cols["rollout_logp"]
-    s = ris.Segments(b, b.pre_rejection_mask & np.isfinite(old) & np.isfinite(roll))
-    o, r = old[s.idx], roll[s.idx]
-    d = o - r
+    s, o, r, d = mismatch_inputs(b)
     ad = np.abs(d)
     k3 = est.k3(d)
     return {"mm.n": s.n, "mm.old": s.sum(o), "mm.roll": s.sum(r), "mm.d": s.sum(d), "mm.absd": s.sum(ad),

@@ -16,7 +16,7 @@ from grpolens.functional.histogram import LogHistogram
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import KEY_COLUMNS, TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
-from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs
+from grpolens.metrics.rollout_is.inputs import DELTA_VISITOR, FAMILY, RS_VISITOR, batch_inputs, mismatch_inputs
 from grpolens.metrics.rollout_is.offset import OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS
 
 
@@ -30,9 +30,7 @@ class DeltaQuantiles(Visitor):
     def shard(self, b: TokenBatch, shard) -> tuple[LogHistogram, int, int] | None:
         if not b.has("rollout_logp"):
             return None
-        old, roll = b.old, b.cols["rollout_logp"]
-        f = b.pre_rejection_mask & np.isfinite(old) & np.isfinite(roll)
-        d = old[f] - roll[f]
+        d = mismatch_inputs(b)[3]  # the mismatch partials' δ: masked tokens, both log-probs finite
         return LogHistogram.of(d), int((d < 0).sum()), int((d > 0).sum())
 
     def combine(self, step: int, pieces: list) -> dict[str, float] | None:
