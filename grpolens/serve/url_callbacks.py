@@ -13,9 +13,10 @@ the two directions cannot chase each other. Across callbacks they could: a callb
 control from the URL and another that writes the URL from that control form a loop (Dash breaks it
 at run time and warns in debug mode). So each control is read from and written to the URL by one
 callback only: :func:`sync_header` owns the header's controls (runs, smoothing, step range, filter,
-y toggles) on every page, including the step slider's bounds, and the Compare page's and the
-Tokens/Completions pages' copies of the header's values in their URLs; the other callbacks read
-those controls as ``State`` only. The navigation links are rewritten too, so going from Policy to
+y toggles) on every page, including the step slider's bounds, and the copies of the header's values
+in other pages' URLs, which each such page's hooks write and read (``Page.header_search``,
+``Page.header_runs``: the Compare page's step range, the Tokens and Completions pages' runs); the
+other callbacks read those controls as ``State`` only. The navigation links are rewritten too, so going from Policy to
 Overview keeps the runs, smoothing and toggles in the URL.
 """
 
@@ -29,11 +30,12 @@ from dash.exceptions import PreventUpdate
 
 from grpolens.serve import data, inputs, pages, urlstate
 from grpolens.serve.layout import default_runs
-from grpolens.serve.pages.compare import compare_search
-from grpolens.serve.pages.completions import COMPLETIONS_DEFAULTS, completions_search  # noqa: F401 - re-exported
-from grpolens.serve.pages.tokens import TOKEN_CHOICES, TOKENS_DEFAULTS, tokens_search  # noqa: F401 - re-exported
+from grpolens.serve.pages.completions import completions_search  # noqa: F401 - re-exported
+from grpolens.serve.pages.tokens import tokens_search  # noqa: F401 - re-exported
 from grpolens.serve.runs import RunSet
-from grpolens.serve.urlsync import lenient, range_list, range_state, same, url_triggered  # noqa: F401
+from grpolens.serve.urlsync import (  # noqa: F401
+    Header, has_step_range, lenient, range_list, range_state, same, url_triggered,
+)
 
 _url_triggered, _same, _lenient, _range_list = url_triggered, same, lenient, range_list
 
@@ -41,7 +43,7 @@ _url_triggered, _same, _lenient, _range_list = url_triggered, same, lenient, ran
 def range_value(search: str | None, pathname: str | None, lo: int, hi: int) -> list[int] | None:
     """The step range the URL asks for, clamped into ``[lo, hi]`` (None: the URL's page has none)."""
     group = urlstate.GROUP_OF_PATH.get(pathname or "/")
-    if group not in ("curves", "compare"):
+    if not has_step_range(group):
         return None
     q = urlstate.decode(group, search, ())
     a = min(max(q.get("from", lo), lo), hi)
@@ -90,14 +92,10 @@ def register_url_callbacks(app, runs: RunSet) -> None:
     names = runs.names
     curve_pages = pages.curve_pages()
     curve_paths = list(curve_pages)
-    cmp_a0, cmp_b0 = names[0], names[1] if len(names) > 1 else names[0]
     header_default = default_runs(runs)
 
     def _runs_or(value, default):
         return _lenient(lambda v: inputs.run_names(runs, v), value, default)
-
-    def _run_or(value, default):
-        return value if isinstance(value, str) and value in runs.runs else default
 
     # -- The header's controls, on every page ------------------------------------------------------
     @app.callback(Output("url", "search", allow_duplicate=True),
@@ -110,15 +108,14 @@ def register_url_callbacks(app, runs: RunSet) -> None:
                   Input("metric-filter", "value"), Input("y-scale", "value"), Input("show-baseline", "value"),
                   Input("version", "data"),
                   State("range", "min"), State("range", "max"),
-                  State("cmp-a", "value"), State("cmp-b", "value"), State("cmp-metrics", "value"),
-                  State("cmp-default", "data"),
                   prevent_initial_call="initial_duplicate")
-    def sync_header(pathname, search, sel, smoothing, rng, pattern, y_scale, baseline, _version, old_lo, old_hi,
-                    cmp_a, cmp_b, cmp_metrics, cmp_default):
-        """The header's controls <-> the URL of whichever page is on screen, and the step slider's
-        bounds (the selected runs' steps) and value (the URL's ``from``/``to`` where the page has them)."""
+    def sync_header(pathname, search, sel, smoothing, rng, pattern, y_scale, baseline, _version, old_lo, old_hi):
+        """The header's controls <-> the URL of whichever page is on screen (another page's copy of
+        them through its own hooks), and the step slider's bounds (the selected runs' steps) and value
+        (the URL's ``from``/``to`` where the page has them)."""
         path = inputs.pathname(pathname)
         group = urlstate.GROUP_OF_PATH.get(path)
+        page = pages.by_path(path)
         # what the controls say, each bounded (a bad value is left out of the URLs: the page says why)
         sel = _runs_or(sel, None)
         smoothing = _lenient(inputs.smoothing, smoothing, 0.0)
@@ -127,14 +124,10 @@ def register_url_callbacks(app, runs: RunSet) -> None:
         baseline = _lenient(lambda v: inputs.choices(v, ("on",), "baseline"), baseline, [])
         rng = _lenient(_range_list, rng, None)
         old_lo, old_hi = inputs.whole_or_none(old_lo, "step"), inputs.whole_or_none(old_hi, "step")
-        cmp_a, cmp_b = _run_or(cmp_a, cmp_a0), _run_or(cmp_b, cmp_b0)
-        cmp_metrics = _lenient(lambda v: inputs.metric_names(v, "delta curves"), cmp_metrics, [])
-        cmp_default = _lenient(lambda v: inputs.metric_names(v, "delta curves"), cmp_default, [])
         fired = {t["prop_id"] for t in ctx.triggered}
         # (on the first call every input counts as fired, the URL among them)
         from_url = _url_triggered() or bool(fired & {"url.pathname", "url.search"})
         controls: list[Any] = [no_update] * 5
-        q: dict[str, Any] = {}
         if from_url and group == "curves":
             q = urlstate.decode("curves", search, names)
             want = [q.get("runs", header_default), q.get("smooth", 0.0), q.get("filter", ""),
@@ -142,11 +135,11 @@ def register_url_callbacks(app, runs: RunSet) -> None:
             controls = [_same(w, c) for w, c in zip(want, (sel, smoothing, pattern or "", y_scale or [],
                                                             baseline or []))]
             sel, smoothing, pattern, y_scale, baseline = want
-        elif from_url and group in ("tokens", "completions"):
-            q = urlstate.decode(group, search, names, TOKEN_CHOICES)
-            if "runs" in q:  # a link without the key (a row's, a point's) leaves the header as it is
-                controls[0] = _same(q["runs"], sel)
-                sel = q["runs"]
+        elif from_url and page is not None and page.header_runs is not None:
+            url_runs = page.header_runs(runs, search)
+            if url_runs is not None:
+                controls[0] = _same(url_runs, sel)
+                sel = url_runs
 
         # the step slider: its bounds follow the selected runs; its value the URL, the user, or a clamp
         checked = sel
@@ -168,7 +161,7 @@ def register_url_callbacks(app, runs: RunSet) -> None:
             bounds = range_state(rng, lo, hi)
         else:
             bounds = range_state(rng, old_lo, old_hi)
-        if from_url and group in ("curves", "compare"):
+        if from_url and has_step_range(group):
             # until the slider follows, the URL's bounds are the view's
             bounds = {k: v for k, v in urlstate.decode(group, search, names).items() if k in ("from", "to")}
 
@@ -179,13 +172,8 @@ def register_url_callbacks(app, runs: RunSet) -> None:
                 kept = urlstate.decode("curves", search, names)  # the panels' own log y boxes stay
                 query = curves_search(runs, sel, smoothing, bounds, pattern, y_scale, baseline,
                                       {k: kept[k] for k in ("log", "lin") if k in kept})
-            elif group == "compare":
-                query = compare_search(cmp_a, cmp_b, cmp_metrics or cmp_default, cmp_default, bounds, cmp_a0, cmp_b0)
-            elif group in ("tokens", "completions"):
-                kept = urlstate.decode(group, search, names, TOKEN_CHOICES)
-                kept["runs"] = list(sel or [])
-                query = urlstate.encode(group, kept, {**(TOKENS_DEFAULTS if group == "tokens" else COMPLETIONS_DEFAULTS),
-                                                      "runs": header_default})
+            elif page is not None and page.header_search is not None:
+                query = page.header_search(runs, search, Header(sel, smoothing, bounds, pattern, y_scale, baseline))
             else:
                 query = search or ""
             if query != (search or ""):

@@ -3,10 +3,47 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from dash import ctx, no_update
 
 from grpolens.errors import UserError
-from grpolens.serve import inputs
+from grpolens.serve import inputs, urlstate
+
+
+class Header(NamedTuple):
+    """The header's controls as a page's URL hook gets them, each already bounded."""
+
+    runs: list[str] | None
+    smoothing: float
+    bounds: dict[str, int]  # the step range's from/to where narrower than the runs' steps (range_state)
+    pattern: str | None
+    y_scale: list[str]
+    baseline: list[str]
+
+
+def has_step_range(group: str | None) -> bool:
+    """Whether the URL keys ``group`` hold the header's step range (``from``/``to``)."""
+    return "from" in urlstate.KEYS.get(group or "", ())
+
+
+def header_runs_hooks(group: str, defaults: dict[str, Any], choices: dict | None = None):
+    """``(header_search, header_runs)``, the :class:`~grpolens.serve.pages.Page` hooks of a page
+    whose URL carries the header's runs (key ``runs``, left out when the default selection) beside
+    its own keys (``defaults``: theirs; ``choices``: see :func:`urlstate.decode`)."""
+
+    def header_search(runs, search: str | None, header: Header) -> str:
+        from grpolens.serve.layout import default_runs
+
+        kept = urlstate.decode(group, search, runs.names, choices)
+        kept["runs"] = list(header.runs or [])
+        return urlstate.encode(group, kept, {**defaults, "runs": default_runs(runs)})
+
+    def header_runs(runs, search: str | None) -> list[str] | None:
+        # a link without the key (a row's, a point's) leaves the header as it is
+        return urlstate.decode(group, search, runs.names, choices).get("runs")
+
+    return header_search, header_runs
 
 
 def url_triggered() -> bool:

@@ -105,3 +105,43 @@ def test_a_page_is_one_module(runset, extra_page):
     assert resp["page-hello"]["style"] == {} and resp["page-runs"]["style"] == {"display": "none"}
     assert resp["nav-hello"]["className"] == "nav-link active"
     assert resp["curve-controls"]["style"] == {"display": "none"}
+
+
+def test_a_page_keeps_the_headers_values_in_its_url_through_its_own_hooks(runset, extra_page, monkeypatch):
+    """The header's callback knows no page but the curve pages: a page whose URL holds the header's
+    values says how (``Page.header_search``, ``Page.header_runs``), and one added in a test is kept
+    in step with no other edit; a page without them keeps its URL as it is."""
+    import dataclasses
+
+    from tests.serve.test_callback_inputs import initial_values, post
+
+    calls = []
+
+    def header_search(runs, search, header):
+        calls.append((search, header.runs, header.smoothing))
+        return "?run=" + "+".join(header.runs)
+
+    def header_runs(runs, search):
+        return ["beta"] if search == "?run=beta" else None
+
+    plain = extra_page.pages()[0]
+    app = create_app(runset)
+    sync = next(cb for cb in app._callback_list if "runs.value" in cb["output"] and "url.search" in cb["output"])
+    values = {**initial_values(app), ("url", "pathname"): "/hello", ("url", "search"): "?run=alpha",
+              ("runs", "value"): ["alpha"], ("smoothing", "value"): 0.5}
+    got = post(app.server.test_client(), sync, values, ["smoothing.value"]).get_json()["response"]
+    assert "url" not in got  # no hooks: the page's URL is its own
+
+    hooked = dataclasses.replace(plain, header_search=header_search, header_runs=header_runs)
+    monkeypatch.setattr(extra_page, "pages", lambda: [hooked])
+    pages.all_pages.cache_clear()
+    app = create_app(runset)
+    client = app.server.test_client()
+    got = post(client, sync, {**values, ("runs", "value"): ["alpha", "beta"]}, ["runs.value"]).get_json()["response"]
+    assert got["url"]["search"] == "?run=alpha+beta" and calls == [("?run=alpha", ["alpha", "beta"], 0.5)]
+    got = post(client, sync, values, ["smoothing.value"]).get_json()["response"]
+    assert "url" not in got  # the hook's URL is the one on screen: nothing to write
+    got = post(client, sync, {**values, ("url", "search"): "?run=beta"}, ["url.search"]).get_json()["response"]
+    assert got["runs"]["value"] == ["beta"]  # the URL sets the header's runs
+    got = post(client, sync, values, ["url.search"]).get_json()["response"]
+    assert "runs" not in got  # a URL without them leaves the header as it is

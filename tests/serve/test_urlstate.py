@@ -168,3 +168,32 @@ def test_panel_flips_are_the_boxes_that_differ_from_the_header():
     assert panel_flips([["log"], [], []], ids, "policy", True) == {"lin": ["entropy"]}
     # the flips of panels not drawn now (filtered out) stay; those drawn are re-read
     assert panel_flips([[], []], ids[:2], "policy", False, {"log": ["kl/k3", "loss"]}) == {"log": ["loss"]}
+
+
+def test_pages_keep_the_headers_values_in_their_urls_through_their_hooks():
+    """The Compare page's URL takes the header's step range and keeps its own A, B and delta curves;
+    the Tokens and Completions pages' URLs take the header's runs (left out when the default) and
+    keep their own keys, and give the header the runs a link names (None: a link without them)."""
+    from grpolens.serve.pages import by_path
+    from grpolens.serve.pages.tokens import TOKEN_CHOICES
+    from grpolens.serve.urlsync import Header
+
+    runs = RunSet({"alpha": None, "beta": None, "gold": None}, baseline="gold")  # paths unused here
+    header = Header(["beta"], 0.0, {"from": 3}, None, [], [])
+    compare = by_path("/compare")
+    q = compare.header_search(runs, "?b=alpha&delta=kl/k3&delta=entropy&from=1&to=9", header)
+    assert urlstate.decode("compare", q, runs.names) == {"b": "alpha", "delta": ["kl/k3", "entropy"], "from": 3}
+    assert compare.header_search(runs, "", header._replace(bounds={})) == ""  # every key at its default
+    assert compare.header_runs is None  # the header's runs are not in its URL
+    for path, group, own in (("/tokens", "tokens", {"run": "alpha", "step": 3, "by": "ratio"}),
+                             ("/completions", "completions", {"run": "alpha", "step": 3, "page": 2})):
+        page = by_path(path)
+        search = urlstate.encode(group, {**own, "runs": ["alpha"]}, {})
+        def read(q):
+            return urlstate.decode(group, q, runs.names, TOKEN_CHOICES)
+
+        assert read(page.header_search(runs, search, header)) == {**own, "runs": ["beta"]}
+        default = header._replace(runs=["alpha", "beta"])  # the header's default selection: not written
+        assert read(page.header_search(runs, search, default)) == own
+        assert page.header_runs(runs, search) == ["alpha"]
+        assert page.header_runs(runs, urlstate.encode(group, own, {})) is None

@@ -31,6 +31,13 @@ class Page:
     container (``id="page-<id>"``); ``register(app, runs)``: its callbacks; ``csv``: download name
     -> ``build(runs, search) -> (file stem, frame)``; ``curve_controls``: whether the header's curve
     controls (smoothing, step range, ...) apply to it.
+
+    A page whose URL holds some of the header's values (the runs, the step range) besides its own
+    keys says how, for :func:`grpolens.serve.url_callbacks.sync_header`, which owns the header's
+    controls: ``header_search(runs, search, header) -> query``, the page's URL once the header's
+    controls changed (``header``: :class:`grpolens.serve.urlsync.Header`); ``header_runs(runs,
+    search) -> names or None``, the header's runs as the page's URL sets them (None: as they are).
+    Without them the page's URL is its own (the curve pages' keys are the header's).
     """
 
     path: str
@@ -46,6 +53,8 @@ class Page:
     #: ``lead(runs) -> bool``: the page goes first in the navigation bar for these runs (the
     #: Findings page when a run has a warning or critical finding)
     lead: Callable | None = None
+    header_search: Callable | None = None
+    header_runs: Callable | None = None
 
     @property
     def id(self) -> str:

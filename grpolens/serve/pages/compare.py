@@ -31,6 +31,20 @@ def compare_search(a, b, metrics, default_metrics, bounds: dict, a0, b0) -> str:
     return urlstate.encode("compare", state, {"a": a0, "b": b0, "delta": list(default_metrics or [])})
 
 
+def _default_pair(runs: RunSet) -> tuple[str, str]:
+    """Runs A and B when the URL names none: the first two runs."""
+    names = runs.names
+    return names[0], names[1] if len(names) > 1 else names[0]
+
+
+def header_search(runs: RunSet, search: str | None, header) -> str:
+    """The Compare URL once the header's step range changed: A, B and the delta curves as the URL
+    has them (sync_compare writes them there), the range from the header."""
+    a0, b0 = _default_pair(runs)
+    q = urlstate.decode("compare", search, runs.names)
+    return compare_search(q.get("a", a0), q.get("b", b0), q.get("delta", []), [], header.bounds, a0, b0)
+
+
 #: Compare table columns coloured by sign and size (on a robust scale: see components.robust_scale).
 COMPARE_COLOURED = ["mean_delta", "rel_delta", "max_abs_delta"]
 
@@ -87,7 +101,7 @@ def layout(runs: RunSet) -> html.Div:
 
 def register(app, runs: RunSet) -> None:
     names = runs.names
-    cmp_a0, cmp_b0 = names[0], names[1] if len(names) > 1 else names[0]
+    cmp_a0, cmp_b0 = _default_pair(runs)
 
     def run_or(value, default):
         return value if isinstance(value, str) and value in runs.runs else default
@@ -174,4 +188,4 @@ def _compare_csv(runs: RunSet, search: str):
 
 def pages() -> list[Page]:
     return [Page("/compare", "Compare", "compare", KEYS, layout, register,
-                 csv={"compare": _compare_csv, "delta": _delta_csv}, curve_controls=True)]
+                 csv={"compare": _compare_csv, "delta": _delta_csv}, curve_controls=True, header_search=header_search)]

@@ -19,7 +19,7 @@ from grpolens.serve.components import (
 from grpolens.serve.pages import Page
 from grpolens.serve.pages.tokens import tokens_search
 from grpolens.serve.runs import RunSet, default_step
-from grpolens.serve.urlsync import lenient, same, url_triggered
+from grpolens.serve.urlsync import header_runs_hooks, lenient, same, url_triggered
 
 KEYS = ("run", "step", "group", "rank", "truncated", "vetoed", "page", "sort", "where", "runs")
 COMPLETIONS_DEFAULTS = {"truncated": "any", "vetoed": "any", "page": 0}
@@ -179,5 +179,6 @@ def _completions_csv(runs: RunSet, search: str):
 
 
 def pages() -> list[Page]:
+    header_search, header_runs = header_runs_hooks("completions", COMPLETIONS_DEFAULTS)
     return [Page("/completions", "Completions", "completions", KEYS, layout, register,
-                 csv={"completions": _completions_csv})]
+                 csv={"completions": _completions_csv}, header_search=header_search, header_runs=header_runs)]

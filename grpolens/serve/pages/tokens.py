@@ -21,7 +21,7 @@ from grpolens.serve.components import (
 from grpolens.serve.pages import Page
 from grpolens.serve.pages.why import why_panel
 from grpolens.serve.runs import RunSet, default_step
-from grpolens.serve.urlsync import same, url_triggered
+from grpolens.serve.urlsync import header_runs_hooks, same, url_triggered
 
 #: Most tokens drawn in the completion view (the rest is summarised).
 MAX_TOKENS_SHOWN = 4096
@@ -289,5 +289,7 @@ def _completion_csv(runs: RunSet, search: str):
 
 
 def pages() -> list[Page]:
+    header_search, header_runs = header_runs_hooks("tokens", TOKENS_DEFAULTS, TOKEN_CHOICES)
     return [Page("/tokens", "Tokens", "tokens", KEYS, layout, register,
-                 csv={"tokens": _tokens_csv, "completion": _completion_csv})]
+                 csv={"tokens": _tokens_csv, "completion": _completion_csv},
+                 header_search=header_search, header_runs=header_runs)]
