@@ -173,7 +173,7 @@ def test_a_tokenizer_json_that_does_not_load_is_one_line_naming_it(tmp_path, cap
     """A tokenizer.json the library refuses, by an error or by a panic in its Rust code (a
     BaseException), is a user error naming the file, not a traceback; nothing is written."""
     pytest.importorskip("tokenizers")
-    from tests.run.test_validate import _panicking_tokenizer_json
+    from tests.run.validate.test_joins import _panicking_tokenizer_json
 
     path = tmp_path / "tokenizer.json"
     path.write_text(_panicking_tokenizer_json() if content == "panics" else content)

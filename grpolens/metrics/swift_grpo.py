@@ -51,7 +51,8 @@ DEFAULTS = {
     "log_entropy": False, "top_entropy_quantile": 1.0, "overlong_filter": False,
     "rollout_importance_sampling_mode": None, "rollout_importance_sampling_threshold": 2.0,
     "log_rollout_offpolicy_metrics": False, "off_policy_sequence_mask_delta": None,
-    "dynamic_sample": False, "advantage_reweight": None, "sdar_loss_coef": 0.0,
+    "dynamic_sample": False, "advantage_reweight": None, "sdar_loss_coef": 0.0, "teacher_model": None,
+    "teacher_model_server": None, "multi_turn_scheduler": None, "use_gym_env": None, "sequence_parallel_size": 1,
     "real_tau": 0.5, "fipo_decay_rate": 32.0, "fipo_clip_range": 0.2, "fipo_clip_high_only": True, "fipo_safety_threshold": 4.0,
     "logging_steps": 5, "logging_first_step": True, "max_steps": None, "use_liger_kernel": False,
 }
@@ -63,6 +64,11 @@ _REFUSED = {
     "advantage_reweight": "RLSD's teacher reweighting needs the teacher's log-probs",
     "sdar_loss_coef": "SDAR's distillation loss needs the teacher's log-probs",
     "use_liger_kernel": "the Liger loss logs clip_ratio instead of clip_ratio/*",
+    "teacher_model": "OPD-RL's teacher log-probs shape the advantage and log teacher_kl",
+    "teacher_model_server": "OPD-RL's teacher log-probs shape the advantage and log teacher_kl",
+    "multi_turn_scheduler": "multi-turn rollouts deduplicate metrics per request and chunk the loss",
+    "use_gym_env": "gym rollouts deduplicate metrics per request and chunk the loss",
+    "sequence_parallel_size": "sequence parallelism regroups the micro-batches",
 }
 
 
@@ -91,7 +97,7 @@ def settings(cfg: dict) -> dict | None:
         s["epsilon_high"] = s["epsilon"]
     if s["steps_per_generation"] is None:
         s["steps_per_generation"] = s["gradient_accumulation_steps"]
-    defaults = {"sdar_loss_coef": 0.0, "use_liger_kernel": False}
+    defaults = {"sdar_loss_coef": 0.0, "use_liger_kernel": False, "sequence_parallel_size": 1}
     for key, why in _REFUSED.items():
         if s[key] != defaults.get(key):
             raise _bad(key, s[key], f"not reproduced by the swift profile ({why})")

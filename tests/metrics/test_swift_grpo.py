@@ -31,6 +31,9 @@ def test_settings_resolve_as_ms_swift_does():
 @pytest.mark.parametrize("args, key", [
     ({"loss_type": "gkd"}, "loss_type"),
     ({"use_liger_kernel": True}, "use_liger_kernel"),
+    ({"multi_turn_scheduler": "thinking_tips_scheduler"}, "multi_turn_scheduler"),
+    ({"sequence_parallel_size": 2}, "sequence_parallel_size"),
+    ({"teacher_model": "Qwen/Qwen3-8B"}, "teacher_model"),
     ({"rollout_importance_sampling_mode": "both"}, "rollout_importance_sampling_mode"),
     ({"top_entropy_quantile": 0.0}, "top_entropy_quantile"),
     ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
