@@ -25,6 +25,7 @@ import polars as pl
 from grpolens.functional import estimators as est
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
+from grpolens.metrics.kl import kl_k3, kl_valid
 from grpolens.run.reader import RunReader
 from grpolens.run.step_table import write_step_table
 
@@ -57,6 +58,12 @@ def _scores(b: TokenBatch, by: str, masked_only: bool = True) -> tuple[np.ndarra
     if not b.has(*SCORES[by]):
         return None
     c = b.cols
+    if by == "kl" and masked_only:
+        # the kl family's per-token k3, which its producer already made for this batch: the same
+        # values on its valid tokens (masked, both log-probs finite); on the other masked tokens
+        # the score is not finite (x = ±inf or NaN), so none of them has one either way
+        s = kl_k3(b)
+        return s, kl_valid(b) & np.isfinite(s)
     with np.errstate(all="ignore"):
         if by == "kl":
             s = est.k3(c["ref_logp"] - b.logp)  # the kl family's formula (accurate for small x)

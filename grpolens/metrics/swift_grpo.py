@@ -440,6 +440,9 @@ def step_loss(sd) -> float | None:
     if s["loss_type"] in WINDOW_NORMALIZED:
         ctx = sd.extra.get("schedule")
         tokens = ctx.round_tokens_of(sd.col("sample_id").astype(np.int64)) if ctx is not None else None
+        if tokens is None and s["steps_per_generation"] == s["gradient_accumulation_steps"]:
+            # no generation column: one round per step, whose completions are the step's rows (each once)
+            tokens = np.full(sd.n_seq, sd.col("sw.len").sum())
         if tokens is None:
             return None
     per_rank: dict[int, float] = {}

@@ -154,7 +154,7 @@ PROFILE = register_profile(Profile(
               "overlong": "overlong_filter", "dynamic_sampling": "dynamic_sample", "reward_weights": "reward_weights"},
     # compute_reward_metrics: a function's std is 0.0 when it scored a single completion of the round
     reductions={"rewards/<name>/std": per_round(swift_rewards.func_std)},
-    log_file="logging.jsonl",
+    # ms-swift writes logging.jsonl to its output directory, not into the run: parity needs --log
     # ms-swift's progress callback rounds every float it writes to 8 decimals; its k3 and losses are float32
     float32_floors={"kl": 1e-7, "loss": 1e-6},
     log_schedule=prepare,

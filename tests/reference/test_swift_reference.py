@@ -51,6 +51,7 @@ class Case:
     weights: tuple = (1.0, 1.0)  # reward_weights
     pools: int = 0  # dynamic sampling: pools of fresh completions per round
     format_scored: int | None = None  # completions per round the format function scores (None: ~90 %)
+    rounds_recorded: bool = True  # the samples carry their generation round
 
 
 CASES = [
@@ -108,6 +109,9 @@ CASES = [
     # a reward function that scores one completion of a round (std 0.0), then none (no key)
     Case("format_scores_one", format_scored=1, seed=31),
     Case("format_scores_none_dp2", format_scored=0, world=2, seed=32),
+    # samples without their round: dapo's normaliser from the step's completions (one round per step)
+    Case("dapo_without_rounds_dp2_iterations2", {"loss_type": "dapo", "num_iterations": 2}, world=2, seed=33,
+         rounds_recorded=False, steps=4),
     Case("reinforce_pp_kl_in_reward_dp2_iterations2", {"advantage_estimator": "reinforce_plus_plus", "num_iterations": 2},
          world=2, seed=22),
 ]
@@ -192,7 +196,8 @@ def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
                 hook.log_samples(step=step, sample_ids=torch.tensor(rids), group_ids=torch.tensor(rids) // case.generations,
                                  completion_lens=torch.tensor(lens[rids]), truncated=torch.tensor(arrays["trunc"][rids]),
                                  rewards={f: rw[:, k] for k, f in enumerate(REWARD_FUNCS)},
-                                 reward=torch.tensor(np.nansum(rw * weights, axis=1)), generations=g)
+                                 reward=torch.tensor(np.nansum(rw * weights, axis=1)),
+                                 generations=g if case.rounds_recorded else None)
             ids = np.asarray(ids)
             valid = torch.arange(W)[None, :] < torch.tensor(lens[ids])[:, None]
             mask = valid & ~torch.tensor(arrays["trunc"][ids])[:, None] if args["overlong_filter"] else valid
