@@ -5,12 +5,14 @@ a second thread mostly waits for the interpreter lock. So a recompute with enoug
 its steps with ``N`` workers (``recompute --workers N``, ``GRPOLENS_WORKERS``; default the CPU
 count, at most :data:`MAX_DEFAULT_WORKERS`): this process and ``N - 1`` worker processes. Each
 runs the *whole* per-step body (:class:`grpolens.analysis.recompute.StepWork`) for the steps it
-is given: it reads the step's shards, runs the visitors, reduces every metric and writes the
-step's rows of the step tables (completions, top tokens, IS histograms) into the recompute's
-spill folder (:meth:`grpolens.run.step_table.StepSpill.shared`, one file per table and step); a
-worker process sends back the step's row of metrics, the token columns present and the schemas
-of the files it wrote. This process merges the rows (keyed by step, sorted at the end: the
-output is the one the serial path writes, value for value) and writes every output file.
+is given: it reads the step's shards, runs the visitors, reduces every metric and makes the
+step's rows of the step tables (completions, top tokens, IS histograms); a worker process sends
+back the step's row of metrics, the token columns present and those table rows (a few hundred
+rows a table), which this process puts in the recompute's spill as it does its own steps' (held
+in memory up to :data:`grpolens.run.step_table.HOLD_BYTES`, then in files): a worker writes no
+file, and no step's rows are written by one process to be read back by another. This process
+merges the rows (keyed by step, sorted at the end: the output is the one the serial path writes,
+value for value) and writes every output file.
 
 Dispatch keeps memory bounded: a worker holds one step's data at a time and has at most
 :data:`IN_FLIGHT` steps queued; steps go out in step order to whichever worker has room. This
@@ -55,7 +57,7 @@ COMPUTE_HERE = True
 IN_FLIGHT = 2
 
 
-#: (step, row of metrics, token columns present or None, table name -> schema of the rows spilled)
+#: (step, row of metrics, token columns present or None, table name -> the step's rows of it)
 Result = tuple[int, dict[str, Any], "set[str] | None", dict]
 
 
@@ -89,8 +91,8 @@ def map_steps(spec, steps: list[int], n: int,
     """Compute ``steps`` with ``n`` workers: this process (``here(step)``, between dispatching)
     and ``n - 1`` worker processes built from ``spec``. Yields ``(step, row, present, spilled)``
     as each step is done (``present``: the step's token columns, None for a step without token
-    shards; ``spilled``: table name -> schema of the rows a worker process spilled for the step,
-    empty for a step computed here, whose rows ``here`` put in the spill itself).
+    shards; ``spilled``: table name -> the step's rows of that table from a worker process, for
+    the caller's spill; empty for a step computed here, whose rows ``here`` put in the spill itself).
 
     This process computes from the start, so the workers' start-up (their imports) costs no wall
     time; a worker gets steps once it is ready. Workers that cannot compute ``spec``'s steps
@@ -229,7 +231,6 @@ def _serve(fd: int) -> None:
         try:
             sys.path[:] = path  # as the parent has it: its plugins import here too
             from grpolens import plugins
-            from grpolens.run.step_table import StepSpill
 
             plugins.load_plugins()
             work = spec.work()
@@ -237,7 +238,7 @@ def _serve(fd: int) -> None:
             conn.send(("unavailable", f"{type(e).__name__}: {e}"))
             return
         conn.send(("ready",))
-        _serve_steps(conn, spec, work, StepSpill.shared(spec.spill_dir) if spec.spill_dir is not None else None)
+        _serve_steps(conn, spec, work, _StepRows() if spec.step_tables else None)
     except (BrokenPipeError, ConnectionResetError, EOFError):  # the parent is gone (Ctrl-C, an error there)
         return
 
@@ -253,7 +254,7 @@ def _serve_steps(conn, spec, work, spill) -> None:
             return
         try:
             row, present = work.one_step(step, spec.token_steps, spill, threads)
-            schemas = {} if spill is None else spill.step_schemas(step)
+            tables = {} if spill is None else spill.take()
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
             try:
                 conn.send(("error", type(e), e.args, dict(vars(e)), traceback.format_exc()))
@@ -262,4 +263,21 @@ def _serve_steps(conn, spec, work, spill) -> None:
             except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
                 conn.send(("error", RuntimeError, (f"{type(e).__name__}: {e}",), {}, traceback.format_exc()))
             return
-        conn.send(("done", step, row, present, schemas))
+        conn.send(("done", step, row, present, tables))
+
+
+class _StepRows:
+    """A worker's stand-in for the recompute's spill: the step tables' rows of the step it is
+    computing, sent to the parent with the step's row (:meth:`take`)."""
+
+    def __init__(self):
+        self.rows: dict = {}
+
+    def put(self, table: str, step: int, rows) -> None:
+        if rows is not None and rows.height:
+            self.rows[table] = rows
+
+    def take(self) -> dict:
+        """The rows put since the last take, by table."""
+        out, self.rows = self.rows, {}
+        return out

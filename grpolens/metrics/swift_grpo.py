@@ -9,14 +9,18 @@ the completion mask (less truncated completions under ``overlong_filter``), ``d 
 objective when ``delta`` is set):
 
     grpo, bnpo, dr_grpo, dapo   L = −min(c·A, clip(c, 1 − ε, 1 + ε_high)·A)
+    fipo                        the same × FIPO's influence weight (:mod:`grpolens.metrics.swift_fipo`)
     cispo                       L = −min(c, ε_high)·A·logp
     sapo                        L = −(4/τ)·σ(τ(c − 1))·A,  τ = tau_pos if A > 0 else tau_neg
+    top_entropy_quantile < 1    L ×= [entropy ≥ the call's entropy quantile] (the policy term only)
     when β ≠ 0                  L += β·k3,  k3 = clamp(e^x − x − 1, ±10), x = clamp(ref − logp, ±20)
+    an IS mode                  L ×= the rollout IS weight (:mod:`grpolens.metrics.swift_rollout_corr`)
 
-and the call's loss: grpo/sapo the mean over rows of Σ L·m / max(Σ m, 1); bnpo Σ L·m / max(Σ m, 1);
-dr_grpo Σ L·m / (rows · max_completion_length); dapo/cispo Σ L·m / (N / P), N the completion tokens
-of the call's generation round over all P ranks (before the overlong filter), × the accumulation
-steps (``_undo_gradient_accumulation_scaling``). Where this differs from TRL: the k3 clamps, the KL
+and the call's loss, over ``m`` less the rows ``off_policy_sequence_mask_delta`` drops: grpo/sapo
+the mean over rows of Σ L·m / max(Σ m, 1); bnpo Σ L·m / max(Σ m, 1); dr_grpo Σ L·m / (rows ·
+max_completion_length); dapo/cispo/fipo Σ L·m / (N / P), N the completion tokens of the call's
+generation round over all P ranks (before the overlong filter), × the accumulation steps
+(``_undo_gradient_accumulation_scaling``); real REAL's group-level loss (:func:`real_loss`). Where this differs from TRL: the k3 clamps, the KL
 metric and clip fractions at sequence level are token means (ms-swift broadcasts its per-token
 advantage, so a sequence's indicator counts once per token), every loss-side metric is each rank's
 masked mean (Σ / max(Σ m, 1)) then the mean over ranks (``clip_ratio/low_min``/``high_max`` the

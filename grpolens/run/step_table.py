@@ -36,31 +36,19 @@ HOLD_BYTES = 64 << 20
 
 
 class StepSpill:
-    """Each step's rows of the recompute's derived tables, kept on disk until the tables are written.
+    """Each step's rows of the recompute's derived tables, kept until the tables are written: in
+    memory while they total at most ``hold_bytes`` (:data:`HOLD_BYTES`), the later steps' on disk.
 
-    Lives in a private temporary folder under ``parent`` (beside the cache, so on the run's disk,
-    not in a RAM-backed /tmp); :meth:`close` removes it, whatever happened.
-
-    The owner's own steps stay in memory while their rows total at most ``hold_bytes``
-    (:data:`HOLD_BYTES`), the later ones go to files. Worker processes computing steps in parallel
-    write into the same folder (:meth:`shared`: one file per table and step, so they never write
-    the same file, and hold nothing); the owner records each step a worker wrote with
-    :meth:`SpilledSteps.adopt` and reads them all back as one table."""
+    The files live in a private temporary folder under ``parent`` (beside the cache, so on the
+    run's disk, not in a RAM-backed /tmp), made on the first one; :meth:`close` removes it,
+    whatever happened. Worker processes computing steps in parallel send their steps' rows to the
+    recompute's process, which puts them here (:mod:`grpolens.analysis.step_workers`)."""
 
     def __init__(self, parent: Path, hold_bytes: int | None = None):
         self.parent = parent
         self.dir: Path | None = None  # made on the first file: a re-run with nothing new makes none
-        self._owned = True
         self._tables: dict[str, SpilledSteps] = {}
         self.hold_left = HOLD_BYTES if hold_bytes is None else hold_bytes  # bytes still to hold in memory
-
-    @classmethod
-    def shared(cls, folder: Path) -> "StepSpill":
-        """A spill writing into the existing ``folder`` of another (its owner's) spill; closing it
-        leaves the folder to the owner."""
-        spill = cls(folder.parent, hold_bytes=0)
-        spill.dir, spill._owned = folder, False
-        return spill
 
     def folder(self) -> Path:
         """The spill's folder (made now if it is not yet)."""
@@ -77,12 +65,8 @@ class StepSpill:
             self._tables[name] = SpilledSteps(lambda: self.folder() / name, self)
         return self._tables[name]
 
-    def step_schemas(self, step: int) -> dict[str, pl.Schema]:
-        """Table name -> schema of the rows put for ``step``, for each table given rows at it."""
-        return {name: t.schemas[step] for name, t in self._tables.items() if step in t.schemas}
-
     def close(self) -> None:
-        if self.dir is not None and self._owned:
+        if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
 
@@ -133,13 +117,8 @@ class SpilledSteps(Mapping[int, pl.DataFrame]):
             rows.write_parquet(path, compression="lz4", statistics=False)  # read back once: fast, not small
         except pl.exceptions.ComputeError as e:
             raise _os_error(e, path) from None
-        self.adopt(step, rows.schema)
-
-    def adopt(self, step: int, schema: pl.Schema) -> None:
-        """Record ``step``'s file, written by :meth:`put` (here or on a :meth:`StepSpill.shared`
-        spill of the same folder in another process), with the schema of its rows."""
-        self._files[step] = self._folder() / f"{step}.parquet"
-        self._note_schema(step, schema)
+        self._files[step] = path
+        self._note_schema(step, rows.schema)
 
     def _note_schema(self, step: int, schema: pl.Schema) -> None:
         # one object per distinct schema: the steps of a table nearly always share one, and a

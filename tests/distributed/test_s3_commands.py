@@ -358,6 +358,20 @@ def test_an_s3_runs_hub_tokenizer_comes_from_the_local_cache_not_the_bucket(s3_e
     assert r.stdout.strip() == "tokenizer b"
 
 
+def test_explain(cli, synth_small, remote):
+    """explain on an s3:// run: the local run's explanation, number for number (the JSON names no
+    path), against the step before and against a baseline range; a bad step is the local line."""
+    for args in (("--metric", "mismatch/kl_k3", "--step", "3"), ("--metric", "entropy", "--step", "4", "--baseline", "0:2"),
+                 ("--metric", "clip/high", "--step", "3", "--by", "completion")):
+        code_l, out_l, err_l = cli("explain", str(synth_small), *args, "--json")
+        code_r, out_r, err_r = cli("explain", remote, *args, "--json")
+        assert code_l == 0, err_l
+        assert (code_r, out_r) == (code_l, out_l), err_r
+    code_l, _, err_l = cli("explain", str(synth_small), "--metric", "entropy", "--step", "99")
+    code_r, _, err_r = cli("explain", remote, "--metric", "entropy", "--step", "99")
+    assert code_r == code_l == 2 and err_r.replace(remote, "RUN") == err_l.replace(str(synth_small), "RUN"), (err_l, err_r)
+
+
 def test_doctor(cli, s3_env, tmp_path, monkeypatch):
     """The diagnosis of an s3:// run is the local one's (findings with their explanation, every
     detector's status), and it writes nothing beside the bucket or in the working directory."""

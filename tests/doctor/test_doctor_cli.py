@@ -101,3 +101,18 @@ def test_fresh_outputs_are_read_not_recomputed(tmp_path, monkeypatch):
     (run / "grpolens" / "metrics.parquet").unlink()  # stale: recomputed again
     monkeypatch.undo()
     assert load_metrics(run).equals(first)
+
+
+def test_diagnose_takes_the_metrics_its_caller_read(runs):
+    """``metrics=``: the frame given is the one diagnosed (the dashboard's, read once), not read
+    again from the run; one without a step column is refused in one line."""
+    import polars as pl
+
+    from grpolens.analysis.doctor.diagnose import load_metrics
+    from grpolens.errors import UserError
+
+    spiked = load_metrics(runs["spike"])
+    assert not [f for f in diagnose(runs["clean"], explain=False).findings if f.id == "kl-spike"]
+    assert [f.id for f in diagnose(runs["clean"], explain=False, metrics=spiked).findings if f.id == "kl-spike"]
+    with pytest.raises(UserError, match="^metrics: the frame has no step column"):
+        diagnose(runs["clean"], explain=False, metrics=pl.DataFrame({"kl/k3": [0.1]}))

@@ -113,3 +113,19 @@ def test_a_refused_setting_is_a_one_line_error(tmp_path, capsys):
     assert e.value.code == 2
     assert "swift_args.use_liger_kernel" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (run / "grpolens" / "swift").exists()  # nothing half-written
+
+
+def test_swift_config_records_ms_swift_arguments():
+    """From a GRPOConfig-like object or a dict: grpolens' own settings, and ms-swift's under swift_args
+    (only those the profile reads)."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(loss_type="fipo", beta=0.0, epsilon=0.2, epsilon_high=0.28, num_generations=8,
+                           gradient_accumulation_steps=4, learning_rate=1e-6, tau_pos=1.0, tau_neg=1.05)
+    cfg = swift_config(args)
+    assert cfg["loss_type"] == "dapo" and cfg["epsilon_high"] == 0.28 and cfg["num_generations"] == 8
+    assert cfg["swift_args"]["loss_type"] == "fipo" and "learning_rate" not in cfg["swift_args"]
+    assert swift_config({"importance_sampling_level": "sequence"})["loss_type"] == "gspo"
+    assert swift_config({"loss_type": "real"})["loss_type"] == "grpo"
+    assert swift_config({})["epsilon_high"] == 0.2 and swift_config({})["beta"] == 0.04
+    assert settings(swift_config({"loss_type": "cispo"}))["loss_type"] == "cispo"

@@ -14,8 +14,8 @@ What is ms-swift's code and what stands in for its plumbing:
   ``_compute_loss_single``, ``_compute_loss_and_metrics``, ``_undo_gradient_accumulation_scaling``,
   ``_update_metrics``, ``_compute_fipo_influence``, the rollout-correction methods, ``_gather_and_flatten`` and ``log``;
   ``RolloutTrainerMixin._generate_and_score_completions`` and ``split_by_mini_batches``;
-  ``BaseRolloutTrainerMixin._split_data_by_steps``; ``RLHFArguments._init_grpo`` (the argument
-  defaults it resolves); ``get_even_process_data``
+  ``BaseRolloutTrainerMixin._split_data_by_steps``; ``RLHFArguments._init_grpo`` and ``_set_default``
+  (the argument defaults they resolve); ``get_even_process_data``
   (``rlhf_trainers/utils.py``); TRL 0.29.1's ``nanmin``/``nanmax`` (which ms-swift imports from
   TRL). ``swift/rl_core/advantage.py`` (advantages, reward metrics) is imported as a module.
   Their packages' ``__init__`` modules (transformers, accelerate, peft, modelscope, vLLM) are not run.
@@ -242,18 +242,24 @@ def _collate(batch, template, device=None, use_logits_to_keep=True):
 
 
 def _args(c: dict) -> SimpleNamespace:
-    """ms-swift's argument defaults (its mixins' field defaults, read from its source) under the
-    case's, resolved by ``RLHFArguments._init_grpo`` (β, reward scaling and KL-in-reward defaults)."""
+    """ms-swift's argument defaults (the field defaults of its argument classes, read from its source)
+    under the case's, resolved by ``RLHFArguments._init_grpo`` and ``_set_default`` (β, loss type,
+    reward scaling and KL-in-reward). The case gives only what it changes: the defaults are ms-swift's
+    own here and grpolens' on the other side, so a default grpolens got wrong shows."""
     d = _field_defaults(SWIFT / "rlhf_trainers" / "args_mixin.py",
                         ("VllmArguments", "RolloutTrainerArgumentsMixin", "GRPOArgumentsMixin"))
+    d.update(_field_defaults(SWIFT / "trainers" / "arguments.py", ("TrainArgumentsMixin",)))
+    d.update(_field_defaults(SWIFT / "arguments" / "rlhf_args.py", ("GRPOArguments", "RLHFArguments")))
     d.update({"rlhf_type": "grpo", "cached_dataset": None, "cached_val_dataset": None, "truncation_strategy": "left",
-              "reward_funcs": c["reward_funcs"]})
+              "reward_funcs": c["reward_funcs"], "loss_type": None})
     d.update(c["args"])
     ns = {"logger": __import__("logging").getLogger("swift"), "set_default_ddp_config": lambda: None}
-    exec(compile(_source(SWIFT / "arguments" / "rlhf_args.py", "RLHFArguments", ("_init_grpo",))[0],
-                 "swift/arguments/rlhf_args.py", "exec"), ns)
+    for name in ("_init_grpo", "_set_default"):  # in RLHFArguments.__post_init__'s order
+        exec(compile(_source(SWIFT / "arguments" / "rlhf_args.py", "RLHFArguments", (name,))[0],
+                     "swift/arguments/rlhf_args.py", "exec"), ns)
     args = SimpleNamespace(**d)
     ns["_init_grpo"](args)
+    ns["_set_default"](args)
     return args
 
 

@@ -23,7 +23,7 @@ import torch
 
 import grpolens
 from grpolens.capture.hook import GRPOLensHook
-from grpolens.metrics.swift_grpo import DEFAULTS
+from grpolens.metrics.swift_grpo import settings
 from grpolens.profiles.swift import NOT_IN_RUN, swift_config
 from tests.reference import refvenv
 from tests.reference.conftest import TALLY, check_quoted_tally, close
@@ -118,8 +118,9 @@ CASES = [
 
 
 def _args(case: Case) -> dict:
+    """The run's ms-swift arguments: the case's shape and settings only (each side fills in its defaults)."""
     spg = case.args.get("steps_per_generation") or case.gas
-    return {**DEFAULTS, "num_generations": case.generations, "per_device_train_batch_size": case.batch,
+    return {"num_generations": case.generations, "per_device_train_batch_size": case.batch,
             "gradient_accumulation_steps": case.gas, "logging_steps": case.logging_steps, "max_steps": case.steps,
             "max_completion_length": case.width, "generation_batch_size": case.batch * case.world * spg,
             "log_completions": False, "output_dir": "output", "gradient_checkpointing_kwargs": None,
@@ -130,7 +131,7 @@ def _args(case: Case) -> dict:
 def build(case: Case) -> tuple[dict, dict]:
     """The run's per-completion arrays (generation order) and the driver's configuration, seeded."""
     rng = np.random.default_rng(case.seed)
-    args = _args(case)
+    args = settings(swift_config(_args(case)))  # the shape of the data; ms-swift resolves its own arguments
     spg, iters = args["steps_per_generation"], args["num_iterations"]
     per_rank = case.batch * spg
     n_round = per_rank * case.world
@@ -156,7 +157,7 @@ def build(case: Case) -> tuple[dict, dict]:
            for g in range(rounds)]
     pools = [[[list(range(base + r * per_rank, base + (r + 1) * per_rank)) for r in range(case.world)]
               for base in (n_round * rounds * (1 + p) + g * n_round for p in range(case.pools))] for g in range(rounds)]
-    config = {"args": args, "world": case.world, "steps": case.steps, "rounds": ids, "resample": pools,
+    config = {"args": _args(case), "world": case.world, "steps": case.steps, "rounds": ids, "resample": pools,
               "reward_funcs": REWARD_FUNCS, "reward_weights": list(case.weights), "rollout": case.rollout}
     return arrays, config
 
@@ -179,9 +180,9 @@ def swift_logged(swift_python, tmp_path_factory):
 def record(case: Case, arrays: dict, config: dict, out: dict, run) -> None:
     """Each rank's loss calls through the writer hook, and each generation round's completions at
     the step that generated them (rank 0 records the round's samples)."""
-    args = config["args"]
+    cfg = swift_config(config["args"])
+    args = settings(cfg)
     spg, iters, gas = args["steps_per_generation"], args["num_iterations"], args["gradient_accumulation_steps"]
-    cfg = swift_config(args)
     lens, W = arrays["len"], arrays["old"].shape[1]
     weights = np.asarray(config["reward_weights"])
     for r, dump in enumerate(out["ranks"]):

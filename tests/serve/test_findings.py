@@ -85,3 +85,29 @@ def test_csv_of_the_findings(runset):
     assert r.status_code == 200 and lines[0].startswith("id,severity,first_step,last_step,metric")
     assert any(line.startswith("kl-spike,critical,9,9,kl/k3") for line in lines[1:])
     assert client.get("/csv/findings?run=../alpha").status_code == 400
+
+
+def test_the_page_diagnoses_the_metrics_it_found_fresh_never_recomputing(serve_runs, tmp_path, monkeypatch):
+    """One freshness check, one read: doctor gets the metrics file the page found up to date, so a
+    step landing under --watch between two checks cannot make the page recompute (doctor's own
+    check and read, load_metrics, is not called)."""
+    import importlib
+
+    import polars as pl
+
+    diagnose_module = importlib.import_module("grpolens.analysis.doctor.diagnose")  # the module, not the function
+
+    import grpolens
+
+    run = tmp_path / "alpha"
+    shutil.copytree(serve_runs[1], run)
+    grpolens.recompute(run)  # its outputs, up to date where the copy lies
+
+    def no_second_read(*a, **k):
+        raise AssertionError("the Findings page read the metrics twice")
+
+    monkeypatch.setattr(diagnose_module, "load_metrics", no_second_read)
+    got = findings.report(run, explain=False)
+    assert got is not None and got["worst"] == "critical"
+    metrics = pl.read_parquet(run / "grpolens" / "metrics.parquet")
+    assert got["findings"] == diagnose(run, explain=False, metrics=metrics).to_dict()["findings"]

@@ -55,9 +55,14 @@ class Report:
 
 def diagnose(run: os.PathLike | str, *, profile: str | None = None, steps: str | tuple | None = None,
              explain: bool = True, storage_options: dict | None = None,
-             progress: Callable[[int, int], None] | None = None, only: list[str] | None = None) -> Report:
+             progress: Callable[[int, int], None] | None = None, only: list[str] | None = None,
+             metrics: pl.DataFrame | None = None) -> Report:
     """Diagnose ``run``: its recomputed metrics (recompute's cached outputs; computed first when
     missing or stale, with ``progress(done, total)``) through every registered detector.
+
+    ``metrics``: those metrics when the caller has read them itself (the dashboard: the very file it
+    found up to date, so that a step landing in between cannot send it to a second read, or to a
+    recompute); they are then neither checked for freshness nor read again.
 
     ``profile`` names the trainer whose setting names the suggestions use (default: the run's
     trainer when a profile of that name exists, else ``grpolens``); the metrics are always the
@@ -76,7 +81,9 @@ def diagnose(run: os.PathLike | str, *, profile: str | None = None, steps: str |
     run = reader.path
     prof = plugins.get(profile if profile is not None else _trainer_profile(reader))
     lo, hi = parse_steps(steps) if isinstance(steps, (str, type(None))) else steps
-    df = load_metrics(run, storage_options, progress)
+    if metrics is not None and "step" not in metrics.columns:
+        raise UserError("metrics: the frame has no step column (expected recompute's per-step metrics)")
+    df = metrics if metrics is not None else load_metrics(run, storage_options, progress)
     sel = df.filter(pl.col("step").is_between(lo if lo is not None else -2**62, hi if hi is not None else 2**62))
     if sel.height == 0:
         every = df["step"].to_list()

@@ -53,10 +53,10 @@ def compute_steps(plan: Plan, work: StepWork, cached: dict[int, dict], todo: lis
 
 def _in_workers(plan: Plan, work: StepWork, todo: list[int], spill: StepSpill | None, n_workers: int, tick,
                 out: Computed) -> None:
-    """``todo`` over ``n_workers`` processes, this one among them; the files a worker spills are adopted here."""
+    """``todo`` over ``n_workers`` processes, this one among them; the step-table rows a worker sends go to the spill here."""
     spec = WorkerSpec(plan.run, plan.cfg, plan.profile.name, [m.name for m in plan.metrics], sorted(plan.sample_columns),
                       plan.families, plan.columns, plan.need_samples, bool(plan.sample_steps), plan.schedule,
-                      frozenset(plan.token_steps), spill.folder() if spill is not None else None)
+                      frozenset(plan.token_steps), spill is not None)
     here = functools.partial(work.one_step, token_steps=spec.token_steps, spill=spill, engine=step_workers.engine())
     # closed (its workers stopped) before the spill is removed, whatever happens here
     with contextlib.closing(step_workers.map_steps(spec, todo, n_workers, here)) as results:
@@ -65,8 +65,8 @@ def _in_workers(plan: Plan, work: StepWork, todo: list[int], spill: StepSpill | 
             if present is not None:  # a step with token shards
                 out.present |= present
                 out.computed.add(step)
-            for name, schema in spilled.items():  # the files a worker process wrote
-                spill.table(name).adopt(step, schema)
+            for name, rows in spilled.items():  # a worker process's step-table rows
+                spill.put(name, step, rows)
             tick(step)
 
 

@@ -151,7 +151,7 @@ class WorkerSpec:
     run_has_samples: bool
     schedule: Any
     token_steps: frozenset[int]
-    spill_dir: Path | None  # the recompute's spill folder: a worker writes its steps' files there
+    step_tables: bool  # whether the recompute keeps step tables: a worker sends its steps' rows
 
     def work(self) -> StepWork:
         """The :class:`StepWork`, built in the worker; :class:`KeyError` names a metric this

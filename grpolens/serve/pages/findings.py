@@ -34,17 +34,20 @@ LEADING = ("warning", "critical")
 def report(path: Path, explain: bool = True) -> dict | None:
     """``diagnose(run).to_dict()`` (with ``worst``, the worst severity), cached per run version;
     None when the run's recomputed metrics are missing or stale (reading them would mean a
-    recompute) or the run is on object storage."""
+    recompute) or the run is on object storage. Doctor gets the metrics file found up to date here
+    (one check, one read): a step landing under ``--watch`` between a check and doctor's own would
+    otherwise have it recompute from the page."""
     from grpolens.analysis import fresh
     from grpolens.serve.data.memo import _RUN_MEMO, run_key, run_version
 
-    if fmt.is_remote_run(path) or fresh.fresh_outputs(path, None, "grpolens", None, False) is None:
+    up = None if fmt.is_remote_run(path) else fresh.fresh_outputs(path, None, "grpolens", None, False)
+    if up is None:
         return None
 
     def make() -> dict:
         from grpolens.analysis.doctor import diagnose
 
-        r = diagnose(path, explain=explain)
+        r = diagnose(path, explain=explain, metrics=pl.read_parquet(Path(up.out_dir) / "metrics.parquet"))
         return {**r.to_dict(), "worst": r.worst_severity()}
 
     return _RUN_MEMO.get(("doctor", run_key(path), run_version(path), explain), make)
