@@ -10,6 +10,7 @@ when that is set, as Twinkle, verl and xtuner do with 20):
     sapo                                     L = −(4/τ)·σ(τ(c − 1))·A,  τ = τ_pos if A > 0 else τ_neg
     vespo                                    L = −φ·A·logp, φ = e^(λ + k·ℓ − λ·e^ℓ) per sequence,
                                              ℓ = clamp(Σ_t clamp(d, ±20)·v, ln 1e-8, 20), (k, λ) by A ≥ 0
+                                             (with rollout_is: + Σ_t clamp(ln a, ln 1e-8, 20)·M in ℓ, no ×a)
     with a rollout IS config (rollout_is)     L ×= a,  tokens the correction rejects leave v
     all, when β ≠ 0                          L += β·k3,  k3 = e^x − x − 1, x = ref − logp
                                              (× c when use_bias_correction_kl, c before delta)
@@ -99,7 +100,8 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
         else:  # config.check_config only lets known loss types through
             raise ValueError(f"loss_type {lt!r} has no loss formula")
         isc = ISConfig.from_cfg(cfg)
-        if isc.configured and b.has("rollout_logp") and lt != "vespo":  # the trainer's rollout IS correction, before + β·kl
+        # the trainer's rollout IS correction, before + β·kl (VESPO has it inside φ instead, as TRL does)
+        if isc.configured and b.has("rollout_logp") and lt != "vespo":
             w, keep = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
             v = v & keep
             L = np.where(v, L * w, 0.0)
@@ -113,14 +115,26 @@ def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:
-    """VESPO's gamma weight per sequence (TRL's ``get_gamma_weights``, no rollout IS term):
+    """VESPO's gamma weight per sequence (TRL's ``get_gamma_weights``):
     φ = exp(λ + k·ℓ − λ·e^ℓ), ℓ the sequence's Σ of clamp(logp − old, ±20) over its masked tokens
-    with both log-probs finite (TRL sums over the mask), clamped to [ln 1e-8, 20]; k, λ the ``vespo_*_pos`` values where the sequence's advantage is
-    >= 0, else ``vespo_*_neg`` (λ at least 1e-4); a non-finite φ is 0."""
-    with np.errstate(invalid="ignore", over="ignore"):
+    with both log-probs finite (TRL sums over the mask), plus, with a rollout IS config (TRL's vLLM
+    correction), Σ clamp(ln a, ln 1e-8, 20) over its masked tokens (a: the applied IS weight, 0 under
+    ``token_mask`` outside the band), clamped to [ln 1e-8, 20]; k, λ the ``vespo_*_pos`` values where
+    the sequence's advantage is >= 0, else ``vespo_*_neg`` (λ at least 1e-4); a non-finite φ is 0.
+    NaN per sequence when the config has rollout IS but the batch no ``rollout_logp``."""
+    isc = ISConfig.from_cfg(cfg)
+    if isc.configured and not b.has("rollout_logp"):
+        return np.full(b.n_seq, np.nan)  # the IS term TRL folded in is unknown: no number, not a wrong one
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         v = b.mask & np.isfinite(b.logp) & np.isfinite(b.old)
         d = np.where(v, est.clip_log_ratio(b.logp - b.old), 0.0)
-        ell = np.clip(b.seq_sum(d), _VESPO_LOG_MIN, est.LOG_RATIO_BOUND)
+        ell = b.seq_sum(d)
+        if isc.configured:
+            # TRL sums over every position; off the mask its ratio is 1 (δ zeroed), which the
+            # config check guarantees the mode keeps at 1 (a band around 1): ln 1 = 0 there
+            w, _ = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
+            ell = ell + b.seq_sum(np.where(b.mask, np.clip(np.log(w), _VESPO_LOG_MIN, est.LOG_RATIO_BOUND), 0.0))
+        ell = np.clip(ell, _VESPO_LOG_MIN, est.LOG_RATIO_BOUND)
         pos = b.seq_first(b.adv) >= 0
         k = np.where(pos, cfg["vespo_k_pos"], cfg["vespo_k_neg"])
         lam = np.maximum(np.where(pos, cfg["vespo_lambda_pos"], cfg["vespo_lambda_neg"]), 1e-4)
@@ -224,8 +238,6 @@ def loss_value(sd, per_call: bool = False) -> float | None:
         return None  # the trainer added a KL term the run cannot reproduce
     if ISConfig.from_cfg(sd.cfg).configured and "rollout_logp" not in sd.present:
         return None  # the trainer weighted the loss by rollout IS weights the run cannot reproduce
-    if ISConfig.from_cfg(sd.cfg).configured and sd.cfg["loss_type"] == "vespo":
-        return None  # TRL folds its token IS ratios into VESPO's sequence weight: not reproduced
     s, n = sd.col("loss.sum"), sd.col("loss.n")
     if per_call:
         return per_call_loss(sd, s, n)
@@ -245,7 +257,7 @@ register(Metric(
     "optimizer steps; without it the step's tokens, exact when steps_per_generation = "
     "gradient_accumulation_steps); over a logging window the mean of the window's steps). With a rollout_is config (TRL: its vLLM "
     "IS correction on) the policy term is × the applied IS weight a and rejected tokens leave the mask, in "
-    "both profiles (null without rollout_logp). No entropy bonus.",
+    "both profiles (null without rollout_logp); VESPO instead folds ln a into φ, as TRL does. No entropy bonus.",
     kind="custom", fn=loss_value,
     config=("loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl",
             "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
@@ -259,12 +271,14 @@ register(Metric(
 register(Metric(
     "loss/vespo_phi_mean", "loss",
     "VESPO's gamma weight φ = exp(λ + k·ℓ − λ·e^ℓ) per sequence (ℓ: its Σ clamp(logp − old_logp, ±20) over "
-    "valid tokens, clamped to [ln 1e-8, 20]; k, λ = vespo_k/lambda_pos for A >= 0, else _neg), the mean over "
-    "every sequence, fully masked ones included (φ = 1 there). trl: per micro-batch slot over all ranks, then "
-    "the mean over slots (TRL's vespo/phi_seq_mean). Not with a rollout_is config (TRL folds its IS ratios in).",
+    "valid tokens, plus with a rollout_is config (TRL's vLLM IS correction, token_truncate or token_mask) "
+    "Σ clamp(ln a, ln 1e-8, 20) over its masked tokens, a the applied IS weight; clamped to [ln 1e-8, 20]; "
+    "k, λ = vespo_k/lambda_pos for A >= 0, else _neg), the mean over every sequence, fully masked ones "
+    "included (φ = 1 there without IS). trl: per micro-batch slot over all ranks, then the mean over slots "
+    "(TRL's vespo/phi_seq_mean). Null with a rollout_is config but no rollout_logp.",
     kind="token_mean", num="loss.phi", den="loss.rows",
-    when=lambda cfg: cfg.get("loss_type") == "vespo" and not ISConfig.from_cfg(cfg).configured,
-    config=("loss_type", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+    when=lambda cfg: cfg.get("loss_type") == "vespo",
+    config=("loss_type", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "rollout_is"),
 ))
 
 

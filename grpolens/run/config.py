@@ -111,8 +111,29 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     rw = cfg.get("reward_weights")
     if rw is not None and not (isinstance(rw, (list, dict))):
         raise _bad("reward_weights", "must be a list of numbers or an object name -> weight", rw)
-    cfg["rollout_is"] = normalize_rollout_is(cfg.get("rollout_is"))
+    given_is = cfg.get("rollout_is")
+    cfg["rollout_is"] = normalize_rollout_is(given_is)
+    if cfg["loss_type"] == "vespo" and cfg["rollout_is"] is not None:
+        _check_vespo_is(cfg["rollout_is"], given_is)
     return cfg
+
+
+def _check_vespo_is(ris: dict[str, Any], given: Any) -> None:
+    """VESPO folds TRL's token IS weights into its sequence weight φ (TRL's ``get_gamma_weights``):
+    reproduced for TRL's ``token_truncate`` and ``token_mask`` (what TRL 1.16 accepts with VESPO)
+    with a band around 1. Off the completion mask TRL's ratio is 1 and its log enters φ over every
+    padded position, which a run does not hold unless the mode leaves 1 unchanged."""
+    why = None
+    if ris["level"] != "token" or ris["mode"] not in ("truncate", "truncate_upper", "icepop"):
+        why = (f"loss_type vespo is reproduced only with TRL's vLLM IS modes token_truncate and token_mask (TRL "
+               f"refuses the others with VESPO), not level {ris['level']!r} mode {ris['mode']!r}")
+    elif ris["veto_lower"] is not None or ris["veto_upper"] is not None or ris["rs"] or ris.get("batch_normalize"):
+        why = "loss_type vespo is reproduced only with TRL's vLLM IS correction (no veto, rejection filter or batch normalisation)"
+    elif (ris["lower"] is not None and ris["lower"] > 1.0) or ris["upper"] < 1.0:
+        why = ("loss_type vespo with an IS band that excludes 1 is not reproduced (TRL adds the log weight of every "
+               "padded position into φ, and a run holds no padding)")
+    if why:
+        raise _bad("rollout_is", why, given)
 
 
 #: Config keys read outside :data:`~grpolens.run.format.CONFIG_DEFAULTS`: files and models the run

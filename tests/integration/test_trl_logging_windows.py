@@ -68,13 +68,19 @@ def test_windows_every_loss_type(trl_run, name):
     logs = trl_parity.trl_log(run).values()
     clip_key = "cispo_clip_ratio" if "cispo" in name else "clip_ratio/region_mean"
     # sapo and vespo log no clip metric; two rounds per step with num_iterations=1 never computes old log-probs
-    if name not in ("window_sapo", "window_vespo", "window_two_generations_per_step"):
+    vespo = name.startswith("window_vespo")
+    if name not in ("window_sapo", "window_two_generations_per_step") and not vespo:
         assert max(r.get(clip_key) or 0.0 for r in logs) > 0, f"{name}: TRL never clipped"
     assert max(r.get("kl") or 0.0 for r in logs) > 0, f"{name}: no KL"
     rows = _assert_all_reproduced(run, name)
-    if name == "window_vespo":  # VESPO's own metric, and its weights off 1 once the policy moved
-        assert "vespo/phi_seq_mean" in {r.key for r in rows}
+    if vespo:  # VESPO's own metric, and its weights off 1 once the policy moved
+        assert {"vespo/phi_seq_mean", "loss"} <= {r.key for r in rows}
         assert any(abs((r.get("vespo/phi_seq_mean") or 1.0) - 1.0) > 1e-3 for r in logs), "VESPO never reweighted"
+    if name == "window_vespo_is_token_truncate":  # the band cut weights that φ then holds
+        assert min(r["sampling/importance_sampling_ratio/min"] for r in logs) == pytest.approx(0.97)
+        assert max(r["sampling/importance_sampling_ratio/max"] for r in logs) == pytest.approx(1.03)
+    if name == "window_vespo_is_token_mask":  # some tokens masked: ln 1e-8 in their sequence's φ
+        assert min(r["sampling/importance_sampling_ratio/min"] for r in logs) == 0.0
 
 
 @pytest.mark.slow

@@ -169,6 +169,12 @@ WINDOW_CONFIGS: dict[str, list[str]] = {
     "window_gspo": [*CONFIGS["gspo"], *WINDOW],
     "window_two_generations_per_step": [*CONFIGS["two_generations_per_step"], *WINDOW],
     "window_is_sequence_mask": [*CONFIGS["is_sequence_mask"], *WINDOW],
+    # VESPO folds the vLLM IS weights into φ: truncation at a band that cuts the simulated engine's noise,
+    # and masking at a wider one (a masked token puts ln 1e-8 into its sequence's φ)
+    "window_vespo_is_token_truncate": ["--loss-type", "vespo", "--simulate-vllm-is", "token_truncate",
+                                       "--is-clip-min", "0.97", "--is-clip-max", "1.03", *WINDOW],
+    "window_vespo_is_token_mask": ["--loss-type", "vespo", "--simulate-vllm-is", "token_mask",
+                                   "--is-clip-min", "0.9", "--is-clip-max", "1.1", *WINDOW],
     "window_ddp": [*CONFIGS["ddp"], *WINDOW],
 }
 CONFIGS.update(DEFAULT_CONFIGS)

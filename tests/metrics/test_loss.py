@@ -13,12 +13,17 @@ DEFAULTS = {"epsilon": 0.2, "epsilon_high": None, "delta": None, "beta": 0.0, "u
 
 
 def ref_vespo_phi(c, cfg):
-    """TRL 1.16's ``get_gamma_weights`` on one padded call, per row: ℓ = Σ_t clamp(logp − old, ±20)·M
-    clamped to [ln 1e-8, 20], (k, λ) by the row's advantage >= 0, φ = exp(λ + kℓ − λe^ℓ), NaN/inf → 0."""
+    """TRL 1.16's ``get_gamma_weights`` on one padded call, per row: ℓ = Σ_t clamp(logp − old, ±20)·M,
+    plus with TRL's vLLM IS correction Σ_t clamp(ln ratio, ln 1e-8, 20) over every padded position
+    (the ratio of :func:`ref_is_weight`: 1 off the mask), clamped to [ln 1e-8, 20], (k, λ) by the row's
+    advantage >= 0, φ = exp(λ + kℓ − λe^ℓ), NaN/inf → 0."""
     cfg = {**DEFAULTS, **cfg}
     with np.errstate(all="ignore"):
         rv = c.mask & np.isfinite(c.logp) & np.isfinite(c.old)
         ell = np.where(rv, np.clip(c.logp - c.old, -20, 20), 0.0).sum(1)
+        if cfg.get("rollout_is"):
+            ratio, _ = ref_is_weight(c, cfg["rollout_is"])
+            ell = ell + np.clip(np.log(ratio), np.log(1e-8), 20.0).sum(1)
         ell = np.clip(ell, np.log(1e-8), 20.0)
         pos = c.advantages >= 0
         k = np.where(pos, cfg["vespo_k_pos"], cfg["vespo_k_neg"])
@@ -89,7 +94,7 @@ def ref_token_loss(c, cfg):
             c1 = coef if cfg["delta"] is None else np.minimum(coef, cfg["delta"])
             c2 = np.clip(coef, 1 - eps_lo, 1 + eps_hi)
             L = -np.minimum(c1 * A, c2 * A)
-        if cfg.get("rollout_is"):  # the IS weight multiplies the policy term, before + β·kl
+        if cfg.get("rollout_is") and lt != "vespo":  # the IS weight multiplies the policy term, before + β·kl
             factor, keep = ref_is_weight(c, cfg["rollout_is"])
             v &= keep
             L = L * factor
