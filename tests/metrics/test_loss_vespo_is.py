@@ -1,6 +1,6 @@
 """VESPO with TRL's vLLM importance-sampling correction: TRL folds the token IS ratios into φ
 (``get_gamma_weights``) instead of multiplying the loss by them. Judged by the numpy transcription
-in tests/metrics/test_loss.py (``ref_vespo_phi``, ``ref_pooled``, ``ref_trl``); TRL trained live is
+in tests/metrics/loss_reference.py (``ref_vespo_phi``, ``ref_pooled``, ``ref_trl``); TRL trained live is
 tests/integration/test_trl_logging_windows.py (``window_vespo_is_*``)."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 
 import grpolens
 from grpolens.errors import UserError
-from tests.metrics.test_loss import ref_pooled, ref_trl, ref_vespo_phi
+from tests.metrics.loss_reference import ref_pooled, ref_trl, ref_vespo_phi
 from tests.refdata import LossCall, approx, f32, random_calls, write_run
 
 

@@ -6,7 +6,6 @@ rows each trainer's summary counts, and when it reports nothing. The references 
 import copy
 
 import numpy as np
-import polars as pl
 import pytest
 
 import grpolens
