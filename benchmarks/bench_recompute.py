@@ -33,8 +33,8 @@ alternately (``--reps``), so that a load change on a shared machine hits all of 
 table gives medians and the ratios' range over the repetitions, with the load average. Then rows/s
 of the full recompute at each ``--workers`` count (``recompute --workers N``: N processes
 computing steps; the read floor beside it reads with N threads) and, with ``--threads``, in one
-process at each ``GRPOLENS_THREADS`` count; peak RSS and the floor ratio at each of
-``--sizes``, and (``--rerun-steps N``) on an N+1-step run: a re-run with nothing new, and the
+process at each ``GRPOLENS_THREADS`` count; peak RSS and the ratio to the polars read floor at each of
+``--sizes`` on each step shape of ``--shapes``, and (``--rerun-steps N``) on an N+1-step run: a re-run with nothing new, and the
 cost of one new step after N. ``--write-readme`` puts the tables into README.md's Performance
 section, with the machine, the date and this command.
 """
@@ -279,25 +279,30 @@ def workers_table(run: Path, rows: int, counts: list[int]) -> list[str]:
     return lines
 
 
-def size_table(base: Path, sizes: list[float], keep: bool, threads: int) -> list[str]:
-    lines = ["| token rows | steps | read floor wall s | full recompute wall s | ratio (wall) | read floor CPU s | "
-             "full recompute CPU s | ratio (CPU) | full recompute peak RSS MiB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for size in sizes:
-        run = base / f"run-{size:.0e}"
-        steps = max(2, int(size / PER_STEP))
-        synth(run, steps)
-        rows = rows_of(run)
-        scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
-        floor = timed(commands(run, scratch, threads)["read floor"], threads)
-        full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch)))
-        shutil.rmtree(scratch)
-        lines.append(f"| {rows / 1e6:.1f} M | {steps} | {floor['wall']:.1f} | {full['wall']:.1f} | "
-                     f"{full['wall'] / floor['wall']:.2f} | {floor['cpu']:.1f} | {full['cpu']:.1f} | "
-                     f"{full['cpu'] / floor['cpu']:.2f} | {full['rss']:.0f} |")
-        print(lines[-1], flush=True)
-        if not keep:
-            shutil.rmtree(run)
+def size_table(base: Path, sizes: list[float], shapes: list[str], keep: bool, threads: int) -> list[str]:
+    """Cost against the polars read floor and peak RSS at each size, on each step shape: the ratio
+    must not grow with the size, and RSS must stay flat (one step's shards in memory per worker)."""
+    lines = ["| step shape | token rows | steps | polars read floor CPU s | full recompute CPU s | "
+             "**ratio (CPU)** (target ≤ 2.0) | polars read floor wall s | full recompute wall s | ratio (wall) | "
+             "full recompute peak RSS MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for shape in shapes:
+        flags, per_step = SHAPES[shape]
+        for size in sizes:
+            run = base / f"run-{shape}-{size:.0e}"
+            steps = max(2, int(size / per_step))
+            synth(run, steps, flags)
+            rows = rows_of(run)
+            scratch = Path(tempfile.mkdtemp(prefix="grpolens-bench-out-"))
+            floor = timed(commands(run, scratch, threads)["polars read floor"], threads)
+            full = timed(grpolens("recompute", str(run), "--full", "--quiet", "--out", str(scratch)))
+            shutil.rmtree(scratch)
+            lines.append(f"| {shape} | {rows / 1e6:.1f} M | {steps} | {floor['cpu']:.1f} | {full['cpu']:.1f} | "
+                         f"{full['cpu'] / floor['cpu']:.2f} | {floor['wall']:.1f} | {full['wall']:.1f} | "
+                         f"{full['wall'] / floor['wall']:.2f} | {full['rss']:.0f} |")
+            print(lines[-1], flush=True)
+            if not keep:
+                shutil.rmtree(run)
     return lines
 
 
@@ -379,7 +384,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of the main commands")
     ap.add_argument("--workers", default="1,2", help="worker counts (recompute --workers) for the rows/s table, comma-separated")
     ap.add_argument("--threads", default="", help="thread counts (GRPOLENS_THREADS, one process) for a second rows/s table, comma-separated")
-    ap.add_argument("--sizes", default="", help="token row counts for the RSS table, e.g. 25e6,50e6,100e6,200e6")
+    ap.add_argument("--sizes", default="", help="token row counts for the table by size (ratio to the polars floor, peak RSS) on each of --shapes, e.g. 50e6,200e6")
     ap.add_argument("--rerun-steps", type=int, default=0, help="N: time a re-run and one added step on an N+1-step run")
     ap.add_argument("--dir", type=Path, default=None, help="where to put the runs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the runs afterwards")
@@ -397,7 +402,8 @@ def main() -> None:
     out: list[str] = []
     for shape in [x.strip() for x in args.shapes.split(",") if x.strip()] if args.tokens > 0 else []:
         out += shape_tables(base, shape, args, counts, threads)
-    sizes = size_table(base, [float(s) for s in args.sizes.split(",")], args.keep, threads) if args.sizes else []
+    shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
+    sizes = size_table(base, [float(s) for s in args.sizes.split(",")], shapes, args.keep, threads) if args.sizes else []
     out += ["", *sizes] if sizes else []
     rerun = rerun_table(base, args.rerun_steps, args.keep) if args.rerun_steps else []
     if rerun:
