@@ -211,6 +211,45 @@ def _trainer_class():
     return ns["GRPOTrainer"]
 
 
+class RecordingHook:
+    """Stands in for grpolens' writer hook (pyarrow is not in this venv): every call SwiftCapture
+    makes, its arguments as JSON (arrays with their dtype), replayed into the real hook by the test."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _record(self, name, kw):
+        def enc(v):
+            if isinstance(v, torch.Tensor):
+                v = v.detach().cpu().numpy()
+            if isinstance(v, np.ndarray):
+                return {"dtype": str(v.dtype), "shape": list(v.shape), "v": v.reshape(-1).tolist()}
+            if isinstance(v, dict):
+                return {"dict": {k: enc(x) for k, x in v.items()}}
+            return v
+        self.calls.append([name, {k: enc(v) for k, v in kw.items()}])
+
+    def log_samples(self, **kw):
+        self._record("log_samples", kw)
+
+    def log_loss_call(self, **kw):
+        self._record("log_loss_call", kw)
+
+    def end_step(self, step):
+        self._record("end_step", {"step": step})
+
+    def close(self):
+        self._record("close", {})
+
+
+def _capture_class(path: str):
+    """``grpolens/integrations/swift.py`` loaded by path (grpolens' package needs polars/pyarrow)."""
+    spec = importlib.util.spec_from_file_location("grpolens_swift_capture", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SwiftCapture
+
+
 # the recorded data of the running case, by sample id (set per case)
 DATA: dict = {}
 
@@ -334,6 +373,10 @@ class Runner:
         t._template_context = lambda template: contextlib.nullcontext()
         t._has_teacher_explicit = lambda: False
         t._disable_sp_context = lambda: contextlib.nullcontext()
+        self.hook = self.capture = None
+        if c.get("capture"):  # grpolens' SwiftCapture on this trainer, as a user attaches it
+            self.hook = RecordingHook()
+            self.capture = _capture_class(c["capture"])(None, t, config={}, hook=self.hook)
 
     def train(self) -> list[dict]:
         """transformers' loop: micro-steps, the summed loss, ``log`` at the logging steps."""
@@ -358,6 +401,8 @@ class Runner:
         if any(len(v) for v in t._metrics["train"].values()):
             t.log({"train_runtime": 0.0})  # Trainer.train's closing summary
             t.logged[-1]["step"] = self.c["steps"]
+        if self.capture is not None:
+            self.capture.close()  # the capture's last step, as the user's close() after train()
         return t.logged
 
 
@@ -371,7 +416,8 @@ def _rank_main(rank: int, world: int, init: str, cases: list):
         r = Runner(rank, world, case["config"])
         logs = r.train()
         dumps = [None] * world
-        dist.all_gather_object(dumps, {"calls": r.calls, "advantages": r.advantages, "round_ids": r.round_ids})
+        dist.all_gather_object(dumps, {"calls": r.calls, "advantages": r.advantages, "round_ids": r.round_ids,
+                                       "capture": r.hook.calls if r.hook is not None else None})
         if rank == 0:
             Path(case["out"]).write_text(json.dumps({"logs": logs, "ranks": dumps}))
         dist.barrier()
