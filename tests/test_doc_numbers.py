@@ -103,6 +103,8 @@ CHECKED = {
     ("docs/profiles.md", "with the reason (verl 0.9.1, "): "tests/reference/test_verl_reference.py::test_docs_quote_the_count",
     ("docs/profiles.md", "298 of 298 over 18"): "tests/reference/test_twinkle_reference.py::test_docs_quote_the_count",
     ("docs/profiles.md", "ms-swift 4.6.0, "): "tests/reference/test_swift_reference.py::test_docs_quote_the_count",
+    ("docs/integrations/swift.md", "ms-swift 4.6.0 via SwiftCapture, "):
+        "tests/reference/test_swift_reference.py::test_capture_docs_quote_the_count",
     ("docs/synth.md", "(about 5 %)"): _SYNTH,
     ("docs/distributed.md", "an idle poll is 3 LIST requests"):
         "tests/distributed/test_s3_commands.py::test_serve_watch_picks_up_a_new_step_in_the_bucket",

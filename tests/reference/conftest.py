@@ -44,7 +44,7 @@ def close(got: float | None, logged: float, atol: float, rtol: float) -> bool:
     return abs(got - logged) <= atol + rtol * max(abs(got), abs(logged))
 
 
-def check_quoted_tally(trainer: str, expected: set[str], quote: str) -> None:
+def check_quoted_tally(trainer: str, expected: set[str], quote: str, page: str = "docs/profiles.md") -> None:
     """docs/profiles.md quotes each trainer's count, ``quote`` formatted with ``got``, ``total``,
     ``configs`` and ``missing`` (total - got); checked once every configuration of the module ran
     (a ``-k`` subset skips it)."""
@@ -55,9 +55,9 @@ def check_quoted_tally(trainer: str, expected: set[str], quote: str) -> None:
         pytest.skip(f"{len(rows)} of {len(expected)} {trainer} comparisons ran in this session")
     got, total = sum(v[0] for v in rows.values()), sum(v[1] for v in rows.values())
     configs = len({c.split(" [")[0] for c in rows})
-    text = " ".join((Path(__file__).parents[2] / "docs" / "profiles.md").read_text().split())
+    text = " ".join((Path(__file__).parents[2] / page).read_text().split())
     line = quote.format(got=got, total=total, configs=configs, missing=total - got)
-    assert line in text, f"docs/profiles.md should say {line!r} (the count the reference tests just measured)"
+    assert line in text, f"{page} should say {line!r} (the count the reference tests just measured)"
 
 
 def pytest_terminal_summary(terminalreporter):

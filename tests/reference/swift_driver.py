@@ -34,6 +34,10 @@ What is ms-swift's code and what stands in for its plumbing:
   is logged with the training summary. Data-parallel ranks are processes joined by a gloo process
   group.
 
+With ``"capture"`` in a case's config (the path of ``grpolens/integrations/swift.py``), grpolens'
+``SwiftCapture`` is attached to each rank's trainer as a user attaches it; its hook is a recorder
+(this venv has no pyarrow) whose calls go to the output for the test to replay into the real hook.
+
 Inputs (``IN.npz``), one row per completion in generation order (round, rank, row): ``len``,
 ``trunc``, ``rewards`` (one column per reward function), ``old``, ``ref``, ``rollout`` (padded to
 the widest) and per iteration ``cur`` / ``ent``. Output (``OUT.json``): ``logs`` (each ``log()``

@@ -277,16 +277,24 @@ def test_swift_capture_records_what_swift_trains_on(case, swift_logged, tmp_path
     _check(case, out, run, "ms-swift 4.6.0 via SwiftCapture")
 
 
-@pytest.mark.parametrize("case", CASES[:2], ids=[c.name for c in CASES[:2]])
-def test_parity_reads_swift_logging_jsonl(case, swift_logged, tmp_path):
+PARITY = [(c, "hook") for c in CASES[:2]] + [(c, "capture") for c in CASES if c.name in
+                                                ("defaults", "off_policy_mask_rollout_is_dp2")]
+
+
+@pytest.mark.parametrize("case,recorder", PARITY, ids=[f"{c.name}-{r}" for c, r in PARITY])
+def test_parity_reads_swift_logging_jsonl(case, recorder, swift_logged, tmp_path):
     """``grpolens parity`` on ms-swift's own ``logging.jsonl`` lines (the progress callback's
     ``global_step/max_steps``, its timings, floats rounded to 8 decimals): every key the run
-    determines agrees, and none is missing."""
+    determines agrees, and none is missing; for a run written by the test's hook calls and for one
+    SwiftCapture wrote from ms-swift's trainer."""
     from grpolens.analysis.parity import compare
 
     arrays, config, out = swift_logged[case.name]
     run = tmp_path / "run"
-    record(case, arrays, config, out, run)
+    if recorder == "capture":
+        replay_capture(case, config, out, run)
+    else:
+        record(case, arrays, config, out, run)
     log = tmp_path / "logging.jsonl"
     lines = []
     for rec in out["logs"]:
@@ -306,3 +314,10 @@ def test_docs_quote_the_count():
     """Runs after the comparisons above (module order): the figure docs/profiles.md quotes."""
     check_quoted_tally("ms-swift 4.6.0", {c.name for c in CASES},
                        "ms-swift 4.6.0, {got} of {total} values over {configs} configurations")
+
+
+def test_capture_docs_quote_the_count():
+    """The figure docs/integrations/swift.md quotes for the runs SwiftCapture wrote."""
+    check_quoted_tally("ms-swift 4.6.0 via SwiftCapture", {c.name for c in CASES},
+                       "ms-swift 4.6.0 via SwiftCapture, {got} of {total} values over {configs} configurations",
+                       page="docs/integrations/swift.md")
