@@ -11,7 +11,7 @@ import pyarrow as pa
 from grpolens.run import format as fmt
 from grpolens.run.format import absent_spans, describe_spans
 from grpolens.run.storage import StorageError as _StorageError
-from grpolens.run.validate.checks import (  # noqa: F401
+from grpolens.run.validate.checks import (
     ERROR,
     WARNING,
     _TMP_RE,
