@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from grpolens.capture.hook import GRPOLensHook
+from grpolens.integrations import trainer_info
 
 __all__ = ["OpenRLHFCapture", "openrlhf_config", "tag_experiences", "keep_reference"]
 
@@ -165,7 +166,7 @@ class OpenRLHFCapture:
                  world_size: int | None = None, enabled: bool = True, run_name: str | None = None,
                  mode: str = "new", **writer_kwargs):
         self.enabled = enabled
-        self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=_trainer_info(), rank=rank,
+        self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=trainer_info("openrlhf"), rank=rank,
                                  world_size=world_size, enabled=enabled, mode=mode, **writer_kwargs)
         self.step: int | None = None
         self._micro_batch = 0
@@ -250,12 +251,3 @@ def _left_align(x: torch.Tensor, first: torch.Tensor, width: int) -> torch.Tenso
     idx = (torch.arange(width, device=x.device)[None, :] + first[:, None].to(x.device)).clamp(max=width - 1)
     return x.gather(1, idx)
 
-
-def _trainer_info() -> dict[str, Any]:
-    from importlib import metadata
-
-    try:
-        version = metadata.version("openrlhf")
-    except metadata.PackageNotFoundError:
-        version = None
-    return {"name": "openrlhf", "version": version}

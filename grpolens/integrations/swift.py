@@ -60,8 +60,9 @@ class SwiftCapture:
             config = swift_config(trainer.args)
         if hook is None:
             from grpolens.capture.hook import GRPOLensHook
+            from grpolens.integrations import trainer_info
 
-            hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=_trainer_info(), rank=rank,
+            hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=trainer_info("ms-swift"), rank=rank,
                                 world_size=world_size, enabled=enabled, mode=mode, **writer_kwargs)
         self.hook, self.enabled = hook, enabled
         self.round = -1
@@ -198,12 +199,3 @@ class SwiftCapture:
         self.end_step()
         self.hook.close()
 
-
-def _trainer_info() -> dict[str, Any]:
-    from importlib import metadata
-
-    try:
-        version = metadata.version("ms-swift")
-    except metadata.PackageNotFoundError:
-        version = None
-    return {"name": "ms-swift", "version": version}

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from grpolens.capture.hook import GRPOLensHook
+from grpolens.integrations import trainer_info
 
 __all__ = ["VerlCapture", "verl_config", "group_id_of"]
 
@@ -249,7 +250,7 @@ class VerlCapture:
                  tokenizer: Any = None, reward_keys: Iterable[str] | None = None, enabled: bool = True,
                  run_name: str | None = None, mode: str = "new", **writer_kwargs):
         self.enabled = enabled
-        self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=_trainer_info(),
+        self.hook = GRPOLensHook(run_dir, config=config, run_name=run_name, trainer=trainer_info("verl"),
                                  rank=rank, world_size=world_size, enabled=enabled, mode=mode, **writer_kwargs)
         self.rank, self.world_size = self.hook.rank, self.hook.world_size
         self.eos = None if eos_token_id is None else (
@@ -408,12 +409,3 @@ def _numeric(v: Any, n: int) -> bool:
         return True
     return arr.dtype == object and all(x is None or isinstance(x, (bool, int, float, np.number)) for x in arr)
 
-
-def _trainer_info() -> dict[str, Any]:
-    from importlib import metadata
-
-    try:
-        version = metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        version = None
-    return {"name": "verl", "version": version}
