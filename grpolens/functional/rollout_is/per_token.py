@@ -30,6 +30,16 @@ def valid_token_weights(b, c: ISConfig, x: Inputs, partials: dict | None = None)
     return raw, app, ~t.rej & ~sv.seq_rej[seq_of]
 
 
+def applied_weights(b, c: ISConfig, x: Inputs, partials: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The applied weights of :func:`valid_token_weights` without repeating them: ``(a, None)``,
+    one per valid token, at token level; ``(a, n)`` at sequence levels, one per sequence standing
+    for its ``n`` valid tokens (the IS-weight histogram counts them so)."""
+    if c.level == "token":
+        return token_decisions(x, c).a, None
+    sv = seq_view(partials if partials is not None else sequence_partials(b, x, c), c)
+    return sv.a, sv.n.astype(np.int64)
+
+
 def token_weights(b, c: ISConfig, x: Inputs | None = None, partials: dict | None = None) -> dict[str, np.ndarray]:
     """Per-token ``valid``, raw weight, applied weight and the modified loss mask (``is_mask``) of a
     batch, one entry per row; weights are NaN and ``is_mask`` False where the token is not valid."""

@@ -44,5 +44,9 @@ def batch_token_weights(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
     return ris.token_weights(b, c, batch_inputs(b), batch_partials(b, c))
 
 
+def batch_applied_weights(b: TokenBatch, c: ISConfig) -> tuple[np.ndarray, np.ndarray | None]:
+    return ris.applied_weights(b, c, batch_inputs(b), batch_partials(b, c))
+
+
 def batch_valid_weights(b: TokenBatch, c: ISConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ris.valid_token_weights(b, c, batch_inputs(b), batch_partials(b, c))
