@@ -95,6 +95,7 @@ def _load_numba(caller: _Deferred):
         if _numba is None:
             import numba
 
+            _without_scipy_blas()
             for d in _pending:
                 d.dispatcher = numba.njit(**d.options)(d.py_func)
             swap = {id(d): d.dispatcher for d in _pending}
@@ -107,3 +108,29 @@ def _load_numba(caller: _Deferred):
             _pending.clear()
             _numba = numba
     return caller.dispatcher
+
+
+class _RefuseScipyLinalg:
+    """An import hook under which ``import scipy.linalg...`` fails as if scipy were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "scipy.linalg" or name.startswith("scipy.linalg."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def _without_scipy_blas() -> None:
+    """Load numba's numpy implementations without scipy's BLAS. On its first compile (a cached
+    kernel's load included) numba imports ``numba.np.arraymath``, which imports
+    ``scipy.linalg.cython_blas`` where scipy is installed, only to decide whether ``np.correlate``
+    and ``np.convolve`` in a kernel use BLAS' dot (~0.15 s of CPU per process, each worker's
+    included). No grpolens kernel calls them, so numba records "no BLAS" for those two (its loop
+    instead); linear algebra in a kernel would still import scipy when compiled."""
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    hook = _RefuseScipyLinalg()
+    sys.meta_path.insert(0, hook)
+    try:
+        import numba.np.arraymath  # noqa: F401 - imported now, under the hook
+    finally:
+        sys.meta_path.remove(hook)

@@ -67,3 +67,16 @@ def test_a_kernel_calls_formulas_inlined_from_its_module_and_another_and_binds_a
         print(kernels.total.targetoptions['nogil'], formulas.twice(1.5))
     """, tmp_path)
     assert out == ["False", "_Deferred", "24.0", "True", "True", "CPUDispatcher", "CPUDispatcher", "True", "3.0"]
+
+
+def test_the_first_kernel_call_does_not_import_scipy_linalg():
+    # numba's numpy implementations import scipy.linalg (~0.15 s) only to pick BLAS for
+    # np.correlate/np.convolve, which no kernel calls; a kernel's first call loads them without it
+    out = _python("""
+        import sys
+        import numpy as np
+        from grpolens.functional.histogram import edge_counts
+        print(edge_counts(np.array([1.0, 6.0, 7.0]), np.array([0.0, 5.0, 20.0])).tolist())
+        print('numba' in sys.modules, 'scipy.linalg' in sys.modules)
+    """)
+    assert out == ["[1,", "2]", "True", "False"]
