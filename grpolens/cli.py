@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     from grpolens.allocator import keep_freed_memory
 
     keep_freed_memory()  # a command-line process reuses the memory it frees (see grpolens/allocator.py)
+    if _PROGRAM:  # the program, not a caller in its own process: commands that read runs may skip pandas
+        from grpolens.run import no_pandas
+
+        no_pandas.PROGRAM = True
     quiet = signal.getsignal(signal.SIGINT) is _exit_interrupted
     if quiet:  # a command is running: Ctrl-C raises KeyboardInterrupt, so that it cleans up on its way out
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -13,12 +13,12 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
-from grpolens.functional.estimators import LOG_RATIO_BOUND, clip_log_ratio
+from grpolens.functional.estimators import LOG_RATIO_BOUND
 from grpolens.functional.histogram import edge_counts
 from grpolens.functional.rollout_is import ISConfig
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.engine import Visitor, visitor
-from grpolens.metrics.rollout_is import batch_inputs, batch_token_weights, batch_valid_weights
+from grpolens.metrics.rollout_is import batch_applied_weights, batch_inputs, batch_token_weights
 from grpolens.run import format as fmt
 from grpolens.run.reader import resolve_config
 from grpolens.run.step_table import write_step_table
@@ -27,11 +27,13 @@ from grpolens.run.step_table import write_step_table
 #: signs, plus one centre bin (−1e-6, 1e-6): bf16 noise (~1e-3) and catastrophic tails both resolve.
 _HALF = np.unique(np.append(10.0 ** np.arange(-6.0, np.log10(LOG_RATIO_BOUND), 0.1), LOG_RATIO_BOUND))
 HIST_EDGES = np.concatenate([-_HALF[::-1], _HALF])
+assert HIST_EDGES[0] == -LOG_RATIO_BOUND and HIST_EDGES[-1] == LOG_RATIO_BOUND  # histogram() clamps to them
 
 
-def histogram(log_w: np.ndarray) -> np.ndarray:
-    x = clip_log_ratio(log_w)
-    return edge_counts(x, HIST_EDGES)
+def histogram(log_w: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Counts of ``clip_log_ratio(log_w)`` in the bins (``weights``: how many tokens each value
+    stands for). The edges end at the ±20 bound, so clamping to them is that clip."""
+    return edge_counts(log_w, HIST_EDGES, clamp=True, weights=weights)
 
 
 @dataclass
@@ -47,10 +49,11 @@ class ISHistogram(Visitor):
         if not b.has("rollout_logp"):
             return None
         x = batch_inputs(b)
-        a = batch_valid_weights(b, self.c)[1]
-        with np.errstate(divide="ignore"):
-            la = np.log(a[a > 0])
-        return {"raw": histogram(x.dv), "applied": histogram(la), "applied_zero": int((a == 0).sum())}
+        a, n = batch_applied_weights(b, self.c)  # n: tokens per value (sequence levels)
+        pos = a > 0
+        la = np.log(a[pos])
+        zero = int((a == 0).sum()) if n is None else int(n[a == 0].sum())
+        return {"raw": histogram(x.dv), "applied": histogram(la, None if n is None else n[pos]), "applied_zero": zero}
 
     def combine(self, step: int, pieces: list) -> dict | None:
         parts = [p for p in pieces if p is not None]

@@ -225,6 +225,9 @@ def _serve(fd: int) -> None:
     from grpolens.allocator import keep_freed_memory
 
     keep_freed_memory()  # a process that only recomputes, like the command line's
+    from grpolens.run.no_pandas import pyarrow_without_pandas
+
+    pyarrow_without_pandas(program=True)  # nor does it hand pyarrow pandas objects: skip pandas' import
     conn = Connection(fd)
     try:
         path, spec = pickle.loads(conn.recv_bytes())

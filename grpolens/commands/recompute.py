@@ -50,6 +50,9 @@ def recompute_cmd(
         or (out is not None and "://" in out)) else None
     extra = None  # the --is-weights writer (a fresh re-run never has one)
     if res is None:
+        from grpolens.run.no_pandas import pyarrow_without_pandas
+
+        pyarrow_without_pandas()  # the program: pyarrow need not import pandas (0.27 s) on its first read
         from grpolens.analysis.recompute import recompute
         from grpolens.run.reader import parse_overrides
         from grpolens.commands.ui import progress_bar

@@ -28,55 +28,73 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpolens.functional.jit import inline, kernel
+
 #: :func:`edge_counts` looks each value up by the top ``64 - _SHIFT`` bits of its order-preserving
 #: key (sign, exponent and 4 mantissa bits: buckets 1/16 of an octave wide)
 _SHIFT = 48
 _LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
 
 
-def _buckets(x: np.ndarray) -> np.ndarray:
-    """Each float64's bucket, as an index into a table of ``2**(64 - _SHIFT)`` (negative buckets
-    wrap to the table's upper half, as numpy's negative indices do): the int64 key
-    ``s ^ ((s >> 63) & 0x7FFF...)`` of the bits ``s`` orders like the values (NaN aside; -0.0 just
-    below +0.0), and its top bits keep that order."""
-    s = x.view(np.int64)
-    return (s ^ ((s >> 63) & _LOW63)) >> _SHIFT
-
-
 @functools.lru_cache(maxsize=8)
-def _bucket_table(edges: bytes) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(below, bounds, steps)``: for every bucket, how many bounds lie below it; the bounds (the
-    edges, the last one moved up by one ulp so that it closes its bin, then a NaN that no value
-    passes); and the most bounds one bucket holds."""
+def _bucket_table(edges: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``(below, bounds)``: for every bucket (table order: the non-negative keys' buckets, then
+    the negative ones'), how many bounds lie below it; and the bounds (the edges, the last one
+    moved up by one ulp so that it closes its bin, then a NaN that no value passes)."""
     e = np.frombuffer(edges, dtype=np.float64).copy()
     e[-1] = np.nextafter(e[-1], np.inf)
     half = 1 << (63 - _SHIFT)
     first = np.r_[np.arange(0, half), np.arange(-half, 0)].astype(np.int64) << _SHIFT  # table order
     keys = e.view(np.int64) ^ ((e.view(np.int64) >> 63) & _LOW63)
-    below = np.searchsorted(keys, first, side="left").astype(np.int64)
-    inside = np.searchsorted(keys, first + (1 << _SHIFT) - 1, side="right") - below
-    return below, np.append(e, np.nan), int(inside.max())
+    return np.searchsorted(keys, first, side="left").astype(np.int64), np.append(e, np.nan)
 
 
-def edge_counts(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def edge_counts(x: np.ndarray, edges: np.ndarray, clamp: bool = False,
+                weights: np.ndarray | None = None) -> np.ndarray:
     """``np.histogram(x, bins=edges)[0]`` as int64 (``edges`` increasing, finite): bins
     ``[e_i, e_i+1)``, the last one closed; values outside the edges and NaN are not counted.
 
+    ``clamp``: a value beyond the edges (±inf included) counts in the outer bin on its side, i.e.
+    the histogram of ``np.clip(x, edges[0], edges[-1])`` without that copy. ``weights``: an
+    integer count per value (the value occurring that many times).
+
     numpy sorts the values to histogram them on uneven edges. Here each value's count of bounds
     ``<= x`` comes from a table lookup by the top bits of its order-preserving key (the bounds
-    below its bucket), plus a comparison with each bound inside the bucket (rarely more than one):
-    the same counts, exactly, at a fraction of the cost (a recompute histograms every token twice).
+    below its bucket), then a comparison with each next bound while it is ``<= x`` (rarely more
+    than one): the same counts, exactly, in one compiled pass (a recompute histograms every
+    token twice).
     """
     e = np.ascontiguousarray(edges, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64).ravel()
-    if (e == 0).any():
-        x = x + 0.0  # -0.0 is +0.0, as the comparisons take it
-    below, bounds, steps = _bucket_table(e.tobytes())
-    c = below[_buckets(x)]
-    for _ in range(steps):  # the bound at c, if <= x, is one more (bounds[-1], NaN, never is)
-        c += bounds[c] <= x
-    n = len(e)  # c: 0 below the first edge, n beyond the last, NaN 0 or n (its key's sign)
-    return np.bincount(c, minlength=n + 1)[1:n].astype(np.int64)
+    x = np.ascontiguousarray(x, dtype=np.float64).ravel()
+    below, bounds = _bucket_table(e.tobytes())
+    w = np.ones(0, dtype=np.int64) if weights is None else np.ascontiguousarray(weights, dtype=np.int64).ravel()
+    return _edge_counts(x, x.view(np.int64), below, bounds, clamp, w)
+
+
+@kernel
+def _edge_counts(x, keys, below, bounds, clamp, weights):
+    n = len(bounds) - 1  # the edges, then the NaN sentinel
+    counts = np.zeros(n - 1, dtype=np.int64)
+    size = len(below)
+    weighted = len(weights) > 0
+    for i in range(len(x)):
+        v = x[i]
+        if v >= bounds[0] and v < bounds[n - 1]:  # inside (the last bound: the last edge + 1 ulp)
+            # the bucket: the top bits of the int64 key s ^ ((s >> 63) & 0x7FFF...) of the bits s,
+            # which orders like the values (negative buckets are the table's upper half)
+            k = (keys[i] ^ ((keys[i] >> 63) & 0x7FFFFFFFFFFFFFFF)) >> _SHIFT
+            c = below[k + size] if k < 0 else below[k]
+            while bounds[c] <= v:  # native comparisons: -0.0 counts as +0.0
+                c += 1
+            c -= 1
+        elif clamp and v < bounds[0]:
+            c = 0
+        elif clamp and v >= bounds[n - 1]:
+            c = n - 2
+        else:  # NaN, or outside the edges
+            continue
+        counts[c] += weights[i] if weighted else 1
+    return counts
 
 
 DEFAULT_ALPHA = 0.005
@@ -114,25 +132,22 @@ class LogBins:
         """Total bins: negative side (reversed), the zero bin (|x| < min_abs), positive side."""
         return 2 * self.per_sign + 1
 
+    def logs(self, x: np.ndarray) -> np.ndarray:
+        """``ln max(|x|, min_abs)`` of each value, worked in one new buffer (numpy's log: the
+        binning's only transcendental, kept numpy's so that every bin is what it always was)."""
+        k = np.abs(x)
+        np.maximum(k, self.min_abs, out=k)
+        return np.log(k, out=k)
+
+    @property
+    def _args(self) -> tuple:
+        return math.log(self.gamma), self.k_min, self.k_max, self.per_sign, self.min_abs
+
     def index(self, x: np.ndarray) -> np.ndarray:
         """Bin of each finite float64 value: 0..per_sign-1 negative (most negative first), per_sign
         the zero bin, then positive (smallest first)."""
-        a = np.abs(x)
-        zero = a < self.min_abs
-        # |x| is raised to min_abs first: the log is finite and k >= k_min. One buffer, worked in
-        # place (every step on whole numbers below 2**53, so exact in float64): the offset
-        # off = min(k, k_max + 1) - k_min (0 .. per_sign-1, the last the overflow), then
-        # per_sign ± (off + 1) by the sign of x, per_sign itself in the zero bin
-        k = np.maximum(a, self.min_abs, out=a)
-        np.log(k, out=k)
-        np.divide(k, math.log(self.gamma), out=k)
-        np.ceil(k, out=k)
-        np.minimum(k, self.k_max + 1, out=k)
-        np.subtract(k, self.k_min - 1, out=k)
-        np.copysign(k, x, out=k)
-        k[zero] = 0.0
-        np.add(k, self.per_sign, out=k)
-        return k.astype(np.int64)
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        return _bin_index(x, self.logs(x), *self._args)
 
     def value(self, idx: int) -> float:
         """The representative value of bin ``idx`` (midpoint in relative terms; 0 for the zero bin)."""
@@ -160,14 +175,16 @@ class LogHistogram:
 
     @classmethod
     def of(cls, values: np.ndarray, bins: LogBins | None = None) -> "LogHistogram":
+        return cls.with_signs(values, bins)[0]
+
+    @classmethod
+    def with_signs(cls, values: np.ndarray, bins: LogBins | None = None) -> tuple["LogHistogram", int, int]:
+        """The histogram of ``values`` and how many of them are < 0 and > 0 (±inf included), in
+        one compiled pass over the values and their logs."""
         bins = bins or LogBins()
-        v = np.asarray(values, dtype=np.float64).ravel()
-        fin = np.isfinite(v)
-        x = v if fin.all() else v[fin]  # the usual case (finite δ): no copy
-        h = cls(bins, np.bincount(bins.index(x), minlength=bins.size).astype(np.int64), int(x.size),
-                float(x.min()) if x.size else math.inf, float(x.max()) if x.size else -math.inf,
-                int(v.size - x.size))
-        return h
+        v = np.ascontiguousarray(values, dtype=np.float64).ravel()
+        counts, n, lo, hi, neg, pos = _histogram(v, bins.logs(v), bins.size, *bins._args)
+        return cls(bins, counts, int(n), float(lo), float(hi), int(v.size - n)), int(neg), int(pos)
 
     def merge(self, other: "LogHistogram") -> "LogHistogram":
         """The histogram of both parts' values (exact: counts add, extrema combine)."""
@@ -214,3 +231,40 @@ def _from_sparse(bins, idx, cnt, n, lo, hi, nonfinite) -> LogHistogram:
     counts = np.zeros(bins.size, dtype=np.int64)
     counts[idx] = cnt
     return LogHistogram(bins, counts, n, lo, hi, nonfinite)
+
+
+@inline
+def _bin(x, log_x, log_gamma, k_min, k_max, per_sign, min_abs):
+    """The bin of a finite ``x`` whose ``log_x`` is :meth:`LogBins.logs`': k = ceil(ln|x| / ln gamma)
+    (|x| raised to min_abs), capped at the overflow bin k_max + 1, mirrored by the sign of x; the
+    zero bin below min_abs."""
+    if abs(x) < min_abs:
+        return per_sign
+    off = min(math.ceil(log_x / log_gamma), k_max + 1) - k_min
+    return per_sign + (2 * (x > 0) - 1) * (1 + off)  # no branch on the sign: it is a coin toss
+
+
+@kernel
+def _bin_index(x, logs, log_gamma, k_min, k_max, per_sign, min_abs):
+    out = np.empty(len(x), dtype=np.int64)
+    for i in range(len(x)):
+        out[i] = _bin(x[i], logs[i], log_gamma, k_min, k_max, per_sign, min_abs)
+    return out
+
+
+@kernel
+def _histogram(x, logs, size, log_gamma, k_min, k_max, per_sign, min_abs):
+    counts = np.zeros(size, dtype=np.int64)
+    n, neg, pos = 0, 0, 0
+    lo, hi = np.inf, -np.inf
+    for i in range(len(x)):
+        v = x[i]
+        neg += v < 0
+        pos += v > 0
+        if not np.isfinite(v):  # counted apart, never binned
+            continue
+        n += 1
+        lo = min(lo, v)
+        hi = max(hi, v)
+        counts[_bin(v, logs[i], log_gamma, k_min, k_max, per_sign, min_abs)] += 1
+    return counts, n, lo, hi, neg, pos

@@ -320,3 +320,53 @@ def test_a_key_is_refused_when_its_file_names_would_be_too_long(tmp_path):
     with pytest.raises(grpolens.errors.UserError, match="_step_1000000.json' cannot name a file or directory: it is 256"):
         sidecars.write_sidecars(tmp_path, table, key="k" * 238, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()  # not the first step's file either
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_steps_pieces_give_the_table_that_merging_them_as_frames_gives(split):
+    # Completions.combine concatenates the shards' arrays (a column a shard lacks: NaN) instead of
+    # merge_partials' polars concat and sort (lacking: null); the completions' columns must be the
+    # same, nulls included (a rank without rollout_logp has no IS columns, not 0), and a sequence
+    # split over two pieces (which the writer never makes) still merges by the columns' rules
+    from grpolens.analysis.sidecars.steps import concat_pieces
+    from grpolens.metrics.partials import merge_partials
+
+    rng = np.random.default_rng(11)
+    pieces = []
+    for rank in range(3):
+        n = 6
+        p = {"step": np.full(n, 4, np.int64), "rank": np.full(n, rank, np.int64),
+             "micro_batch": rng.integers(0, 2, n).astype(np.int64), "sample_id": (100 * rank + rng.permutation(40)[:n]).astype(np.int64),
+             "seq_tokens": rng.integers(1, 9, n).astype(np.float64), "health.masked": rng.integers(0, 5, n).astype(np.float64),
+             "kl.k3.sum": rng.random(n), "kl.n": rng.integers(0, 3, n).astype(np.float64), "kl.k3.max": rng.random(n),
+             "entropy.sum": rng.random(n), "entropy.n": rng.integers(0, 3, n).astype(np.float64),
+             "clip.g.region": rng.integers(0, 2, n).astype(np.float64), "clip.g.n": rng.integers(0, 4, n).astype(np.float64)}
+        if rank != 1:  # rank 1 recorded no rollout_logp: no mismatch or IS partials
+            p.update({"mm.absd": rng.random(n), "mm.n": rng.integers(0, 3, n).astype(np.float64), "mm.absdmax": rng.random(n)})
+            p.update(_ris_partials(rng, n))
+        pieces.append(p)
+    if split:  # the same sequence in two pieces
+        pieces.append({k: v[:2].copy() for k, v in pieces[0].items()})
+    cfg = {"rollout_is": RIS}
+    want = sidecars.sequence_columns(merge_partials([pl.DataFrame(p) for p in pieces]), cfg)
+    got = sidecars.sequence_columns(concat_pieces(pieces), cfg)
+    assert got.equals(want, null_equal=True)
+    if not split:  # (merged by the rules, a lacking column sums to 0: the merge's own behaviour, unchanged)
+        assert got["is_vetoed"].null_count() == 6 and got["is_vetoed"].null_count() < got.height
+    assert sidecars.sequence_columns(concat_pieces([]), cfg).equals(sidecars.sequence_columns(pl.DataFrame(), cfg))
+
+
+def _ris_partials(rng, n):
+    """A rollout-IS producer's per-sequence partials of ``n`` random sequences."""
+    from grpolens.metrics.partials import PRODUCERS
+    from grpolens.metrics.batch import TokenBatch
+
+    lengths = rng.integers(1, 6, n)
+    rows = int(lengths.sum())
+    seq = np.repeat(np.arange(n), lengths)
+    batch = TokenBatch.from_arrow(pa.table({
+        "step": np.zeros(rows, np.int64), "rank": np.zeros(rows, np.int32), "micro_batch": np.zeros(rows, np.int32),
+        "sample_id": seq.astype(np.int64), "pos": np.concatenate([np.arange(k) for k in lengths]).astype(np.int32),
+        "logp": -rng.random(rows), "old_logp": -rng.random(rows), "rollout_logp": -rng.random(rows) * 3,
+        "advantage": rng.normal(size=rows).astype(np.float32), "mask": rng.random(rows) < 0.8}))
+    return PRODUCERS["rollout_is"].fn(batch, {"rollout_is": RIS})

@@ -174,3 +174,38 @@ def test_index_is_the_binning_formula(bins):
     got = bins.index(x)
     assert got.dtype == np.int64 and np.array_equal(got, want)
     assert got.min() >= 0 and got.max() < bins.size
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_clamped_and_weighted_edge_counts_are_numpys_histogram_of_clipped_repeated_values(seed):
+    """clamp: the histogram of the values clipped to the outer edges (±inf into the end bins, NaN
+    never); weights: each value counted that many times (0 included)."""
+    from grpolens.analysis.is_weights import HIST_EDGES
+    from grpolens.functional.histogram import edge_counts
+
+    rng = np.random.default_rng(seed)
+    for edges in (HIST_EDGES, np.linspace(-3.0, 3.0, 7), np.array([0.0, 1.0]), np.sort(rng.normal(size=50))):
+        x = np.concatenate([rng.normal(scale=2 * edges[-1] + 1, size=3_000), edges, np.nextafter(edges, np.inf),
+                            np.nextafter(edges, -np.inf), [np.inf, -np.inf, np.nan, -np.nan, -0.0, 0.0, -1e300, 1e300]])
+        rng.shuffle(x)
+        w = rng.integers(0, 5, size=len(x))
+        for part, wp in ((x, w), (x[:0], w[:0]), (x[:1], w[:1])):
+            clipped = np.clip(part, edges[0], edges[-1])
+            assert np.array_equal(edge_counts(part, edges, clamp=True), np.histogram(clipped, bins=edges)[0])
+            got = edge_counts(part, edges, clamp=True, weights=wp)
+            assert got.dtype == np.int64 and np.array_equal(got, np.histogram(np.repeat(clipped, wp), bins=edges)[0])
+            assert np.array_equal(edge_counts(part, edges, weights=wp), np.histogram(np.repeat(part, wp), bins=edges)[0])
+
+
+def test_a_histogram_with_signs_counts_each_sign_and_bins_by_the_index_formula():
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.normal(size=5_000), rng.normal(scale=1e-8, size=500), rng.standard_cauchy(500) * 1e7,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, BINS.min_abs, -BINS.min_abs, 5e-324]])
+    rng.shuffle(x)
+    h, neg, pos = LogHistogram.with_signs(x)
+    assert (neg, pos) == (int((x < 0).sum()), int((x > 0).sum()))
+    fin = x[np.isfinite(x)]
+    assert np.array_equal(h.counts, np.bincount(BINS.index(fin), minlength=BINS.size))
+    assert (h.n, h.min, h.max, h.nonfinite) == (len(fin), fin.min(), fin.max(), 4)
+    e, neg, pos = LogHistogram.with_signs(np.array([]))
+    assert (e.n, e.min, e.max, e.nonfinite, int(e.counts.sum()), neg, pos) == (0, math.inf, -math.inf, 0, 0, 0, 0)

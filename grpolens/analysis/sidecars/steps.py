@@ -29,14 +29,12 @@ class Completions(Visitor):
     name: str = "completions"
     collect: bool = True
 
-    def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
+    def shard(self, batch: TokenBatch, shard) -> dict[str, np.ndarray]:
         p = shard_partials(batch, self.cfg)
-        return pl.DataFrame({k: v for k, v in p.items() if k in KEY_COLUMNS or k in PARTIAL_COLUMNS or k.startswith("ris.")})
+        return {k: v for k, v in p.items() if k in KEY_COLUMNS or k in PARTIAL_COLUMNS or k.startswith("ris.")}
 
-    def combine(self, step: int, pieces: list[pl.DataFrame]) -> pl.DataFrame:
-        from grpolens.metrics.partials import merge_partials
-
-        return sequence_columns(merge_partials(pieces), self.cfg)
+    def combine(self, step: int, pieces: list[dict[str, np.ndarray]]) -> pl.DataFrame:
+        return sequence_columns(concat_pieces(pieces), self.cfg)
 
     def at_step(self, step: int, seqcols: pl.DataFrame, samples: pl.DataFrame | None, run) -> pl.DataFrame:
         """The step's completions table: the completions generated at it, from the samples the
@@ -58,6 +56,34 @@ class Completions(Visitor):
         write_step_table(out_dir / COMPLETIONS_FILE, by_step, kept_steps,
                          sort=["step", "prompt_index", "completion_index"], order=column_order, empty=empty_table(),
                          schemas=getattr(by_step, "schemas", None))
+
+
+def concat_pieces(pieces: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | pl.DataFrame:
+    """The shards' per-sequence columns of a step, as :func:`sequence_columns` reads them: key
+    columns as they are, every other column as float64 with NaN where a shard lacks it (what
+    :func:`~grpolens.metrics.partials.merge_partials`' null gives there), in no particular order
+    (``sequence_columns`` orders the rows by key). Shards of one step never split a sequence (the
+    writer's promise); should two pieces share one after all, ``merge_partials`` merges them by
+    each column's rule, as before. A dict of arrays, not a polars concat and sort per step."""
+    pieces = [p for p in pieces if len(p["sample_id"])]
+    if not pieces:
+        return pl.DataFrame()
+    names = list(dict.fromkeys(c for p in pieces for c in p))
+    out = {c: np.concatenate([p[c] for p in pieces]) for c in KEY_COLUMNS}
+    order = np.lexsort([out[c] for c in reversed(KEY_COLUMNS)])
+    same = np.ones(len(order) - 1, dtype=bool)
+    for c in KEY_COLUMNS:
+        k = out[c][order]
+        same &= k[1:] == k[:-1]
+    if same.any():
+        from grpolens.metrics.partials import merge_partials
+
+        return merge_partials([pl.DataFrame(p) for p in pieces])
+    for c in names:
+        if c not in KEY_COLUMNS:
+            out[c] = np.concatenate([np.asarray(p[c], dtype=np.float64) if c in p
+                                     else np.full(len(p["sample_id"]), np.nan) for p in pieces])
+    return out
 
 
 @visitor("completions")

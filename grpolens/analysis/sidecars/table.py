@@ -155,18 +155,22 @@ def _div(num, den) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def sequence_columns(seq: pl.DataFrame, cfg: dict) -> pl.DataFrame:
-    """One row per sample_id (its first loss call of the step) with :data:`TOKEN_COLUMNS`."""
+def sequence_columns(seq: pl.DataFrame | dict[str, np.ndarray], cfg: dict) -> pl.DataFrame:
+    """One row per sample_id (its first loss call of the step) with :data:`TOKEN_COLUMNS`.
+    ``seq``: the step's per-sequence partials, a table or (from
+    :func:`~grpolens.analysis.sidecars.steps.concat_pieces`) key arrays and float64 arrays."""
     schema = {"sample_id": pl.Int64, **TOKEN_COLUMNS}
-    if seq.height == 0:
-        return pl.DataFrame(schema=schema)
+    if isinstance(seq, pl.DataFrame):
+        if seq.height == 0:
+            return pl.DataFrame(schema=schema)
+        seq = {c: seq[c].to_numpy() if c in KEY_COLUMNS else seq[c].cast(pl.Float64).to_numpy() for c in seq.columns}
     # rows in key order; each sample_id's first row there, in order of first appearance, and its count
-    order = np.lexsort([seq[c].to_numpy() for c in reversed(KEY_COLUMNS)])
-    ids = seq["sample_id"].to_numpy()[order]
+    order = np.lexsort([seq[c] for c in reversed(KEY_COLUMNS)])
+    ids = seq["sample_id"][order]
     _, first_at, calls = np.unique(ids, return_index=True, return_counts=True)
     by_appearance = np.argsort(first_at)
     rows = order[first_at[by_appearance]]
-    p = {c: seq[c].cast(pl.Float64).to_numpy()[rows] for c in seq.columns if c not in KEY_COLUMNS}
+    p = {c: v[rows] for c, v in seq.items() if c not in KEY_COLUMNS}
     n = len(rows)
     none = np.full(n, np.nan)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.functional.rollout_is.config import ISConfig
-from grpolens.functional.rollout_is.partials import SeqView, seq_view, sequence_partials
-from grpolens.functional.rollout_is.weights import Inputs, TokenDecisions, apply_mode, inputs, token_decisions
+from grpolens.functional.rollout_is.partials import SeqView, seq_view, sequence_partials, token_decisions
+from grpolens.functional.rollout_is.weights import Inputs, TokenDecisions, apply_mode, inputs
 
 
 def _decisions(b, c: ISConfig, x: Inputs, partials: dict | None) -> tuple[TokenDecisions, SeqView]:
@@ -28,6 +28,16 @@ def valid_token_weights(b, c: ISConfig, x: Inputs, partials: dict | None = None)
     else:
         raw, app = sv.w[seq_of], sv.a[seq_of]
     return raw, app, ~t.rej & ~sv.seq_rej[seq_of]
+
+
+def applied_weights(b, c: ISConfig, x: Inputs, partials: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The applied weights of :func:`valid_token_weights` without repeating them: ``(a, None)``,
+    one per valid token, at token level; ``(a, n)`` at sequence levels, one per sequence standing
+    for its ``n`` valid tokens (the IS-weight histogram counts them so)."""
+    if c.level == "token":
+        return token_decisions(x, c).a, None
+    sv = seq_view(partials if partials is not None else sequence_partials(b, x, c), c)
+    return sv.a, sv.n.astype(np.int64)
 
 
 def token_weights(b, c: ISConfig, x: Inputs | None = None, partials: dict | None = None) -> dict[str, np.ndarray]:

@@ -30,8 +30,8 @@ Aggregation per profile (names change, and the grouping each trainer uses; never
 
 from grpolens.metrics.rollout_is import producers, visitors, catalogue  # noqa: F401  (each registers on import)
 from grpolens.metrics.rollout_is.catalogue import IS_METRICS, MISMATCH_METRICS, RS_STATS, RULES, WHEN
-from grpolens.metrics.rollout_is.inputs import (DELTA_VISITOR, FAMILY, REQ, RS_VISITOR, batch_inputs, batch_partials,
-                                              batch_token_weights, batch_valid_weights)
+from grpolens.metrics.rollout_is.inputs import (DELTA_VISITOR, FAMILY, REQ, RS_VISITOR, batch_applied_weights, batch_inputs,
+                                              batch_partials, batch_token_weights, batch_valid_weights)
 from grpolens.metrics.rollout_is.offset import OFFSET_MIN_AGREEMENT, OFFSET_MIN_NATS, offset_notes
 from grpolens.metrics.rollout_is.producers import MM_MERGE, _mismatch_partials
 from grpolens.metrics.rollout_is.summary import (canonical_summary, mismatch_rows, mismatch_summary, step_summary, step_rows,
@@ -40,7 +40,7 @@ from grpolens.metrics.rollout_is.visitors import DeltaQuantiles, RSPartials, rs_
 
 __all__ = [
     "IS_METRICS", "MISMATCH_METRICS", "RS_STATS", "RULES", "WHEN", "DELTA_VISITOR", "FAMILY", "REQ", "RS_VISITOR",
-    "batch_inputs", "batch_partials", "batch_token_weights", "batch_valid_weights", "OFFSET_MIN_AGREEMENT",
+    "batch_applied_weights", "batch_inputs", "batch_partials", "batch_token_weights", "batch_valid_weights", "OFFSET_MIN_AGREEMENT",
     "OFFSET_MIN_NATS", "offset_notes", "MM_MERGE", "_mismatch_partials", "canonical_summary", "mismatch_rows",
     "mismatch_summary", "step_summary", "step_rows", "sub_rows", "DeltaQuantiles", "RSPartials", "rs_summary",
 ]

@@ -31,7 +31,7 @@ class DeltaQuantiles(Visitor):
         if not b.has("rollout_logp"):
             return None
         d = mismatch_inputs(b)[3]  # the mismatch partials' δ: masked tokens, both log-probs finite
-        return LogHistogram.of(d), int((d < 0).sum()), int((d > 0).sum())
+        return LogHistogram.with_signs(d)
 
     def combine(self, step: int, pieces: list) -> dict[str, float] | None:
         parts = [p for p in pieces if p is not None]

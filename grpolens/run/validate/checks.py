@@ -43,11 +43,17 @@ def too_long_message(n: int, limit: int, first: int) -> str:
 
 def _count_below(values: pa.Array | pa.ChunkedArray, bound: int) -> int:
     """Values < ``bound`` (nulls skipped: a null is an error of its own)."""
+    low = pc.min(values).as_py()  # one pass, no mask, in the usual case: nothing below
+    if low is None or low >= bound:
+        return 0
     return int(pc.sum(pc.less(values, bound)).as_py() or 0)
 
 
 def _count_above(values: pa.Array | pa.ChunkedArray, bound: int) -> tuple[int, int | None]:
     """(values > ``bound``, the first of them), nulls skipped."""
+    high = pc.max(values).as_py()  # as in _count_below: the mask only when something is above
+    if high is None or high <= bound:
+        return 0, None
     above = pc.greater(values, bound)
     n = int(pc.sum(above).as_py() or 0)
     return n, (pc.filter(values, above)[0].as_py() if n else None)
