@@ -9,11 +9,10 @@ The formulas themselves stay where they are written, once (:mod:`grpolens.functi
 
 Exactly numpy's numbers, bit for bit, so that a recompute's outputs do not change:
 
-* **Sums** are added in numpy's order: ``np.add.reduceat`` starts each sequence at its first
-  value and adds the rest by numpy's pairwise summation (blocks of up to 128 values summed by 8
-  interleaved accumulators, longer runs split in halves at a multiple of 8). A kernel writes the
-  sequence's per-token values into a small buffer (one row per column, the longest sequence long,
-  in cache) and sums each row by :func:`_pairwise`. Counts are integers: any order.
+* **Sums** are added in numpy's order (:mod:`grpolens.functional.reduceat`: the first value,
+  then numpy's pairwise sum of the rest). A kernel writes the sequence's per-token values into a
+  small buffer (one row per column, the longest sequence long, in cache) and sums each row there.
+  Counts are integers: any order.
 * **Transcendentals** (``exp``, ``expm1``) come in as numpy arrays, not computed here: numpy's
   vectorised ``exp``/``expm1`` (AVX-512 machines) and the C library's that a kernel would call
   differ in the last bit of a few percent of values (measured: ``expm1`` 4.3 %, ``exp`` 4.7 % of
@@ -31,6 +30,7 @@ import numpy as np
 
 from grpolens.functional import estimators as est
 from grpolens.functional.jit import inline, kernel
+from grpolens.functional.reduceat import segment_sum
 from grpolens.functional import policy_terms as terms
 
 _k3 = inline(est.k3_of)
@@ -40,82 +40,9 @@ _low, _high, _over_cap = (inline(f) for f in (terms.clipped_low, terms.clipped_h
 
 
 @inline
-def _block(a, lo, n):
-    """Σ a[lo:lo+n], n <= 128, in numpy's order: under 8 values in turn, else 8 interleaved
-    accumulators added as a tree, then the values left over in turn."""
-    if n < 8:
-        res = -0.0
-        for i in range(lo, lo + n):
-            res += a[i]
-        return res
-    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-    i = 8
-    stop = n - n % 8
-    while i < stop:
-        k = lo + i
-        r0 += a[k]
-        r1 += a[k + 1]
-        r2 += a[k + 2]
-        r3 += a[k + 3]
-        r4 += a[k + 4]
-        r5 += a[k + 5]
-        r6 += a[k + 6]
-        r7 += a[k + 7]
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[lo + i]
-        i += 1
-    return res
-
-
-#: Frames of :func:`_pairwise`'s walk: depth ~log2(n / 128) + 1, so 64 holds any length.
-_DEPTH = 64
-
-
-@kernel
-def _pairwise(a, lo, n):
-    """Σ a[lo:lo+n] in numpy's pairwise order (its ``pairwise_sum`` for float64): a run of more
-    than 128 values is the sum of its halves, split at a multiple of 8. Numpy recurses; this walks
-    the same tree with a stack of frames (a cached numba function must not call itself)."""
-    if n <= 128:
-        return _block(a, lo, n)
-    f_lo = np.empty(_DEPTH, np.int64)
-    f_n = np.empty(_DEPTH, np.int64)  # > 0: the run's length; < 0: its left half is summed
-    f_left = np.empty(_DEPTH)  # that left half's sum
-    f_lo[0], f_n[0], sp = lo, n, 1
-    while True:
-        top = sp - 1
-        m = f_n[top]
-        if m > 128:  # descend into the left half
-            h = m // 2
-            h -= h % 8
-            f_lo[sp], f_n[sp] = f_lo[top], h
-            sp += 1
-            continue
-        ret = _block(a, f_lo[top], m)
-        sp -= 1
-        while sp > 0:  # hand the sum up: after a left half its right half, after a right half the total
-            p = sp - 1
-            pm = f_n[p]
-            if pm > 0:
-                h = pm // 2
-                h -= h % 8
-                f_n[p], f_left[p] = -pm, ret
-                f_lo[sp], f_n[sp] = f_lo[p] + h, pm - h
-                sp += 1
-                break
-            ret = f_left[p] + ret
-            sp -= 1
-        if sp == 0:
-            return ret
-
-
-@inline
 def _seq_sum(row, m):
     """``np.add.reduceat``'s value for a sequence whose m >= 1 values are ``row[:m]``."""
-    return row[0] + _pairwise(row, 1, m - 1)
+    return segment_sum(row, 0, m)
 
 
 @inline

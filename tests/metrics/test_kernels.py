@@ -87,14 +87,6 @@ def test_sums_are_numpys_reduceat_bit_for_bit(seed):
     assert not _same(s, [float(sum(x[a:a + m])) for a, m in zip(starts, lengths)])
 
 
-def test_pairwise_matches_numpys_sum_at_every_split():
-    rng = np.random.default_rng(7)
-    for n in (0, 1, 7, 8, 9, 15, 16, 127, 128, 129, 136, 255, 256, 257, 1000, 4097, 100_001):
-        x = rng.normal(size=n + 1) * 1e6
-        want = np.add.reduce(x[1:]) if n else -0.0
-        assert _same(kernels._pairwise(x, 1, n), want), n
-
-
 # ---------------------------------------------------------------------------------------------
 # The producers against their numpy bodies
 # ---------------------------------------------------------------------------------------------
