@@ -43,7 +43,15 @@ def k3(x: np.ndarray, em1: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         if em1 is None:
             em1 = np.expm1(x)
-        return em1 - x
+        return k3_of(x, em1)
+
+
+def k3_of(x, em1):
+    """k3 from x and ``em1 = expm1(x)``: on arrays or scalars, so that a compiled kernel calls the
+    same formula (:func:`grpolens.functional.jit.inline`). Kernels take ``em1`` from numpy's
+    ``expm1`` rather than compute it: on a machine where numpy's ``expm1`` is vectorised (AVX-512)
+    it differs from the C library's in the last bit of a few percent of values."""
+    return em1 - x
 
 
 def clip_log_ratio(x: np.ndarray, bound: float = LOG_RATIO_BOUND) -> np.ndarray:

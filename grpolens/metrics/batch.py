@@ -15,21 +15,75 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from grpolens.functional.jit import kernel
+from grpolens.run.token_columns import bools, values
+
 FLOAT_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy", "old_entropy")
 KEY_COLUMNS = ("step", "rank", "micro_batch", "sample_id")
 
 
-def _to_float64(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    # Arrow turns the nulls of a floating-point array into NaN (a copy, hence zero_copy_only=False)
-    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float64)
+def _to_float64(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    # a null becomes NaN; float64 stays a view of the Arrow buffer, float32 is widened (one copy)
+    return values(col, null=np.nan).astype(np.float64, copy=False)
 
 
-def _to_numpy(arr: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
+def _to_int64(col: pa.ChunkedArray | pa.Array, null: int) -> np.ndarray:
+    return values(col, null=null).astype(np.int64, copy=False)
+
+
+@kernel
+def _sequence_starts(step, rank, micro_batch, sample_id, pos):
+    """(the first row of each run of rows with one (step, rank, micro_batch, sample_id), whether
+    every row's full key is above the previous row's), in one pass over the keys."""
+    n = len(pos)
+    starts = np.empty(n, dtype=np.int64)
+    k = 0
+    ordered = True
+    for i in range(n):
+        if i == 0:
+            starts[0] = 0
+            k = 1
+            continue
+        s, r, m, q = step[i], rank[i], micro_batch[i], sample_id[i]
+        ps, pr, pm, pq = step[i - 1], rank[i - 1], micro_batch[i - 1], sample_id[i - 1]
+        if s != ps or r != pr or m != pm or q != pq:
+            starts[k] = i
+            k += 1
+            if ordered and (s < ps or (s == ps and (r < pr or (r == pr and (m < pm or (m == pm and q < pq)))))):
+                ordered = False
+        elif pos[i] <= pos[i - 1]:
+            ordered = False  # out of order within a sequence, or the same key twice
+    return starts[:k].copy(), ordered
+
+
+@kernel
+def _seq_count(valid, starts):
+    """Per segment (rows from each start to the next), the number of true values, as float64."""
+    n, m = len(valid), len(starts)
+    out = np.empty(m, dtype=np.float64)
+    for j in range(m):
+        # a segment as its own array indexed from 0: numba then knows no index is negative and
+        # vectorises the loop (indices from ``starts`` would each be checked for wrapping around)
+        seg = valid[starts[j]:starts[j + 1] if j + 1 < m else n]
+        c = 0
+        for k in range(len(seg)):
+            c += seg[k]
+        out[j] = c
+    return out
+
+
+@kernel
+def _seq_any(x, starts):
+    """Per segment, whether any value is true."""
+    n, m = len(x), len(starts)
+    out = np.zeros(m, dtype=np.bool_)
+    for j in range(m):
+        seg = x[starts[j]:starts[j + 1] if j + 1 < m else n]
+        for k in range(len(seg)):
+            if seg[k]:
+                out[j] = True
+                break
+    return out
 
 
 class per_batch:
@@ -60,20 +114,15 @@ class TokenBatch:
     the read, so computing it once matters.
     """
 
-    def __init__(self, cols: dict[str, np.ndarray], present: set[str]):
+    def __init__(self, cols: dict[str, np.ndarray], present: set[str], starts: np.ndarray | None = None):
         self.cols = cols
         self.present = present
         self._cache: dict = {}
         self.n = len(cols["logp"])
-        mb, sid = cols["micro_batch"], cols["sample_id"]
-        rank, step = cols["rank"], cols["step"]
-        if self.n:
-            change = np.empty(self.n, dtype=bool)
-            change[0] = True
-            change[1:] = (mb[1:] != mb[:-1]) | (sid[1:] != sid[:-1]) | (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
-            self.starts = np.flatnonzero(change)
-        else:
-            self.starts = np.zeros(0, dtype=np.int64)
+        if starts is None:
+            starts, _ = _sequence_starts(cols["step"], cols["rank"], cols["micro_batch"], cols["sample_id"], cols["pos"])
+        #: the first row of each sequence (a change of any of step, rank, micro_batch, sample_id)
+        self.starts = starts
         self.n_seq = len(self.starts)
         self.lengths = np.diff(np.append(self.starts, self.n))
 
@@ -82,39 +131,35 @@ class TokenBatch:
     def from_arrow(cls, table: pa.Table) -> "TokenBatch":
         """Build from a tokens table; sorts by (step, rank, micro_batch, sample_id, pos) if needed."""
         names = set(table.column_names)
-        cols: dict[str, np.ndarray] = {}
-        for k in KEY_COLUMNS:
-            cols[k] = _to_numpy(table.column(k), np.int64)
-        cols["pos"] = _to_numpy(table.column("pos"), np.int64)
-        if not _is_sorted(cols):
+        cols: dict[str, np.ndarray] = {k: _to_int64(table.column(k), -1) for k in (*KEY_COLUMNS, "pos")}
+        starts, ordered = _sequence_starts(*(cols[k] for k in (*KEY_COLUMNS, "pos")))
+        if not ordered:  # also when a key repeats: sorted stably, the repeats stay
             order = np.lexsort((cols["pos"], cols["sample_id"], cols["micro_batch"], cols["rank"], cols["step"]))
             table = table.take(pa.array(order))
             for k in (*KEY_COLUMNS, "pos"):
                 cols[k] = cols[k][order]
+            starts = None
         present = set()
         old_null = None
         if "old_logp" in names and table.column("old_logp").null_count:
-            old_null = _to_numpy(table.column("old_logp").is_null(), bool)
+            old_null = bools(table.column("old_logp").is_null())
         for k in FLOAT_COLUMNS:
             if k in names and table.column(k).null_count < len(table):
                 cols[k] = _to_float64(table.column(k))
                 present.add(k)
             elif k in ("logp", "advantage"):
                 cols[k] = np.full(len(table), np.nan)  # absent, or every value null
-        mask = table.column("mask")
-        cols["mask"] = _to_numpy(mask.fill_null(False) if mask.null_count else mask, bool)
+        cols["mask"] = bools(table.column("mask"))
         if "rollout_rejected" in names and table.column("rollout_rejected").null_count < len(table):
-            rej = table.column("rollout_rejected")
-            cols["rollout_rejected"] = _to_numpy(rej.fill_null(False) if rej.null_count else rej, bool)
+            cols["rollout_rejected"] = bools(table.column("rollout_rejected"))
             present.add("rollout_rejected")
         if "token_id" in names and table.column("token_id").null_count < len(table):
-            tid = table.column("token_id")
-            cols["token_id"] = _to_numpy(tid.fill_null(-1) if tid.null_count else tid, np.int64)
+            cols["token_id"] = _to_int64(table.column("token_id"), -1)
             present.add("token_id")
         if "old_logp" in present and old_null is not None:
             # null = "no behaviour policy for this token": ratio 1. A stored NaN stays NaN (non-finite).
             cols["old_logp"] = np.where(old_null, cols["logp"], cols["old_logp"])
-        return cls(cols, present)
+        return cls(cols, present, starts)
 
     # -- segment reductions ----------------------------------------------------------------------
     def seq_sum(self, x: np.ndarray) -> np.ndarray:
@@ -136,6 +181,8 @@ class TokenBatch:
     def seq_any(self, x: np.ndarray) -> np.ndarray:
         if self.n_seq == 0:
             return np.zeros(0, dtype=bool)
+        if x.dtype == np.bool_:
+            return _seq_any(x, self.starts)
         return np.maximum.reduceat(x.astype(np.int8), self.starts).astype(bool)
 
     def broadcast(self, per_seq: np.ndarray) -> np.ndarray:
@@ -150,6 +197,9 @@ class TokenBatch:
         return self.seq_sum(np.where(valid, x, 0.0))
 
     def count(self, valid: np.ndarray) -> np.ndarray:
+        """Per-sequence number of true ``valid`` tokens, as float64 (exact: a count below 2**53)."""
+        if valid.dtype == np.bool_ and self.n_seq:
+            return _seq_count(valid, self.starts)  # without a float64 copy of the mask
         return self.seq_sum(valid.astype(np.float64))
 
     # -- shared per-token quantities (computed once, used by several families) --------------------
@@ -220,18 +270,3 @@ class TokenBatch:
     @per_batch
     def seq_keys(self) -> dict[str, np.ndarray]:
         return {k: self.cols[k][self.starts] for k in KEY_COLUMNS}
-
-
-def _is_sorted(cols: dict[str, np.ndarray]) -> bool:
-    n = len(cols["pos"])
-    if n < 2:
-        return True
-    keys = [cols["step"], cols["rank"], cols["micro_batch"], cols["sample_id"], cols["pos"]]
-    # lexicographic non-decreasing check, vectorised: compare each adjacent pair key by key
-    undecided = np.ones(n - 1, dtype=bool)
-    for k in keys:
-        a, b = k[:-1], k[1:]
-        if np.any(undecided & (b < a)):
-            return False
-        undecided &= b == a
-    return not undecided.any()  # equal full keys are duplicates: treat as unsorted input

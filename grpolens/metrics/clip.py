@@ -20,6 +20,9 @@ of the per-sequence fractions (TRL's ``low_min``/``high_max``: per micro-batch s
 
 **Unconditional rates** (every loss type; Twinkle's ``CISPOMetric``, xtuner's ``clip_frac_*``): the
 token ratio below 1 − epsilon / above 1 + epsilon_high whatever the advantage, no delta.
+
+The indicators are written once in :mod:`grpolens.functional.policy_terms`; per token they are
+counted in one compiled pass (:func:`grpolens.metrics.kernels.clip_counts`), per sequence by numpy.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.metrics import reduce
+from grpolens.functional.policy_terms import clipped_cispo, clipped_high, clipped_low
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
-from grpolens.metrics.ratios import (adv_masked, adv_valid, coef, count, is_level, ratio, ratio_valid,
-                                     seq_log_ratio)
+from grpolens.metrics.ratios import coef_input, is_level, ratio
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: Loss types whose loss clips the ratio PPO-style (TRL logs ``clip_ratio/*`` for these).
@@ -44,49 +47,66 @@ _MERGE = {
 }
 
 
+_EMPTY = np.empty(0)
+
+
+def _delta(cfg: dict) -> float:
+    return np.inf if cfg.get("delta") is None else float(cfg["delta"])
+
+
 def _gated(c: np.ndarray, adv: np.ndarray, cfg: dict, reduce_to) -> dict[str, np.ndarray]:
-    """The clip indicators for weights ``c`` and advantages ``adv`` (per token or per sequence),
-    each passed through ``reduce_to`` (per-sequence counts, or a float cast at sequence level)."""
+    """The clip indicators for per-sequence weights ``c`` and advantages ``adv``, each passed
+    through ``reduce_to`` (a float cast); per token the clip kernel counts the same."""
     lo, hi = 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"]
     lt = cfg["loss_type"]
     out = {}
     if lt in PPO_CLIP_LOSSES:
-        ct = c if cfg.get("delta") is None else np.minimum(c, cfg["delta"])
-        out["low"], out["high"] = reduce_to((ct < lo) & (adv < 0)), reduce_to((ct > hi) & (adv > 0))
+        out["low"], out["high"] = reduce_to(clipped_low(c, adv, lo, _delta(cfg))), reduce_to(clipped_high(c, adv, hi, _delta(cfg)))
         out["region"] = out["low"] + out["high"]  # disjoint: opposite advantage signs
     if lt == "cispo":
-        out["cispo"] = reduce_to((c > cfg["epsilon_high"]) & (adv > 0))
+        out["cispo"] = reduce_to(clipped_cispo(c, adv, cfg["epsilon_high"]))
     return out
 
 
 def _clip(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    # unconditional: the raw token ratio, no advantage gate, no delta. r = 1 where the ratio is
-    # undefined, which is never outside [1 - eps, 1 + eps_high] (eps >= 0): no masking needed.
-    r = ratio(b)
-    below, above = b.count(r < 1.0 - cfg["epsilon"]), b.count(r > 1.0 + cfg["epsilon_high"])
+    from grpolens.metrics import kernels
+
+    lt = cfg["loss_type"]
+    ppo, cispo = lt in PPO_CLIP_LOSSES, lt == "cispo"
+    seq_level = (ppo or cispo) and is_level(cfg) == "sequence"
+    lo, hi = 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"]
+    # one pass: the unconditional rates on the raw token ratio r (1 where it is undefined, never
+    # outside [1 - eps, 1 + eps_high] since eps >= 0), no advantage gate, no delta; the gated
+    # counts of _gated on the token weight (c = r at token level, A = 0 off the valid tokens);
+    # at sequence level the sums the sequence weight and mean advantage need
+    c, c_masked = coef_input(b, cfg) if (ppo or cispo) and not seq_level else (_EMPTY, True)
+    counts, sums = kernels.clip_counts(
+        b.logp, b.old, b.adv, b.mask, ratio(b), c, c_masked, lo, hi, _delta(cfg), float(cfg["epsilon_high"]),
+        ppo and not seq_level, cispo and not seq_level, seq_level, b.starts, b.lengths)
+    nrv, below, above, n = counts[0], counts[1], counts[2], counts[3]
+    b.cached("count:ratio_valid", lambda: nrv)
     out: dict[str, np.ndarray] = {
-        "clip.n": count(b, "ratio_valid", ratio_valid),
-        "clip.below": below, "clip.above": above, "clip.outside": below + above,  # disjoint
+        "clip.n": nrv, "clip.below": below, "clip.above": above, "clip.outside": below + above,  # disjoint
     }
-    if cfg["loss_type"] not in (*PPO_CLIP_LOSSES, "cispo"):
+    if not (ppo or cispo):
         z = np.zeros(b.n_seq)
         out.update({f"clip.{g}.{p}": z for g in ("g", "gt") for p in ("n", *_PARTS)})
         return out
-    n = count(b, "adv_valid", adv_valid)
-    adv = adv_masked(b)  # 0 off the valid tokens, so the sign tests below also mask
-    if is_level(cfg) == "sequence":
+    if seq_level:
         # one weight per sequence; Ā = mean advantage of its valid tokens (its own advantage if none)
         with np.errstate(invalid="ignore"):
-            abar = np.where(n > 0, b.seq_sum(adv) / np.maximum(n, 1.0), b.seq_first(b.adv))
+            abar = np.where(n > 0, sums[0] / np.maximum(n, 1.0), b.seq_first(b.adv))
+        slr = b.cached("seq_log_ratio:None", lambda: sums[1] / np.maximum(nrv, 1.0))
         with np.errstate(over="ignore"):
-            s = np.exp(seq_log_ratio(b))
+            s = np.exp(slr)
         has = (n > 0).astype(np.float64)
         out["clip.g.n"], out["clip.gt.n"] = has, np.ones(b.n_seq)
         for p, x in _gated(s, abar, cfg, lambda m: m.astype(np.float64)).items():
             out[f"clip.g.{p}"], out[f"clip.gt.{p}"] = x * has, x
     else:
         out["clip.g.n"] = out["clip.gt.n"] = n
-        for p, x in _gated(coef(b, cfg), adv, cfg, b.count).items():
+        gated = {"low": counts[4], "high": counts[5], "region": counts[4] + counts[5]} if ppo else {"cispo": counts[6]}
+        for p, x in gated.items():  # _gated's indicators, counted in the pass
             out[f"clip.g.{p}"] = out[f"clip.gt.{p}"] = x
     z = np.zeros(b.n_seq)
     for p in _PARTS:  # the parts this loss type has no clip for

@@ -129,9 +129,11 @@ def _threads() -> int:
 def shard_pieces(sh: fmt.Shard, visitors: tuple[Visitor, ...], columns: tuple[str, ...]) -> dict[str, Any]:
     """The per-shard work of every engine: read one tokens shard and run each visitor on it.
     Returns ``{visitor name: piece}``; pieces are merged per step by the visitors' ``combine``."""
-    table = read_tokens(sh.path, columns)
-    batch = TokenBatch.from_arrow(table)
-    if batch.n and (np.any(batch.cols["step"] != sh.step) or np.any(batch.cols["rank"] != sh.rank)):
+    batch = TokenBatch.from_arrow(read_tokens(sh.path, columns))
+    # a change of step or rank starts a sequence, so every row has its sequence's first row's
+    # step and rank: comparing the sequences' keys compares every row's
+    keys = batch.seq_keys
+    if batch.n and (np.any(keys["step"] != sh.step) or np.any(keys["rank"] != sh.rank)):
         raise RunFormatError(sh.path, f"rows disagree with the path (step={sh.step}, rank={sh.rank})", column="step")
     return {v.name: v.shard(batch, sh) for v in visitors}
 

@@ -20,12 +20,14 @@ NONFINITE_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage"
     merge={"health.masked": "sum", **{f"health.nonfinite.{c}": "sum" for c in NONFINITE_COLUMNS}},
 )
 def _health(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    out = {"health.masked": b.count(b.mask)}
+    from grpolens.metrics import kernels
+
+    # the masked tokens and, per column the batch has, those of them not finite: one pass
+    have = [c for c in NONFINITE_COLUMNS if c in b.present or c in ("logp", "advantage")]
+    counts = kernels.nonfinite_counts(b.mask, tuple(b.cols[c] for c in have), b.starts, b.lengths)
+    out = {"health.masked": counts[0]}
     for c in NONFINITE_COLUMNS:
-        if c in b.present or c in ("logp", "advantage"):
-            out[f"health.nonfinite.{c}"] = b.count(b.mask & ~np.isfinite(b.cols[c]))
-        else:
-            out[f"health.nonfinite.{c}"] = np.zeros(b.n_seq)
+        out[f"health.nonfinite.{c}"] = counts[1 + have.index(c)] if c in have else np.zeros(b.n_seq)
     return out
 
 

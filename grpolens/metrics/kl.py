@@ -24,7 +24,7 @@ from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.functional import estimators as est
-from grpolens.metrics.ratios import coef, is_level, ratio_valid, seq_max_of_nonneg
+from grpolens.metrics.ratios import coef_input
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 #: MaxEnt-GRPO clamps x = ref − logp to ±60 before exp.
@@ -42,17 +42,22 @@ _MERGE = {
 }
 
 
+def _kl_inputs(b: TokenBatch) -> tuple[np.ndarray, np.ndarray]:
+    from grpolens.metrics import kernels
+
+    def make():
+        return kernels.kl_inputs(b.logp, b.cols["ref_logp"], b.mask)
+    return b.cached("kl_inputs", make)
+
+
 def kl_valid(b: TokenBatch) -> np.ndarray:
     """Masked tokens with finite logp and ref_logp."""
-    return b.cached("kl_valid", lambda: b.mask & np.isfinite(b.logp) & np.isfinite(b.cols["ref_logp"]))
+    return b.cached("kl_valid", lambda: _kl_inputs(b)[0])
 
 
 def kl_x(b: TokenBatch) -> np.ndarray:
-    """x = ref_logp − logp on :func:`kl_valid` tokens, 0 elsewhere."""
-    def make():
-        with np.errstate(invalid="ignore"):
-            return np.where(kl_valid(b), b.cols["ref_logp"] - b.logp, 0.0)
-    return b.cached("kl_x", make)
+    """x = ref_logp − logp on :func:`kl_valid` tokens, 0 elsewhere (made with the mask, one pass)."""
+    return b.cached("kl_x", lambda: _kl_inputs(b)[1])
 
 
 def kl_k3(b: TokenBatch) -> np.ndarray:
@@ -61,33 +66,29 @@ def kl_k3(b: TokenBatch) -> np.ndarray:
 
 
 def _kl(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    v = kl_valid(b)
-    n = b.count(v)
+    from grpolens.metrics import kernels
+
     x = kl_x(b)  # 0 off the valid tokens: every estimator below vanishes there, no further masking
     k3 = kl_k3(b)
-    k3_sum = b.seq_sum(k3)
+    # bias correction: × π_θ/π_old per token (tokens whose ratio is defined; a k3 token without
+    # one is left out), or × the sequence ratio broadcast over the tokens
+    c, c_masked = coef_input(b, cfg)
+    sums, counts, k3max, xmax = kernels.kl_sums(kl_valid(b), x, k3, b.mask, b.logp, b.old, c, c_masked,
+                                                b.starts, b.lengths)
+    n = counts[0]
+    k3_sum = sums[2]
     # MaxEnt's ±60 clamp changes nothing unless some |x| exceeds it: skip the second exp then
-    big = b.n_seq and (x.max() > MAXENT_CLAMP or x.min() < -MAXENT_CLAMP)
-    k3m_sum = b.seq_sum(est.k3(est.clip_log_ratio(x, MAXENT_CLAMP))) if big else k3_sum
-    # bias correction: × π_θ/π_old per token (tokens whose ratio is defined), or × the sequence ratio
-    with np.errstate(over="ignore", invalid="ignore"):
-        k3c = k3 * coef(b, cfg)
-    if is_level(cfg) == "token":
-        nc = b.count(v & ratio_valid(b))
-        if not np.array_equal(nc, n):  # some k3 token lacks a ratio: leave it out
-            k3c = np.where(ratio_valid(b), k3c, 0.0)
-    else:
-        nc = n
+    k3m_sum = b.seq_sum(est.k3(est.clip_log_ratio(x, MAXENT_CLAMP))) if xmax > MAXENT_CLAMP else k3_sum
     return {
         "kl.n": n,
-        "kl.masked": b.count(b.mask),
-        "kl.k1.sum": est.k1(b.seq_sum(x)),
-        "kl.k2.sum": b.seq_sum(est.k2(x)),
+        "kl.masked": counts[1],
+        "kl.k1.sum": est.k1(sums[0]),
+        "kl.k2.sum": sums[1],
         "kl.k3.sum": k3_sum,
-        "kl.k3.max": seq_max_of_nonneg(b, k3, n),
+        "kl.k3.max": k3max,
         "kl.k3_c60.sum": k3m_sum,
-        "kl.k3c.sum": b.seq_sum(k3c),
-        "kl.k3c.n": nc,
+        "kl.k3c.sum": sums[3],
+        "kl.k3c.n": counts[2],
     }
 
 

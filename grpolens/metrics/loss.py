@@ -46,6 +46,10 @@ optimizer steps (``steps_per_generation > gradient_accumulation_steps``) N_round
 exact when ``steps_per_generation`` equals ``gradient_accumulation_steps`` (TRL's default). Not included: the entropy bonus, the off-policy and
 entropy masks, MoE aux loss.
 Non-finite tokens are excluded here; the trainer's own loss would have been NaN.
+
+The per-token terms (PPO clip, CISPO, VESPO) are written once in
+:mod:`grpolens.functional.policy_terms`; :func:`loss_partials` evaluates them with the masks, the
+IS weight and β·k3 in one compiled pass over the tokens (:func:`grpolens.metrics.kernels.loss_sums`).
 """
 
 from __future__ import annotations
@@ -56,8 +60,8 @@ from grpolens.functional import estimators as est
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.clip import PPO_CLIP_LOSSES
 from grpolens.metrics.partials import producer
-from grpolens.metrics.kl import kl_k3, kl_valid
-from grpolens.metrics.ratios import adv_masked, adv_valid, coef
+from grpolens.metrics.kl import kl_k3
+from grpolens.metrics.ratios import adv_masked, coef_input
 from grpolens.metrics.reduce import SEQ_MEAN_LOSSES, normalise_like_loss
 from grpolens.metrics.registry import Family, Metric, register, register_family
 from grpolens.metrics.rollout_is import batch_inputs, batch_partials
@@ -75,43 +79,56 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def per_token_loss(b: TokenBatch, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(L, valid): the variant's per-token loss (0 off the valid tokens) and the valid mask."""
+def sapo_term(c, a, cfg):
+    """SAPO's loss per token (arrays): −(4/τ)·σ(τ(c − 1))·A, τ = τ_pos if A > 0 else τ_neg."""
+    tau = np.where(a > 0, cfg["sapo_temperature_pos"], cfg["sapo_temperature_neg"])
+    return -(4.0 / tau) * _sigmoid(tau * (c - 1.0)) * a
+
+
+_NONE = np.empty(0)
+
+
+def loss_partials(b: TokenBatch, cfg: dict, entropy_coef: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence Σ L over its valid tokens and their count, L the variant's per-token loss
+    (minus ``entropy_coef``·H, Twinkle's entropy bonus, when given): one pass over the tokens
+    (:func:`grpolens.metrics.kernels.loss_sums`).
+
+    Valid: masked, logp, old_logp and the advantage finite (ref_logp too when β ≠ 0), less the
+    tokens the rollout correction rejects. A is 0 off them, so the policy term vanishes there;
+    the IS weight and the β·k3 term are applied on valid tokens only."""
+    from grpolens.metrics import kernels
+
     beta = cfg.get("beta", 0.0)
     with_kl = beta != 0.0 and b.has("ref_logp")
-    v = adv_valid(b)
-    if with_kl:
-        v = v & kl_valid(b)
     lt = cfg["loss_type"]
-    a = adv_masked(b)  # 0 off the valid tokens: every policy term below vanishes there
-    c = coef(b, cfg, cfg.get("log_ratio_clamp"))
-    with np.errstate(over="ignore", invalid="ignore"):
-        if lt in PPO_CLIP_LOSSES:
-            c1 = c if cfg.get("delta") is None else np.minimum(c, cfg["delta"])
-            c2 = np.clip(c, 1.0 - cfg["epsilon"], 1.0 + cfg["epsilon_high"])
-            L = -np.minimum(c1 * a, c2 * a)
-        elif lt == "cispo":
-            L = -np.minimum(c, cfg["epsilon_high"]) * a * np.where(v, b.logp, 0.0)
-        elif lt == "sapo":
-            tau = np.where(a > 0, cfg["sapo_temperature_pos"], cfg["sapo_temperature_neg"])
-            L = -(4.0 / tau) * _sigmoid(tau * (c - 1.0)) * a
-        elif lt == "vespo":
-            L = -b.broadcast(vespo_phi(b, cfg)) * a * np.where(v, b.logp, 0.0)
-        else:  # config.check_config only lets known loss types through
-            raise ValueError(f"loss_type {lt!r} has no loss formula")
-        isc = ISConfig.from_cfg(cfg)
-        # the trainer's rollout IS correction, before + β·kl (VESPO has it inside φ instead, as TRL does)
-        if isc.configured and b.has("rollout_logp") and lt != "vespo":
-            w, keep = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
-            v = v & keep
-            L = np.where(v, L * w, 0.0)
-        if with_kl:
-            k = kl_k3(b)
-            if cfg.get("use_bias_correction_kl"):
-                k = k * c
-            L = L + beta * k
-            L = np.where(v, L, 0.0)  # a k3 token whose ratio or advantage is undefined
-    return L, v
+    c, c_masked = coef_input(b, cfg, cfg.get("log_ratio_clamp"))
+    given = phi = _NONE
+    if lt in PPO_CLIP_LOSSES:
+        kind = kernels.PPO
+    elif lt == "cispo":
+        kind = kernels.CISPO
+    elif lt == "vespo":
+        kind, phi = kernels.VESPO, vespo_phi(b, cfg)
+    elif lt == "sapo":  # σ needs exp: numpy's, as every other transcendental of the kernels
+        kind = kernels.GIVEN
+        with np.errstate(over="ignore", invalid="ignore"):
+            given = sapo_term(c, adv_masked(b), cfg)
+    else:  # config.check_config only lets known loss types through
+        raise ValueError(f"loss_type {lt!r} has no loss formula")
+    w, keep = _NONE, np.empty(0, dtype=bool)
+    isc = ISConfig.from_cfg(cfg)
+    # the trainer's rollout IS correction, before + β·kl (VESPO has it inside φ instead, as TRL does)
+    if isc.configured and b.has("rollout_logp") and lt != "vespo":
+        w, keep = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
+    ent = b.cols["entropy"] if entropy_coef and b.has("entropy") else _NONE
+    delta = cfg.get("delta")
+    return kernels.loss_sums(
+        b.logp, b.old, b.adv, b.mask, c, c_masked, kind,
+        1.0 - cfg.get("epsilon", 0.0), 1.0 + cfg.get("epsilon_high", 0.0), np.inf if delta is None else float(delta),
+        float(cfg.get("epsilon_high", 0.0)), given, phi, w, keep,
+        b.cols["ref_logp"] if with_kl else _NONE, kl_k3(b) if with_kl else _NONE, float(beta),
+        bool(cfg.get("use_bias_correction_kl")), ent, float(entropy_coef) if len(ent) else 0.0,
+        b.starts, b.lengths)
 
 
 def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:
@@ -144,8 +161,8 @@ def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:
 
 @producer("loss", merge={"loss.sum": "sum", "loss.n": "sum"})
 def _loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    L, v = per_token_loss(b, cfg)
-    return {"loss.sum": b.seq_sum(L), "loss.n": b.count(v)}
+    s, n = loss_partials(b, cfg)
+    return {"loss.sum": s, "loss.n": n}
 
 
 # φ is non-linear in a sequence's summed log-ratio and ``loss.rows`` counts sequences, so these two columns

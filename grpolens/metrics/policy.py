@@ -27,7 +27,7 @@ from grpolens.metrics import reduce
 from grpolens.metrics.batch import TokenBatch
 from grpolens.metrics.partials import producer
 from grpolens.functional import estimators as est
-from grpolens.metrics.ratios import count, log_ratio, ratio_valid, seq_max_of_nonneg
+from grpolens.metrics.ratios import log_ratio, log_ratio_expm1
 from grpolens.metrics.registry import Family, Metric, register, register_family
 
 
@@ -45,31 +45,31 @@ _MERGE = {
 
 @producer("policy", merge=_MERGE)
 def _policy(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
-    lp = b.logp
-    vnew = b.mask & np.isfinite(lp)
-    v = ratio_valid(b)
-    n = count(b, "ratio_valid", ratio_valid)
-    d = log_ratio(b)  # 0 off the valid tokens, so sums of functions of d that vanish at 0 need no mask
-    with np.errstate(over="ignore", invalid="ignore"):
-        rm1 = np.expm1(d)  # r - 1
-        k3 = est.k3(d, em1=rm1)
-    dmax, dmin = b.seq_max(d, v), b.seq_min(d, v)
+    # one pass over the tokens (grpolens.metrics.kernels.policy_sums): with d = logp − old on the
+    # ratio-valid tokens and 0 elsewhere, the sums of logp (masked, finite), old, d, k3(d) =
+    # expm1(d) − d and |e^d − 1|, the counts, and the extrema of k3 and d
+    from grpolens.metrics import kernels
+
+    sums, counts, ext = kernels.policy_sums(b.logp, b.old, b.mask, log_ratio_expm1(b), b.starts, b.lengths)
+    new_sum, old_sum, d_sum, k3_sum, absdev = sums
+    n = b.cached("count:ratio_valid", lambda: counts[1])
+    dmax, dmin = ext[1], ext[2]
     if b.n_seq and (dmax.max() > est.LOG_RATIO_BOUND or dmin.min() < -est.LOG_RATIO_BOUND):
+        # xtuner's ±20 clamp changes some d: its k3 and |r − 1| from the clamped d
         dc = log_ratio(b, est.LOG_RATIO_BOUND)
-        k3c_sum, absdev = b.seq_sum(est.k3(dc)), np.abs(np.expm1(dc))
+        k3c_sum, absdev = b.seq_sum(est.k3(dc)), b.seq_sum(np.abs(np.expm1(dc)))
     else:
-        k3c_sum, absdev = None, np.abs(rm1)
-    k3_sum = b.seq_sum(k3)
+        k3c_sum = k3_sum
     return {
-        "policy.new.sum": b.masked_sum(lp, vnew),
-        "policy.new.n": b.count(vnew),
+        "policy.new.sum": new_sum,
+        "policy.new.n": counts[0],
         "policy.n": n,
-        "policy.old.sum": b.masked_sum(b.old, v),
-        "policy.d.sum": b.seq_sum(d),
+        "policy.old.sum": old_sum,
+        "policy.d.sum": d_sum,
         "policy.k3.sum": k3_sum,
-        "policy.k3_c20.sum": k3_sum if k3c_sum is None else k3c_sum,
-        "policy.absdev_c20.sum": b.seq_sum(absdev),
-        "policy.k3.max": seq_max_of_nonneg(b, k3, n),
+        "policy.k3_c20.sum": k3c_sum,
+        "policy.absdev_c20.sum": absdev,
+        "policy.k3.max": ext[0],
         "policy.d.max": dmax,
         "policy.d.min": dmin,
     }

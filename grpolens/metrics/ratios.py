@@ -59,8 +59,24 @@ def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
 def ratio(b: TokenBatch) -> np.ndarray:
     """e^d per token (1 where the ratio is undefined)."""
     # = e^(log_ratio(b)) token by token (e^0 = 1), from the batch's own e^(logp − old), which the
-    # top-tokens scores and other visitors use anyway: one exp pass instead of two
-    return b.cached("ratio", lambda: np.where(ratio_valid(b), b.ratio, 1.0))
+    # top-tokens scores and other visitors use anyway: one exp pass instead of two. Its key is
+    # the one TokenBatch.ratio caches under too, so that property returns this masked ratio once
+    # it is made (what the top-tokens file has always shown); kernels mask by ratio_valid
+    # themselves, so they are right with either array.
+    def make():
+        from grpolens.metrics import kernels
+
+        return kernels.masked_ratio(b.ratio, b.logp, b.old, b.mask)
+    return b.cached("ratio", make)
+
+
+def log_ratio_expm1(b: TokenBatch) -> np.ndarray:
+    """expm1(logp − old_logp) per token, every token (numpy's, for the kernels: see
+    :mod:`grpolens.metrics.kernels`); a kernel masks it itself."""
+    def make():
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.expm1(b.log_ratio)
+    return b.cached("log_ratio_expm1", make)
 
 
 def seq_log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
@@ -87,6 +103,23 @@ def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
         with np.errstate(over="ignore"):
             return np.exp(coef_log(b, cfg, clamp))
     return b.cached(f"coef:{is_level(cfg) == 'token'}:{clamp}", make)
+
+
+def coef_input(b: TokenBatch, cfg: dict, clamp: float | None = None) -> tuple[np.ndarray, bool]:
+    """(array, masked): :func:`coef` as a kernel reads it. At token level, with no clamp that
+    changes a d, :func:`ratio` and ``masked`` True (the kernel takes 1 off the ratio-valid
+    tokens itself, whichever array the batch's cache holds under "ratio"); else :func:`coef`
+    itself and ``masked`` False."""
+    if is_level(cfg) == "token" and (clamp is None or ratio_abs_max(b) <= clamp):
+        return ratio(b), True
+    return coef(b, cfg, clamp), False
+
+
+def ratio_abs_max(b: TokenBatch) -> float:
+    """The largest |d| over the ratio-valid tokens (0 without one): whether a clamp changes any."""
+    from grpolens.metrics import kernels
+
+    return b.cached("ratio_abs_max", lambda: kernels.ratio_abs_max(b.logp, b.old, b.mask))
 
 
 def seq_max_of_nonneg(b: TokenBatch, x: np.ndarray, n: np.ndarray) -> np.ndarray:

@@ -217,18 +217,16 @@ register(Metric(
 @producer("twinkle_loss", merge={"tw_loss.sum": "sum", "tw_loss.n": "sum"}, families=("twinkle_kit",))
 def _twinkle_loss(b: TokenBatch, cfg: dict) -> dict[str, np.ndarray]:
     """Per sequence Σ L and its tokens, L as Twinkle's loss classes compute it (see the module doc)."""
-    from grpolens.metrics.loss import per_token_loss
+    from grpolens.metrics.loss import loss_partials
 
     c = {**cfg, "log_ratio_clamp": est.LOG_RATIO_BOUND, "delta": None, "rollout_is": None, "use_bias_correction_kl": False}
     if c["loss_type"] == "cispo":
         c["epsilon_high"] = 1.0 + cfg["epsilon"]  # CISPOLoss caps the weight at 1 + epsilon
     if c["loss_type"] not in ("grpo", "gspo", "sapo", "bnpo", "dapo", "cispo", "dr_grpo"):
         return {"tw_loss.sum": np.zeros(b.n_seq), "tw_loss.n": np.zeros(b.n_seq)}
-    L, v = per_token_loss(b, c)
-    ec = float(cfg.get("entropy_coef") or 0.0)
-    if ec and b.has("entropy"):
-        L = L - ec * np.where(v, np.nan_to_num(b.cols["entropy"]), 0.0)
-    return {"tw_loss.sum": b.seq_sum(L), "tw_loss.n": b.count(v)}
+    # L − entropy_coef·H on the valid tokens (np.nan_to_num of H: NaN 0, ±inf ±max)
+    s, n = loss_partials(b, c, entropy_coef=float(cfg.get("entropy_coef") or 0.0))
+    return {"tw_loss.sum": s, "tw_loss.n": n}
 
 
 register_family(Family("twinkle_kit", page="policy"))

@@ -131,11 +131,12 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
     """Read the wanted columns of one tokens shard (a ``pyarrow.Table``, always with its keys); a
     broken file or a missing required column raises RunFormatError. The order and uniqueness of the
     keys -- what Parquet statistics cannot show, so :meth:`RunReader.check` cannot -- are checked
-    here on the key columns just read, with ``grpolens validate``'s messages."""
+    here on the key columns just read, with the values, with ``grpolens validate``'s messages
+    (:func:`~grpolens.run.token_columns.refuse_bad_tokens`: compiled passes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from grpolens.run.validate import key_order_problems, refuse_bad_values
+    from grpolens.run.token_columns import refuse_bad_tokens
 
     try:
         pf = pq.ParquetFile(fmt.parquet_source(path))
@@ -153,10 +154,7 @@ def read_tokens(path: Path, columns: Iterable[str] = READ_COLUMNS):
 
             raise RunFormatError(path, f"unreadable: {describe(e)}") from None
         raise RunFormatError(path, f"unreadable or truncated Parquet file: {e}") from None
-    refuse_bad_values(path, fmt.TOKENS, table)
-    problems = key_order_problems(*(table.column(c).to_numpy() for c in _KEYS))
-    if problems:
-        raise RunFormatError(path, problems[0])
+    refuse_bad_tokens(path, table)
     return table
 
 

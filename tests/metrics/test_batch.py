@@ -203,3 +203,55 @@ def test_the_policy_quantities():
     np.testing.assert_array_equal(b.valid_policy, [True, True, False, True, False])
     no_old = TokenBatch.from_arrow(_table(_seq(0, [-1.0, -2.0])))
     assert no_old.old is no_old.logp and not no_old.log_ratio.any()
+
+
+def test_sequence_starts_and_order_in_one_pass_equal_the_vectorised_reference():
+    """The compiled pass over the keys: sequence starts where any of step, rank, micro_batch,
+    sample_id changes, and "ordered" exactly when every row's full key is above the previous row's
+    (a repeated key is not ordered: from_arrow sorts then). Random keys in few values, so that ties
+    at every level happen, in both stored widths."""
+    from grpolens.metrics.batch import _sequence_starts
+
+    rng = np.random.default_rng(5)
+    names = ("step", "rank", "micro_batch", "sample_id", "pos")
+    outcomes = set()
+    for trial in range(300):
+        n = int(rng.integers(0, 30))
+        keys = [rng.integers(0, 2 if trial % 3 else 3, n) for _ in names]
+        if trial % 2:  # mostly sorted: one lexsort, maybe a swap
+            order = np.lexsort(keys[::-1])
+            keys = [k[order] for k in keys]
+            if n > 1 and trial % 4 == 1:
+                i = int(rng.integers(0, n - 1))
+                keys = [np.concatenate([k[:i], k[i + 1:i + 2], k[i:i + 1], k[i + 2:]]) for k in keys]
+        typed = [k.astype(np.int32 if i in (1, 2, 4) and trial % 5 else np.int64) for i, k in enumerate(keys)]
+        starts, ordered = _sequence_starts(*typed)
+        change = np.ones(n, bool)
+        if n > 1:
+            change[1:] = np.any([k[1:] != k[:-1] for k in keys[:4]], axis=0)
+        np.testing.assert_array_equal(starts, np.flatnonzero(change))
+        rows = list(zip(*(k.tolist() for k in keys)))
+        assert ordered == all(a < b for a, b in zip(rows, rows[1:])), rows
+        outcomes.add(ordered)
+    assert outcomes == {True, False}
+
+
+def test_counts_and_any_per_sequence_equal_the_float_reduction():
+    """count and seq_any of a boolean mask (a compiled pass) give what the float64 reduceat of the
+    mask gives, on ragged sequences, single tokens, all-false and all-true masks; a mask that is
+    not boolean takes the reduceat itself."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        lengths = rng.integers(1, 12, int(rng.integers(1, 20)))
+        rows = [r for sid, k in enumerate(lengths) for r in _seq(sid, [-1.0] * int(k))]
+        b = TokenBatch.from_arrow(_table(rows))
+        valid = rng.random(b.n) < [0.0, 0.3, 1.0][trial % 3]
+        want = np.add.reduceat(valid.astype(np.float64), b.starts)
+        got = b.count(valid)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(b.seq_any(valid), want > 0)
+        np.testing.assert_array_equal(b.count(valid.astype(np.float64)), want)
+        np.testing.assert_array_equal(b.seq_any(valid.astype(np.int64)), want > 0)
+    none = TokenBatch.from_arrow(_table(_seq(0, [-1.0])).slice(0, 0))
+    assert none.count(np.zeros(0, bool)).shape == (0,) and none.seq_any(np.zeros(0, bool)).shape == (0,)

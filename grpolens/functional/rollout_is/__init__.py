@@ -41,12 +41,12 @@ taken from the merged partials by :func:`seq_view`, so it is the same however th
 """
 
 from grpolens.functional.rollout_is.config import LEVELS, MODES, RS_OPTIONS, ISConfig, RSFilter
-from grpolens.functional.rollout_is.partials import IS_MERGE, SeqView, _col, _div, rs_row_value, seq_view, sequence_partials
+from grpolens.functional.rollout_is.partials import (IS_MERGE, SeqView, _col, _div, rs_row_value, seq_view,
+                                                     sequence_partials, token_decisions)
 from grpolens.functional.rollout_is.per_token import applied_weights, loss_weights, token_weights, valid_token_weights
 from grpolens.functional.rollout_is.summary import _f, _mean, _moments, _seq_stats, summarize
 from grpolens.functional.rollout_is.weights import (LOG_RATIO_BOUND, Inputs, Segments, TokenDecisions, apply_mode,
-                                                    bounded_exp, catastrophic, in_band, inputs, rs_stat,
-                                                    token_decisions)
+                                                    bounded_exp, catastrophic, in_band, inputs, rs_stat)
 
 __all__ = [
     "LEVELS", "MODES", "RS_OPTIONS", "ISConfig", "RSFilter", "IS_MERGE", "SeqView", "rs_row_value", "seq_view",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from grpolens.functional.rollout_is.config import ISConfig
-from grpolens.functional.rollout_is.partials import SeqView, seq_view, sequence_partials
-from grpolens.functional.rollout_is.weights import Inputs, TokenDecisions, apply_mode, inputs, token_decisions
+from grpolens.functional.rollout_is.partials import SeqView, seq_view, sequence_partials, token_decisions
+from grpolens.functional.rollout_is.weights import Inputs, TokenDecisions, apply_mode, inputs
 
 
 def _decisions(b, c: ISConfig, x: Inputs, partials: dict | None) -> tuple[TokenDecisions, SeqView]:

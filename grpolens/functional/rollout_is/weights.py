@@ -8,40 +8,89 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from grpolens.functional.estimators import LOG_RATIO_BOUND, bounded_exp, clip_log_ratio, k1, k2, k3
+from grpolens.functional.jit import inline, kernel
 from grpolens.functional.rollout_is.config import ISConfig
+
+#: :func:`applied` 's modes, as the kernels take them
+NONE, TRUNCATE, TRUNCATE_UPPER, ICEPOP = 0, 1, 2, 3
+
+
+def mode_code(c: ISConfig) -> int:
+    if c.mode in ("truncate", "both"):
+        return TRUNCATE
+    return {"truncate_upper": TRUNCATE_UPPER, "icepop": ICEPOP}.get(c.mode, NONE)
+
+
+def _bound(x: float | None) -> float:
+    """A bound as the kernels take it: NaN when unset (every comparison with it is False)."""
+    return np.nan if x is None else float(x)
+
+
+@inline
+def band1(w, lower, upper):
+    """lower ≤ w ≤ upper for one value (an unset, NaN, bound is open; a NaN w is outside)."""
+    return w == w and (lower != lower or w >= lower) and (upper != upper or w <= upper)
+
+
+@inline
+def applied1(w, mode, lower, upper):
+    """The applied weight of one raw weight under the mode: truncate (and both) clip to
+    [lower, upper] (an unset lower is open), truncate_upper caps at upper, icepop zeroes a weight
+    outside [lower, upper]; NaN stays NaN."""
+    if mode == TRUNCATE or mode == TRUNCATE_UPPER:
+        if mode == TRUNCATE and w < lower:  # np.clip's order: the lower bound, then the upper
+            w = lower
+        return upper if w > upper else w
+    if mode == ICEPOP:
+        return w if band1(w, lower, upper) else 0.0
+    return w
+
+
+@kernel
+def _band(w, lower, upper):
+    out = np.empty(len(w), dtype=np.bool_)
+    for i in range(len(w)):
+        out[i] = band1(w[i], lower, upper)
+    return out
+
+
+@kernel
+def _applied(w, mode, lower, upper):
+    out = np.empty(len(w))
+    for i in range(len(w)):
+        out[i] = applied1(w[i], mode, lower, upper)
+    return out
 
 
 def in_band(w: np.ndarray, lower: float | None, upper: float | None) -> np.ndarray:
     """lower ≤ w ≤ upper (an unset bound is open; NaN is outside)."""
-    with np.errstate(invalid="ignore"):
-        keep = ~np.isnan(w)
-        if lower is not None:
-            keep &= w >= lower
-        if upper is not None:
-            keep &= w <= upper
-    return keep
+    w = np.asarray(w, dtype=np.float64)
+    return _band(w.ravel(), _bound(lower), _bound(upper)).reshape(w.shape)
 
 
 def apply_mode(w: np.ndarray, c: ISConfig) -> np.ndarray:
     """The applied weight of raw weights ``w`` under the mode (rejection is separate)."""
-    if c.mode in ("truncate", "both"):
-        return np.clip(w, c.lower if c.lower is not None else -np.inf, c.upper)
-    if c.mode == "truncate_upper":
-        return np.minimum(w, c.upper)
-    if c.mode == "icepop":
-        return np.where(in_band(w, c.lower, c.upper), w, 0.0)
-    return w
+    mode = mode_code(c)
+    if mode == NONE:
+        return w
+    w = np.asarray(w, dtype=np.float64)
+    return _applied(w.ravel(), mode, _bound(c.lower), _bound(c.upper)).reshape(w.shape)
+
+
+def veto_log_band(c: ISConfig) -> tuple[float, float]:
+    """The veto's band on δ: a token is catastrophic below the first or above the second (±inf:
+    that side disabled; a lower bound of 0 disables its side)."""
+    with np.errstate(divide="ignore"):
+        lo = float(np.log(c.veto_lower)) if c.veto_lower is not None and c.veto_lower > 0 else -np.inf
+        hi = float(np.log(c.veto_upper)) if c.veto_upper is not None else np.inf
+    return lo, hi
 
 
 def catastrophic(delta: np.ndarray, c: ISConfig) -> np.ndarray:
-    """Raw (unbounded) token ratio e^δ outside the veto band; a lower bound of 0 disables that side."""
-    out = np.zeros(delta.shape, dtype=bool)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if c.veto_lower is not None and c.veto_lower > 0:
-            out |= delta < np.log(c.veto_lower)
-        if c.veto_upper is not None:
-            out |= delta > np.log(c.veto_upper)
-    return out
+    """Raw (unbounded) token ratio e^δ outside the veto band (:func:`veto_log_band`)."""
+    lo, hi = veto_log_band(c)
+    with np.errstate(invalid="ignore"):
+        return (delta < lo) | (delta > hi)
 
 
 def rs_stat(k: int, delta: np.ndarray) -> np.ndarray:
@@ -59,9 +108,18 @@ class Segments:
     tokens only (compressed once, so that every reduction is one ``reduceat`` without masking)."""
 
     def __init__(self, b, keep: np.ndarray):
-        self.idx = np.flatnonzero(keep)
-        self.n = b.count(keep)
-        counts = self.n.astype(np.int64)
+        self._set(np.flatnonzero(keep), b.count(keep))
+
+    @classmethod
+    def of(cls, idx: np.ndarray, n: np.ndarray) -> "Segments":
+        """From the kept tokens' positions and each sequence's count of them (float64)."""
+        seg = cls.__new__(cls)
+        seg._set(idx, n)
+        return seg
+
+    def _set(self, idx: np.ndarray, n: np.ndarray) -> None:
+        self.idx, self.n = idx, n
+        counts = n.astype(np.int64)
         self.starts = np.cumsum(counts) - counts
         self.empty = counts == 0
 
@@ -92,64 +150,66 @@ class Inputs:
     seg: Segments
     dv: np.ndarray
     av: np.ndarray
-    #: :func:`token_decisions` under each config, made once: the producer's partials, the loss
+    #: per sequence, the masked tokens that are not valid (δ NaN, or ±inf both in the sequence)
+    undef: np.ndarray
+    #: :func:`~grpolens.functional.rollout_is.partials.token_decisions` under each config, made once: the producer's partials, the loss
     #: weights and the IS visitors of a batch all ask for the same ones
     decisions: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the per-sequence partials made with each config's decisions (by the same compiled pass)
+    partials: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def inputs(b) -> Inputs:
-    """δ and the valid set of a :class:`~grpolens.metrics.batch.TokenBatch` (needs ``rollout_logp``)."""
-    with np.errstate(invalid="ignore"):
-        delta = b.old - b.cols["rollout_logp"]
+    """δ and the valid set of a :class:`~grpolens.metrics.batch.TokenBatch` (needs ``rollout_logp``),
+    in one compiled pass over the batch's tokens."""
     # the mask the trainer's rollout correction saw: before its own rejection (``rollout_rejected``)
-    valid = b.pre_rejection_mask & ~np.isnan(delta)
-    pinf, ninf = valid & (delta == np.inf), valid & (delta == -np.inf)
-    if pinf.any() and ninf.any():
-        both = b.seq_any(pinf) & b.seq_any(ninf)
-        if both.any():
-            valid &= ~b.broadcast(both)
-    seg = Segments(b, valid)
-    adv = b.adv[seg.idx]
-    return Inputs(valid, seg, delta[seg.idx], np.where(np.isfinite(adv), np.abs(adv), 0.0))
+    valid, idx, dv, av, n, undef = _valid_tokens(b.old, b.cols["rollout_logp"], b.pre_rejection_mask, b.adv,
+                                                  b.starts, b.lengths)
+    return Inputs(valid, Segments.of(idx, n), dv, av, undef)
+
+
+@kernel
+def _valid_tokens(old, roll, pre, adv, starts, lengths):
+    """Valid tokens: masked (``pre``) with a δ that is not NaN, in a sequence that does not hold
+    both +inf and −inf δ; their positions, δ and |A| (0 where A is not finite), and per sequence
+    how many are valid and how many masked tokens are not (undefined)."""
+    size = len(old)
+    valid = np.zeros(size, dtype=np.bool_)
+    idx = np.empty(size, dtype=np.int64)
+    dv, av = np.empty(size), np.empty(size)
+    n, undef = np.zeros(len(starts)), np.zeros(len(starts))
+    m = 0
+    for s in range(len(starts)):
+        first, masked, pinf, ninf = m, 0, False, False
+        lo, hi = starts[s], starts[s] + lengths[s]
+        ps, os, rs, As, vs = pre[lo:hi], old[lo:hi], roll[lo:hi], adv[lo:hi], valid[lo:hi]
+        for i in range(hi - lo):  # views indexed from 0: no negative-index test
+            if not ps[i]:
+                continue
+            masked += 1
+            d = os[i] - rs[i]
+            if d != d:
+                continue
+            pinf |= d == np.inf
+            ninf |= d == -np.inf
+            vs[i] = True
+            idx[m], dv[m] = lo + i, d
+            av[m] = abs(As[i]) if np.isfinite(As[i]) else 0.0
+            m += 1
+        if pinf and ninf:  # no defined Σδ: the whole sequence is left out
+            vs[:] = False
+            m = first
+        n[s], undef[s] = m - first, masked - (m - first)
+    return valid, idx[:m], dv[:m], av[:m], n, undef
 
 
 @dataclass
 class TokenDecisions:
-    """Token-level quantities on the valid tokens; ``rej``/``drop``/``mod`` count only token-level
-    rules (sequence-level rules -- veto, sequence/geometric bands, sequence filters -- come from
-    :func:`seq_view`)."""
+    """Token-level quantities on the valid tokens (what the per-token outputs read; the partials
+    count the rest in the same pass). ``rej`` is only the token-level rules (mask band at token
+    level, token filters); sequence-level rules -- veto, sequence/geometric bands, sequence
+    filters -- come from :func:`seq_view`."""
 
     w: np.ndarray      # token raw weight exp(clip δ)
     a: np.ndarray      # token applied weight (level token; = w otherwise)
-    cat: np.ndarray    # catastrophic tokens (veto)
-    band: np.ndarray   # rejected by the mask band (level token)
     rej: np.ndarray    # rejected by a token-level rule (band or token filter)
-    chg: np.ndarray    # weight changed by truncation/zeroing (level token)
-    drop: np.ndarray   # rejected or weight zeroed
-    mod: np.ndarray    # rejected or weight changed
-
-
-def token_decisions(x: Inputs, c: ISConfig) -> TokenDecisions:
-    """The token-level decisions on ``x`` under ``c`` (computed once per inputs and config)."""
-    t = x.decisions.get(c)
-    if t is None:
-        t = x.decisions[c] = _token_decisions(x, c)
-    return t
-
-
-def _token_decisions(x: Inputs, c: ISConfig) -> TokenDecisions:
-    d = x.dv
-    w = bounded_exp(d)
-    none = np.zeros(len(d), dtype=bool)
-    if c.level == "token":
-        a = apply_mode(w, c)
-        band = ~in_band(w, c.mask_lower, c.mask_upper) if c.masks else none
-        chg = a != w
-    else:
-        a, band, chg = w, none, none
-    rej = band
-    for f in c.token_filters:
-        rej = rej | ~f.keep(rs_stat(f.k, d))
-    cat = catastrophic(d, c) if c.veto else none
-    zero = chg & (a == 0)
-    return TokenDecisions(w, a, cat, band, rej, chg, rej | zero, rej | chg)

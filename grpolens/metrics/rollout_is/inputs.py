@@ -7,6 +7,7 @@ import numpy as np
 
 from grpolens.functional import rollout_is as ris
 from grpolens.functional.rollout_is import ISConfig
+from grpolens.functional.rollout_is.mismatch import finite_pairs
 from grpolens.metrics.batch import TokenBatch
 
 FAMILY = "rollout_is"
@@ -22,17 +23,12 @@ def batch_inputs(b: TokenBatch) -> ris.Inputs:
     return b.cached("rollout_is.inputs", lambda: ris.inputs(b))
 
 
-def mismatch_inputs(b: TokenBatch) -> tuple[ris.Segments, np.ndarray, np.ndarray, np.ndarray]:
-    """``(segments, old, rollout, δ)`` over the masked tokens (before the trainer's rejection:
-    :attr:`TokenBatch.pre_rejection_mask`) whose two log-probs are finite, in token order: what
+def mismatch_inputs(b: TokenBatch) -> tuple[ris.Segments, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """``(segments, old, rollout, δ, sums)`` over the masked tokens (before the trainer's rejection:
+    :attr:`TokenBatch.pre_rejection_mask`) whose two log-probs are finite, in token order, and
+    their per-sequence sums (:func:`grpolens.functional.rollout_is.mismatch.finite_pairs`): what
     the mismatch partials and the δ quantiles both read, computed once per batch."""
-    def make():
-        old, roll = b.old, b.cols["rollout_logp"]
-        s = ris.Segments(b, b.pre_rejection_mask & np.isfinite(old) & np.isfinite(roll))
-        o, r = old[s.idx], roll[s.idx]
-        return s, o, r, o - r
-
-    return b.cached("rollout_is.mismatch_inputs", make)
+    return b.cached("rollout_is.mismatch_inputs", lambda: finite_pairs(b))
 
 
 def batch_partials(b: TokenBatch, c: ISConfig) -> dict[str, np.ndarray]:
