@@ -56,6 +56,36 @@ def _sequence_starts(step, rank, micro_batch, sample_id, pos):
     return starts[:k].copy(), ordered
 
 
+@kernel
+def _seq_count(valid, starts):
+    """Per segment (rows from each start to the next), the number of true values, as float64."""
+    n, m = len(valid), len(starts)
+    out = np.empty(m, dtype=np.float64)
+    for j in range(m):
+        # a segment as its own array indexed from 0: numba then knows no index is negative and
+        # vectorises the loop (indices from ``starts`` would each be checked for wrapping around)
+        seg = valid[starts[j]:starts[j + 1] if j + 1 < m else n]
+        c = 0
+        for k in range(len(seg)):
+            c += seg[k]
+        out[j] = c
+    return out
+
+
+@kernel
+def _seq_any(x, starts):
+    """Per segment, whether any value is true."""
+    n, m = len(x), len(starts)
+    out = np.zeros(m, dtype=np.bool_)
+    for j in range(m):
+        seg = x[starts[j]:starts[j + 1] if j + 1 < m else n]
+        for k in range(len(seg)):
+            if seg[k]:
+                out[j] = True
+                break
+    return out
+
+
 class per_batch:
     """A property computed once per batch and kept in its cache (:meth:`TokenBatch.cached`)."""
 
@@ -151,6 +181,8 @@ class TokenBatch:
     def seq_any(self, x: np.ndarray) -> np.ndarray:
         if self.n_seq == 0:
             return np.zeros(0, dtype=bool)
+        if x.dtype == np.bool_:
+            return _seq_any(x, self.starts)
         return np.maximum.reduceat(x.astype(np.int8), self.starts).astype(bool)
 
     def broadcast(self, per_seq: np.ndarray) -> np.ndarray:
@@ -165,6 +197,9 @@ class TokenBatch:
         return self.seq_sum(np.where(valid, x, 0.0))
 
     def count(self, valid: np.ndarray) -> np.ndarray:
+        """Per-sequence number of true ``valid`` tokens, as float64 (exact: a count below 2**53)."""
+        if valid.dtype == np.bool_ and self.n_seq:
+            return _seq_count(valid, self.starts)  # without a float64 copy of the mask
         return self.seq_sum(valid.astype(np.float64))
 
     # -- shared per-token quantities (computed once, used by several families) --------------------

@@ -234,3 +234,24 @@ def test_sequence_starts_and_order_in_one_pass_equal_the_vectorised_reference():
         assert ordered == all(a < b for a, b in zip(rows, rows[1:])), rows
         outcomes.add(ordered)
     assert outcomes == {True, False}
+
+
+def test_counts_and_any_per_sequence_equal_the_float_reduction():
+    """count and seq_any of a boolean mask (a compiled pass) give what the float64 reduceat of the
+    mask gives, on ragged sequences, single tokens, all-false and all-true masks; a mask that is
+    not boolean takes the reduceat itself."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        lengths = rng.integers(1, 12, int(rng.integers(1, 20)))
+        rows = [r for sid, k in enumerate(lengths) for r in _seq(sid, [-1.0] * int(k))]
+        b = TokenBatch.from_arrow(_table(rows))
+        valid = rng.random(b.n) < [0.0, 0.3, 1.0][trial % 3]
+        want = np.add.reduceat(valid.astype(np.float64), b.starts)
+        got = b.count(valid)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(b.seq_any(valid), want > 0)
+        np.testing.assert_array_equal(b.count(valid.astype(np.float64)), want)
+        np.testing.assert_array_equal(b.seq_any(valid.astype(np.int64)), want > 0)
+    none = TokenBatch.from_arrow(_table(_seq(0, [-1.0])).slice(0, 0))
+    assert none.count(np.zeros(0, bool)).shape == (0,) and none.seq_any(np.zeros(0, bool)).shape == (0,)
