@@ -78,7 +78,9 @@ class _Deferred:
     def __get__(self, obj, objtype=None):  # a kernel as a class attribute binds as numba's does
         return self if obj is None else MethodType(self, obj)
 
-    def __getattr__(self, name: str):  # only for names the instance lacks: numba's own attributes
+    def __getattr__(self, name: str):
+        # only for names the instance lacks: numba's own, ``_numba_type_`` among them, so that a
+        # stand-in numba meets where none was swapped (a closure's cell) types as its dispatcher
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dispatcher if self.dispatcher is not None else _load_numba(self), name)

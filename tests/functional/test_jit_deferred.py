@@ -56,6 +56,16 @@ def test_a_kernel_calls_formulas_inlined_from_its_module_and_another_and_binds_a
 
         class Holder:
             total = total
+
+        def scaled(k):  # a kernel made in a function, closing over a formula
+            f = formulas.twice
+
+            @kernel
+            def scale(x):
+                return k * f(x)
+            return scale
+
+        thrice_twice = scaled(3.0)
     """))
     out = _python("""
         import sys
@@ -64,9 +74,9 @@ def test_a_kernel_calls_formulas_inlined_from_its_module_and_another_and_binds_a
         print('numba' in sys.modules, type(kernels.total).__name__)
         print(kernels.total(np.arange(4.0)), kernels.Holder().total is not None)
         print('numba' in sys.modules, type(kernels.total).__name__, type(formulas.twice).__name__)
-        print(kernels.total.targetoptions['nogil'], formulas.twice(1.5))
+        print(kernels.total.targetoptions['nogil'], formulas.twice(1.5), kernels.thrice_twice(1.0))
     """, tmp_path)
-    assert out == ["False", "_Deferred", "24.0", "True", "True", "CPUDispatcher", "CPUDispatcher", "True", "3.0"]
+    assert out == ["False", "_Deferred", "24.0", "True", "True", "CPUDispatcher", "CPUDispatcher", "True", "3.0", "6.0"]
 
 
 def test_the_first_kernel_call_does_not_import_scipy_linalg():

@@ -89,6 +89,9 @@ def _partials(d, w, av, stats, starts, counts, mode, lower, upper, masks, mask_l
     rej = np.zeros(m, dtype=np.bool_)
     out = np.zeros((_N_ROWS, ns))
     longest = counts.max() if ns else 0
+    # the config's switches as local scalars (a load from an array the loop also stores into could
+    # not be hoisted out of it)
+    filters, k2, k3 = len(fk) > 0, seq_ks[1], seq_ks[2]
     w2, a2, cw, cw2, dadv = np.empty(longest), np.empty(longest), np.empty(longest), np.empty(longest), np.empty(longest)
     for s in range(ns):
         lo, n = starts[s], counts[s]
@@ -107,9 +110,10 @@ def _partials(d, w, av, stats, starts, counts, mode, lower, upper, masks, mask_l
             twmax, twmin = max(twmax, wj), min(twmin, wj)
             r = masks and not band1(wj, mask_lower, mask_upper)
             nband += r
-            for f in range(len(fk)):
-                x = st[fk[f] - 1, k]
-                r = r or not ((x >= flo[f] and x <= fhi[f]) if fk[f] == 1 else x <= fhi[f])
+            if filters:
+                for f in range(len(fk)):
+                    x = st[fk[f] - 1, k]
+                    r = r or not ((x >= flo[f] and x <= fhi[f]) if fk[f] == 1 else x <= fhi[f])
             chg = False
             if changes:
                 aj = applied1(wj, mode, lower, upper)
@@ -131,9 +135,9 @@ def _partials(d, w, av, stats, starts, counts, mode, lower, upper, masks, mask_l
                     cj = clip_lower if wj < clip_lower else wj  # np.clip(w, lower or 0, upper)
                     cj = upper if cj > upper else cj
                     cw[k], cw2[k] = cj, cj * cj
-            if seq_ks[1]:
+            if k2:
                 k2max = max(k2max, st[1, k])
-            if seq_ks[2]:
+            if k3:
                 k3max = max(k3max, st[2, k])
         o = out[:, s]
         o[0], o[1], o[2], o[3] = segment_sum(d, lo, hi), nb, ncat, segment_sum(av, lo, hi)
