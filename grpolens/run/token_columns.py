@@ -60,6 +60,8 @@ def bools(col: pa.ChunkedArray | pa.Array, null: bool = False) -> np.ndarray:
     n = len(arr)
     if n == 0:
         return np.zeros(0, bool)
+    if not pa.types.is_boolean(arr.type):  # e.g. 0/1 integers from a writer of another type
+        return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
     first = arr.offset
     packed = np.frombuffer(arr.buffers()[1], dtype=np.uint8, count=(first + n + 7) // 8)
     return np.unpackbits(packed, bitorder="little", count=first + n)[first:].view(bool)
