@@ -31,8 +31,9 @@ import numpy as np
 from grpolens.functional.jit import inline, kernel
 
 #: :func:`edge_counts` looks each value up by the top ``64 - _SHIFT`` bits of its order-preserving
-#: key (sign, exponent and 4 mantissa bits: buckets 1/16 of an octave wide)
-_SHIFT = 48
+#: key (sign, exponent and 6 mantissa bits: buckets 1/64 of an octave wide, so that few values share
+#: a bucket with an edge and need a comparison; the table, int16, is 512 KiB)
+_SHIFT = 46
 _LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
 
 
@@ -46,7 +47,8 @@ def _bucket_table(edges: bytes) -> tuple[np.ndarray, np.ndarray]:
     half = 1 << (63 - _SHIFT)
     first = np.r_[np.arange(0, half), np.arange(-half, 0)].astype(np.int64) << _SHIFT  # table order
     keys = e.view(np.int64) ^ ((e.view(np.int64) >> 63) & _LOW63)
-    return np.searchsorted(keys, first, side="left").astype(np.int64), np.append(e, np.nan)
+    below = np.searchsorted(keys, first, side="left")
+    return below.astype(np.int16 if len(e) < 2**15 else np.int64), np.append(e, np.nan)  # int16: half the cache
 
 
 def edge_counts(x: np.ndarray, edges: np.ndarray, clamp: bool = False,

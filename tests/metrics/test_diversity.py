@@ -67,14 +67,13 @@ def _groups(rng, n_groups, max_size, base, vocab=5):
             for _ in range(n_groups)]
 
 
-@pytest.mark.parametrize("key_bits", [62, 40, 0])
-def test_token_ids_of_any_size_on_every_key_path(monkeypatch, key_bits):
-    """groups_diversity packs (group, token, completion) into one sort key: 32 bits (uint32) when
-    it fits, int64 up to KEY_BITS, else one group at a time; bigrams likewise. Lowering KEY_BITS
-    reaches the per-group paths on small data. Token ids used as they are below 2**24, ranked
-    first beyond it or when negative. 130 groups of at most 2 with ids near 2**23 need 8 + 24 + 1 =
-    33 bits: the uint32 key would drop group 128's top bit."""
-    monkeypatch.setattr(diversity, "KEY_BITS", key_bits)
+@pytest.mark.parametrize("dense_span", [2**24, 64, 0])
+def test_token_ids_of_any_size_on_every_key_path(monkeypatch, dense_span):
+    """groups_diversity numbers the token values densely before its kernel: shifted by the
+    smallest when they span at most DENSE_SPAN values, ranked (one sort) otherwise. Lowering
+    DENSE_SPAN reaches the ranked path on small data. The cases keep the bounds of the packed sort
+    keys this replaced: 130 groups of ids near 2**23, ids at 2**24, negative and huge ids."""
+    monkeypatch.setattr(diversity, "DENSE_SPAN", dense_span)
     rng = np.random.default_rng(11)
     cases = [_groups(rng, 12, 4, base) for base in (0, 2**23, 2**40, -2**40, -2)]
     cases.append(_groups(rng, 130, 2, 2**23 - 3))
@@ -87,21 +86,6 @@ def test_token_ids_of_any_size_on_every_key_path(monkeypatch, key_bits):
         for g, row in zip(groups, got):
             ref = ref_group([list(c) for c in g])
             assert row == pytest.approx([ref["distinct_1"], ref["distinct_2"], ref["jaccard"]])
-
-
-def test_the_packed_key_layout_admits_exactly_the_keys_that_fit():
-    """The widths of the packed keys' fields and the guards in front of them, on both sides of each
-    bound. Not visible through groups_diversity: below 2**62 keys the packed and the per-group
-    paths give the same values, so a guard that admits too much would only show at that scale."""
-    layout = diversity._key_layout
-    assert layout(1, 1, 1) == (1, 1, 1, True, True, True)  # one group, one token value: one bit each
-    assert layout(2**20, 2**24, 2**18) == (20, 24, 18, True, False, False)  # 62 bits; bigrams 68
-    assert layout(2**20, 2**24, 2**18 + 1)[2:4] == (19, False)
-    assert layout(2**20 + 1, 2**24, 2**18)[0::3] == (21, False)
-    assert layout(2**14, 2**24, 2)[5] and not layout(2**14 + 1, 2**24, 2)[5]  # bigrams: 14 + 2 × 24 bits
-    assert not layout(2**14, 2**24 + 1, 2)[5]
-    assert layout(2**7, 2**24, 2)[4] and not layout(2**7, 2**24, 3)[4]  # 32 bits: 7 + 24 + 1
-    assert not layout(2**7 + 1, 2**24, 2)[4] and not layout(2**7, 2**24 + 1, 2)[4]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

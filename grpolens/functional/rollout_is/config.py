@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from grpolens.functional.jit import inline, kernel
+
 LEVELS = ("token", "sequence", "geometric")
 MODES = ("none", "truncate", "truncate_upper", "mask", "both", "icepop")
 #: verl's rejection-sampling filters (``rollout_rs``): a per-token statistic k1/k2/k3 of the
@@ -43,9 +45,23 @@ class RSFilter:
         return 0.0, float(self.upper)
 
     def keep(self, stat: np.ndarray) -> np.ndarray:
-        lo, hi = self.log_band
-        with np.errstate(invalid="ignore"):
-            return (stat >= lo) & (stat <= hi) if self.k == 1 else stat <= hi
+        stat = np.asarray(stat, dtype=np.float64)
+        return _kept(stat.ravel(), self.k, *self.log_band).reshape(stat.shape)
+
+
+@inline
+def kept(k, stat, lo, hi):
+    """Whether a filter with statistic ``k`` keeps a value: k1 inside [lo, hi] (log space), k2/k3
+    at most hi; NaN is never kept."""
+    return (stat >= lo and stat <= hi) if k == 1 else stat <= hi
+
+
+@kernel
+def _kept(stat, k, lo, hi):
+    out = np.empty(len(stat), dtype=np.bool_)
+    for i in range(len(stat)):
+        out[i] = kept(k, stat[i], lo, hi)
+    return out
 
 
 @dataclass(frozen=True)

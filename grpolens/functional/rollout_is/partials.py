@@ -12,7 +12,7 @@ import numpy as np
 
 from grpolens.functional.jit import kernel
 from grpolens.functional.reduceat import segment_sum
-from grpolens.functional.rollout_is.config import ISConfig, RSFilter
+from grpolens.functional.rollout_is.config import ISConfig, RSFilter, kept
 from grpolens.functional.rollout_is.weights import (LOG_RATIO_BOUND, NONE, TRUNCATE, Inputs, TokenDecisions, _bound,
                                                     applied1, apply_mode, band1, bounded_exp, in_band, mode_code,
                                                     rs_stat, veto_log_band)
@@ -112,8 +112,7 @@ def _partials(d, w, av, stats, starts, counts, mode, lower, upper, masks, mask_l
             nband += r
             if filters:
                 for f in range(len(fk)):
-                    x = st[fk[f] - 1, k]
-                    r = r or not ((x >= flo[f] and x <= fhi[f]) if fk[f] == 1 else x <= fhi[f])
+                    r = r or not kept(fk[f], st[fk[f] - 1, k], flo[f], fhi[f])
             chg = False
             if changes:
                 aj = applied1(wj, mode, lower, upper)
