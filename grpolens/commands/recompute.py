@@ -42,9 +42,7 @@ def recompute_cmd(
     (docs/variants.md).
     """
     refuse_unless_remote(storage_option, {"RUN": run, "--out": out})
-    from rich.console import Console
-
-    console = Console(stderr=True)
+    console = None if quiet else _stderr()  # --quiet: rich (~35 ms) only for a warning
     res = _fresh(run, out, profile, steps, per_step, quiet) if not (
         full or only or is_weights or set_ or config is not None or engine != "default" or "://" in run
         or (out is not None and "://" in out)) else None
@@ -71,6 +69,7 @@ def recompute_cmd(
                             only=only or None, per_step=per_step, workers=workers)
     if extra and extra[0].without_rollout:  # shown with --quiet too: the weights are incomplete
         gaps = extra[0].without_rollout
+        console = console or _stderr()
         console.print(f"warning: --is-weights: {len(gaps)} token shard(s) have no rollout_logp values, so their "
                       f"tokens have no IS weights (first: {gaps[0]})", style="yellow", highlight=False, markup=False,
                       soft_wrap=True)
@@ -79,6 +78,8 @@ def recompute_cmd(
     from grpolens.commands.ui import summary_table
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
+
+    from rich.console import Console
 
     out_console = Console()
     if not out_console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
@@ -103,6 +104,12 @@ def recompute_cmd(
         console.print(f"what-if variant {res.variant.key} ({res.variant.label}): the run's own metrics are untouched; "
                       f"grpolens serve lists it, check/export take --variant {res.variant.key}",
                       highlight=False, markup=False)
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def _fresh(run: str, out: Optional[str], profile: str, steps: Optional[str], per_step: bool, quiet: bool):

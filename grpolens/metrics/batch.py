@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from grpolens.functional.jit import kernel
-from grpolens.run.token_columns import bools, values
+from grpolens.run.token_columns import bools, numeric, values
 
 FLOAT_COLUMNS = ("logp", "old_logp", "ref_logp", "rollout_logp", "advantage", "entropy", "old_entropy")
 KEY_COLUMNS = ("step", "rank", "micro_batch", "sample_id")
@@ -24,11 +24,22 @@ KEY_COLUMNS = ("step", "rank", "micro_batch", "sample_id")
 
 def _to_float64(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     # a null becomes NaN; float64 stays a view of the Arrow buffer, float32 is widened (one copy)
+    if not numeric(col):
+        return _converted(col, np.float64)
     return values(col, null=np.nan).astype(np.float64, copy=False)
 
 
 def _to_int64(col: pa.ChunkedArray | pa.Array, null: int) -> np.ndarray:
+    if not numeric(col):
+        return _converted(col.fill_null(null) if col.null_count else col, np.int64)
     return values(col, null=null).astype(np.int64, copy=False)
+
+
+def _converted(col: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
+    """A column of a type that is not a plain number (one the footer check refuses before any read;
+    a caller that skipped it): Arrow's own conversion, as before."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
 @kernel

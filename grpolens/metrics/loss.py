@@ -85,9 +85,6 @@ def sapo_term(c, a, cfg):
     return -(4.0 / tau) * _sigmoid(tau * (c - 1.0)) * a
 
 
-_NONE = np.empty(0)
-
-
 def loss_partials(b: TokenBatch, cfg: dict, entropy_coef: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per sequence Σ L over its valid tokens and their count, L the variant's per-token loss
     (minus ``entropy_coef``·H, Twinkle's entropy bonus, when given): one pass over the tokens
@@ -102,7 +99,7 @@ def loss_partials(b: TokenBatch, cfg: dict, entropy_coef: float = 0.0) -> tuple[
     with_kl = beta != 0.0 and b.has("ref_logp")
     lt = cfg["loss_type"]
     c, c_masked = coef_input(b, cfg, cfg.get("log_ratio_clamp"))
-    given = phi = _NONE
+    given = phi = None
     if lt in PPO_CLIP_LOSSES:
         kind = kernels.PPO
     elif lt == "cispo":
@@ -115,20 +112,23 @@ def loss_partials(b: TokenBatch, cfg: dict, entropy_coef: float = 0.0) -> tuple[
             given = sapo_term(c, adv_masked(b), cfg)
     else:  # config.check_config only lets known loss types through
         raise ValueError(f"loss_type {lt!r} has no loss formula")
-    w, keep = _NONE, np.empty(0, dtype=bool)
+    w = keep = None
     isc = ISConfig.from_cfg(cfg)
     # the trainer's rollout IS correction, before + β·kl (VESPO has it inside φ instead, as TRL does)
     if isc.configured and b.has("rollout_logp") and lt != "vespo":
         w, keep = loss_weights(b, isc, batch_inputs(b), batch_partials(b, isc))
-    ent = b.cols["entropy"] if entropy_coef and b.has("entropy") else _NONE
+    ent = b.cols["entropy"] if entropy_coef and b.has("entropy") else None
     delta = cfg.get("delta")
+    # the kernel reads every array in full: a neutral one where a term is off (its flag says so)
+    zeros = np.zeros(b.n)
     return kernels.loss_sums(
         b.logp, b.old, b.adv, b.mask, c, c_masked, kind,
         1.0 - cfg.get("epsilon", 0.0), 1.0 + cfg.get("epsilon_high", 0.0), np.inf if delta is None else float(delta),
-        float(cfg.get("epsilon_high", 0.0)), given, phi, w, keep,
-        b.cols["ref_logp"] if with_kl else _NONE, kl_k3(b) if with_kl else _NONE, float(beta),
-        bool(cfg.get("use_bias_correction_kl")), ent, float(entropy_coef) if len(ent) else 0.0,
-        b.starts, b.lengths)
+        float(cfg.get("epsilon_high", 0.0)), zeros if given is None else given, np.zeros(b.n_seq) if phi is None else phi,
+        w is not None, np.ones(b.n) if w is None else w, np.ones(b.n, dtype=bool) if keep is None else keep,
+        with_kl, b.cols["ref_logp"] if with_kl else b.logp, kl_k3(b) if with_kl else zeros, float(beta),
+        bool(cfg.get("use_bias_correction_kl")), zeros if ent is None else ent,
+        float(entropy_coef) if ent is not None else 0.0, b.starts, b.lengths)
 
 
 def vespo_phi(b: TokenBatch, cfg: dict) -> np.ndarray:

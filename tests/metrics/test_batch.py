@@ -255,3 +255,18 @@ def test_counts_and_any_per_sequence_equal_the_float_reduction():
         np.testing.assert_array_equal(b.seq_any(valid.astype(np.int64)), want > 0)
     none = TokenBatch.from_arrow(_table(_seq(0, [-1.0])).slice(0, 0))
     assert none.count(np.zeros(0, bool)).shape == (0,) and none.seq_any(np.zeros(0, bool)).shape == (0,)
+
+
+def test_columns_of_other_types_convert_as_arrow_converts_them():
+    # a caller that skipped the footer check's type check: a float16 log-prob, a float pos, an
+    # integer mask, a dictionary-encoded key are read as Arrow converts them, never as raw buffers
+    rows = _seq(0, [-1.0, -2.0]) + _seq(1, [-3.0])
+    t = _table(rows, logp=pa.float16(), pos=pa.float64())
+    t = t.set_column(t.schema.get_field_index("mask"), "mask", pa.array([1, 0, 1], pa.int8()))
+    t = t.set_column(t.schema.get_field_index("sample_id"), "sample_id", t.column("sample_id").dictionary_encode())
+    b = TokenBatch.from_arrow(t)
+    np.testing.assert_array_equal(b.logp, [-1.0, -2.0, -3.0])
+    assert b.logp.dtype == np.float64 and b.cols["pos"].dtype == np.int64
+    np.testing.assert_array_equal(b.cols["pos"], [0, 1, 0])
+    np.testing.assert_array_equal(b.starts, [0, 2])
+    np.testing.assert_array_equal(b.mask, [True, False, True])  # 0/1 integers: truth values, not bits

@@ -133,7 +133,10 @@ def recompute(
             return _answer(plan, final, plan.out_dir, [], list(plan.selected), list(plan.cache.state.get("notes") or []))
     # 2. the rows still valid in the cache; the selected steps without one are computed
     valid = plan.cache.valid_rows(plan.config_hash) if plan.decide.reuses_rows else {}
-    cached = {s: valid[s] for s in plan.selected if s in valid}
+    # a cached step's rows of the step tables (completions, top tokens...) are those of the files in
+    # out_dir: where those are not the files the cache's state wrote (another --out, a file removed
+    # or replaced), the steps are computed again, not left out of the tables
+    cached = {s: valid[s] for s in plan.selected if s in valid} if plan.step_tables_kept() else {}
     todo = [s for s in plan.selected if s not in cached]
     work = StepWork(plan.run, plan.cfg, plan.profile, plan.metrics,
                     step_visitors(plan.cfg, plan.families, plan.request.extra_visitors), plan.columns,

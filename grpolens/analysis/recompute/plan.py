@@ -30,6 +30,10 @@ from grpolens.analysis.recompute.outputs import output_dirs
 from grpolens.analysis.recompute.steps import metrics_for, select_metrics
 
 
+#: outputs a recompute writes whole every time (no cached step's rows are read from them)
+_REWRITTEN = frozenset({"metrics.parquet", "metrics.jsonl"})
+
+
 @dataclass(frozen=True)
 class Request:
     """What the caller asked: the keywords of :func:`grpolens.analysis.recompute.recompute`, as given
@@ -138,6 +142,21 @@ class Plan:
     def outputs_unchanged(self) -> bool:
         """The outputs in ``out_dir`` are the ones the cache's state says this request wrote, untouched since."""
         return self.cache.state.get("outputs") == {"key": self.outputs_key, "files": output_files(self.out_dir)}
+
+    def step_tables_kept(self) -> bool:
+        """Whether the step tables in ``out_dir`` hold the cached steps' rows: true when this recompute
+        writes none, else when every file the cache's state recorded writing (the metrics aside,
+        which are rewritten whole) is there at the size it had. The size, not the time: a staged
+        ``--out s3://...`` copies the files anew on every run. The per-step cache is the run's,
+        shared by every ``--out``; its state records the outputs of the last recompute only."""
+        if not self.decide.keeps_step_outputs:
+            return True
+        written = (self.cache.state.get("outputs") or {}).get("files")
+        if not isinstance(written, dict):
+            return False
+        here = output_files(self.out_dir)
+        return all(isinstance(st, list) and name in here and here[name][:1] == st[:1]
+                   for name, st in written.items() if name not in _REWRITTEN)
 
     def fresh_state(self, columns) -> dict | None:
         """The stamp the cache's state keeps for ``grpolens recompute``'s freshness check, or None."""
