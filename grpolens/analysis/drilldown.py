@@ -210,15 +210,25 @@ def keep_top(df: pl.DataFrame, k: int) -> pl.DataFrame:
     """The K highest scores per (step, by); ties broken by position keys so results are stable."""
     if df.height == 0:
         return df
-    # numpy's sort and one gather: a step's few hundred rows cost ~1 ms per polars query
-    step = df["step"].to_numpy()
-    _, by = np.unique(df["by"].to_numpy(), return_inverse=True)  # codes in the names' sorted order
-    order = np.lexsort([*(df[c].to_numpy() for c in reversed(TOP_COLUMNS)), -df["score"].to_numpy(), by, step])
+    kept = _kept_rows({c: df[c].to_numpy() for c in (*TOP_COLUMNS, "score", "by")}, k)
+    return df[kept][_output_columns(df.columns)]
+
+
+def _kept_rows(cols: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+    """:func:`keep_top`'s rows of the columns ``cols``, in its order: numpy's sort and one gather
+    (a step's few hundred rows cost ~1 ms per polars query)."""
+    step = cols["step"]
+    _, by = np.unique(cols["by"], return_inverse=True)  # codes in the names' sorted order
+    order = np.lexsort([*(cols[c] for c in reversed(TOP_COLUMNS)), -cols["score"], by, step])
     group = np.stack([step[order], by.reshape(-1)[order]], axis=1)
     starts = np.flatnonzero(np.concatenate(([True], (group[1:] != group[:-1]).any(axis=1))))
     rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.append(starts, len(order))))
-    # the group keys first, as group_by(...).head() puts them
-    return df[order[rank < k]][["step", "by", *(c for c in df.columns if c not in ("step", "by"))]]
+    return order[rank < k]
+
+
+def _output_columns(names) -> list[str]:
+    """The group keys first, as group_by(...).head() puts them."""
+    return ["step", "by", *(c for c in names if c not in ("step", "by"))]
 
 
 @dataclass
@@ -229,9 +239,9 @@ class TopTokens(Visitor):
     name: str = "top_tokens"
     collect: bool = True
 
-    def shard(self, batch: TokenBatch, shard) -> pl.DataFrame:
-        # one frame of every score's rows, their columns gathered once for all scores (building a
-        # frame per score cost more than scoring)
+    def shard(self, batch: TokenBatch, shard) -> dict[str, np.ndarray] | None:
+        # every score's rows as columns, gathered once for all scores; the step's frame is built
+        # once, in combine (a polars frame per shard, or per score, cost more than the scoring)
         names, picks = [], []
         for by in SCORES:
             top = _top_positions(batch, by, self.k)
@@ -239,19 +249,20 @@ class TopTokens(Visitor):
                 names.append(by)
                 picks.append(top)
         if not picks:
-            return pl.DataFrame()
+            return None
         cols = token_frame(batch, np.concatenate([pos for pos, _ in picks]))
         cols["score"] = np.concatenate([score for _, score in picks])
         cols["by"] = np.repeat(np.array(names), [len(pos) for pos, _ in picks])
-        return pl.DataFrame(cols)
+        return cols
 
-    def combine(self, step: int, pieces: list[pl.DataFrame]) -> pl.DataFrame:
-        pieces = [p for p in pieces if p.height]
+    def combine(self, step: int, pieces: list[dict[str, np.ndarray] | None]) -> pl.DataFrame:
+        pieces = [p for p in pieces if p is not None]
         if not pieces:
             return pl.DataFrame()
-        # shards with the same columns (the usual case) stack without a polars query
-        same = all(p.schema == pieces[0].schema for p in pieces)
-        return keep_top(pl.concat(pieces, how="vertical" if same else "diagonal_relaxed"), self.k)
+        # every shard's rows have token_frame's columns (NaN or -1 for one its run lacks)
+        cols = {c: np.concatenate([p[c] for p in pieces]) for c in pieces[0]}
+        kept = _kept_rows(cols, self.k)
+        return pl.DataFrame({c: cols[c][kept] for c in _output_columns(cols)})
 
     def finish(self, run: Path, out_dir: Path, by_step: Mapping[int, pl.DataFrame], kept_steps: set[int]) -> None:
         """Write ``top_tokens.parquet``: fresh rows for recomputed steps, earlier rows for the rest."""

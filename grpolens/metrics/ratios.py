@@ -120,11 +120,3 @@ def ratio_abs_max(b: TokenBatch) -> float:
     from grpolens.metrics import kernels
 
     return b.cached("ratio_abs_max", lambda: kernels.ratio_abs_max(b.logp, b.old, b.mask))
-
-
-def seq_max_of_nonneg(b: TokenBatch, x: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Per-sequence max of ``x`` that is >= 0 on valid tokens and 0 elsewhere; -inf without a
-    valid token (what :meth:`TokenBatch.seq_max` gives, one pass cheaper)."""
-    if b.n_seq == 0:
-        return np.zeros(0)
-    return np.where(n > 0, np.maximum.reduceat(x, b.starts), -np.inf)

@@ -58,7 +58,7 @@ def _plain_inputs(b):
 
 
 def _plain_partials(b, c):
-    valid, idx, n, d, av = _plain_inputs(b)
+    valid, _, n, d, av = _plain_inputs(b)
     s = ris.Segments(b, valid)
     w = est.bounded_exp(d)
     tok = c.level == "token"
@@ -175,5 +175,5 @@ def test_an_empty_batch():
     assert len(x.dv) == 0 and len(x.seg.n) == 0
     p = ris.sequence_partials(e, x, ris.ISConfig.from_cfg(CONFIGS[-1]))
     assert all(len(v) == 0 for v in p.values())
-    s, o, r, d, sums = finite_pairs(e)
+    _, _, _, d, sums = finite_pairs(e)
     assert len(d) == 0 and all(len(v) == 0 for v in sums.values())

@@ -297,3 +297,28 @@ def test_clip_counts_equal_their_numpy_formulas(cfg, seed):
         assert _same(got[k], want[k]), k
     if cfg["importance_sampling_level"] == "token":  # the test bites (a sequence's mean ratio is rarely clipped)
         assert got["clip.g.low"].sum() + got["clip.g.high"].sum() + got["clip.g.cispo"].sum() > 0
+
+
+@pytest.mark.parametrize("n_tokens", [0, 1])
+def test_an_empty_batch_and_a_single_token(n_tokens):
+    # the kernels' loops and buffers at their smallest: no sequence at all, one sequence of one token
+    rng = np.random.default_rng(13)
+    b = _batch(rng)  # its first sequence is one token long
+    cols = {k: v[:n_tokens] for k, v in b.cols.items()}
+    cols["mask"] = np.ones(n_tokens, bool)
+    small = TokenBatch(cols, b.present)
+    cfg = {**_BASE, "loss_type": "grpo", "beta": 0.04, "temperature": 1.0}
+    refs = {"policy": _policy_ref, "kl": lambda b: _kl_ref(b, cfg), "clip": lambda b: _clip_ref(b, cfg)}
+    for name, ref in refs.items():
+        got = PRODUCERS[name].fn(small, cfg)
+        for k, want in (ref(small) if n_tokens else {}).items():
+            assert _same(got[k], want), (name, k)
+        assert all(len(v) == n_tokens for v in got.values()), name
+    from grpolens.metrics.loss import loss_partials
+
+    s, n = loss_partials(small, cfg)
+    if n_tokens:
+        ws, wn = _loss_ref(small, cfg)
+        assert _same(s, ws) and _same(n, wn)
+    else:
+        assert len(s) == len(n) == 0
