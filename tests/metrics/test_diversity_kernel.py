@@ -150,3 +150,39 @@ def test_a_step_with_text_only_some_samples_and_one_with_neither(tmp_path):
     for key in ("distinct_1", "distinct_2", "jaccard"):
         assert df[f"diversity/{key}"][0] == pytest.approx(np.mean([v[key] for v in vals]))
         assert df[f"diversity/{key}"][1] is None
+
+
+# the diversity and top-token kernels on random groups and a random batch, printed exactly
+_RELOAD = """
+import numpy as np
+from grpolens.analysis import drilldown
+from grpolens.metrics.diversity import groups_diversity, numpy_sum
+from tests.analysis.test_drilldown_kernels import _batch
+rng = np.random.default_rng(0)
+groups = [[rng.integers(-1, 30, size=rng.integers(0, 40)) for _ in range(k)] for k in (1, 2, 8, 70)]
+out = [groups_diversity(groups).tobytes().hex(), numpy_sum(rng.random(1000), 3, 900).hex()]
+b = _batch(1, 0.1)
+for by in drilldown.SCORES:
+    pos, score = drilldown._top_positions(b, by, 7)
+    out += [pos.tobytes().hex(), score.tobytes().hex(), drilldown.token_scores(b, by, False).tobytes().hex()]
+print("\\n".join(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_kernels_reload_from_the_cache_with_the_same_values(tmp_path):
+    """Compiled in one process, loaded from numba's cache in two more (every recompute after the
+    first): the same values. A recursive numpy_sum compiled fine and crashed only on loading."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
+    runs = [subprocess.run([sys.executable, "-c", _RELOAD], cwd=root, env=env, capture_output=True, text=True)
+            for _ in range(3)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert any((tmp_path / "cache").rglob("*.nbi")), "nothing was cached: the reloads tested nothing"
+    assert runs[0].stdout and runs[0].stdout == runs[1].stdout == runs[2].stdout
