@@ -49,6 +49,9 @@ def completions_cmd(
     --json/--csv print the rows (every column, full prompt and completion text) for scripts.
     """
     refuse_unless_remote(storage_option, {"RUN": run})
+    from grpolens.run.no_pandas import pyarrow_without_pandas
+
+    pyarrow_without_pandas()  # the program: pyarrow need not import pandas (0.27 s) on its first read
     import polars as pl
     from rich.console import Console
 

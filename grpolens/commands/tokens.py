@@ -34,6 +34,9 @@ def tokens_cmd(
     for scripts: ids, decoded text (null when the run has no tokenizer), score and log-probs.
     """
     refuse_unless_remote(storage_option, {"RUN": run})
+    from grpolens.run.no_pandas import pyarrow_without_pandas
+
+    pyarrow_without_pandas()  # the program: pyarrow need not import pandas (0.27 s) on its first read
     from rich.console import Console
     from rich.table import Table
 

@@ -54,3 +54,16 @@ def test_the_recompute_program_never_imports_pandas(tmp_path):
         "print('pandas' in sys.modules)\n")
     assert out == ["False"]
     assert (tmp_path / "metrics.parquet").is_file()
+
+
+def test_the_commands_that_read_a_run_never_import_pandas():
+    for args in (["validate", "sample_runs/tiny"], ["tokens", "sample_runs/tiny", "--step", "1"],
+                 ["completions", "sample_runs/tiny", "--step", "1"]):
+        out = _python(
+            "import io, runpy, sys, contextlib\n"
+            f"sys.argv = ['grpolens', *{args!r}]\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        runpy.run_module('grpolens.cli', run_name='__main__')\n"
+            "    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "print('pandas' in sys.modules)\n")
+        assert out == ["False"], args
