@@ -15,7 +15,6 @@ import polars as pl
 from grpolens.run import format as fmt
 from grpolens.run.step_table import StepSpill
 from grpolens.run.variants import Variant
-from grpolens.analysis.fresh import output_files
 from grpolens.analysis.recompute.compute import Computed, compute_steps, tabulate
 from grpolens.analysis.recompute.outputs import absent_notes, rejection_notes, to_jsonl, upload
 from grpolens.analysis.recompute.plan import Plan, Request, plan_recompute
@@ -134,9 +133,10 @@ def recompute(
     # 2. the rows still valid in the cache; the selected steps without one are computed
     valid = plan.cache.valid_rows(plan.config_hash) if plan.decide.reuses_rows else {}
     # a cached step's rows of the step tables (completions, top tokens...) are those of the files in
-    # out_dir: where those are not the files the cache's state wrote (another --out, a file removed
-    # or replaced), the steps are computed again, not left out of the tables
-    cached = {s: valid[s] for s in plan.selected if s in valid} if plan.step_tables_kept() else {}
+    # out_dir: a step they do not hold (another --out, a table removed or replaced, an earlier
+    # --steps A:B) is computed again, not left out of the tables
+    held = plan.steps_in_tables()
+    cached = {s: valid[s] for s in plan.selected if s in valid and (held is None or s in held)}
     todo = [s for s in plan.selected if s not in cached]
     work = StepWork(plan.run, plan.cfg, plan.profile, plan.metrics,
                     step_visitors(plan.cfg, plan.families, plan.request.extra_visitors), plan.columns,
@@ -197,14 +197,16 @@ def _write(plan: Plan, work: StepWork, done: Computed, valid: dict[int, dict], f
         plan.variant.write_record()  # what this directory is: the overrides and their label (serve lists it)
     if decide.keeps_step_outputs and not unchanged:
         plan.cache.rows_path.parent.mkdir(parents=True, exist_ok=True)
-        kept = {s for s in plan.selected if s in valid}
+        # the tables keep the rows they hold of valid steps not computed now, those outside --steps too
+        held = plan.steps_in_tables()
+        kept = {s for s in valid if s not in done.todo and (held is None or s in held)}
         for v in work.visitors:
             if v.collect:
                 v.finish(plan.run, out_dir, spill.table(v.name), kept)
         spill.close()  # before an upload of the staged outputs, which must not carry it
         # the state goes last: if anything above fails, the next run recomputes these steps
         plan.cache.write(done.rows, valid, names, schema, plan.config_hash, plan.sample_columns,
-                         {"key": plan.outputs_key, "files": output_files(out_dir)}, run_notes,
+                         plan.outputs_record(kept | set(plan.selected)), run_notes,
                          plan.fresh_state(final.columns))
     if plan.remote_out is not None:  # --only's metrics too (they were left in the staging folder)
         upload(out_dir, plan.remote_out)

@@ -141,22 +141,30 @@ class Plan:
 
     def outputs_unchanged(self) -> bool:
         """The outputs in ``out_dir`` are the ones the cache's state says this request wrote, untouched since."""
-        return self.cache.state.get("outputs") == {"key": self.outputs_key, "files": output_files(self.out_dir)}
+        written = self.cache.state.get("outputs") or {}
+        return (written.get("key"), written.get("files")) == (self.outputs_key, output_files(self.out_dir))
 
-    def step_tables_kept(self) -> bool:
-        """Whether the step tables in ``out_dir`` hold the cached steps' rows: true when this recompute
-        writes none, else when every file the cache's state recorded writing (the metrics aside,
-        which are rewritten whole) is there at the size it had. The size, not the time: a staged
-        ``--out s3://...`` copies the files anew on every run. The per-step cache is the run's,
-        shared by every ``--out``; its state records the outputs of the last recompute only."""
+    def outputs_record(self, table_steps: set[int]) -> dict:
+        """What the cache's state records of the outputs just written: this request's key, the files
+        (size, time) and the steps whose rows the step tables hold."""
+        return {"key": self.outputs_key, "files": output_files(self.out_dir), "table_steps": sorted(table_steps)}
+
+    def steps_in_tables(self) -> set[int] | None:
+        """The steps whose rows the step tables in ``out_dir`` hold (None: any, as nothing is
+        written). The per-step cache is the run's, shared by every ``--out``, and its state records
+        the last recompute's outputs: the steps its tables hold, while every file it wrote (the metrics aside, rewritten whole) is there at the size it had.
+        The size, not the time: a staged ``--out s3://...`` copies the files anew on every run."""
         if not self.decide.keeps_step_outputs:
-            return True
-        written = (self.cache.state.get("outputs") or {}).get("files")
-        if not isinstance(written, dict):
-            return False
+            return None
+        written = self.cache.state.get("outputs") or {}
+        files, steps = written.get("files"), written.get("table_steps")
+        if not isinstance(files, dict) or not isinstance(steps, list):
+            return set()
         here = output_files(self.out_dir)
-        return all(isinstance(st, list) and name in here and here[name][:1] == st[:1]
-                   for name, st in written.items() if name not in _REWRITTEN)
+        if not all(isinstance(st, list) and name in here and here[name][:1] == st[:1]
+                   for name, st in files.items() if name not in _REWRITTEN):
+            return set()
+        return {s for s in steps if isinstance(s, int)}
 
     def fresh_state(self, columns) -> dict | None:
         """The stamp the cache's state keeps for ``grpolens recompute``'s freshness check, or None."""

@@ -45,3 +45,24 @@ def test_a_recompute_into_another_folder_computes_the_steps_its_tables_lack(tmp_
     rerun = grpolens.recompute(run, result=True)
     assert rerun.reused_steps == []
     assert _same(_tables(run / "grpolens"), want)
+
+
+def test_a_steps_range_keeps_the_other_steps_rows_of_the_tables(tmp_path):
+    # --steps 0:3 wrote tables of steps 0..3 while the cache kept every step's row: the next whole
+    # recompute reused all 20 steps and its completions.parquet held 4 of them. The range's tables
+    # now keep the rows of the other steps they held, as the cache keeps their rows of metrics
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "sample_runs" / "tiny", run, ignore=shutil.ignore_patterns("grpolens"))
+    full = grpolens.recompute(run, result=True)
+    want = _tables(run / "grpolens")
+    part = grpolens.recompute(run, steps="0:3", result=True)
+    assert part.computed_steps == [] and part.metrics["step"].to_list() == [0, 1, 2, 3]
+    assert _same(_tables(run / "grpolens"), want)
+    (run / "grpolens" / "top_tokens.parquet").unlink()  # a table gone: the range's steps computed, the rest not kept
+    part = grpolens.recompute(run, steps="0:3", result=True)
+    assert part.computed_steps == [0, 1, 2, 3]
+    assert sorted(_tables(run / "grpolens")["completions.parquet"]["step"].unique()) == [0, 1, 2, 3]
+    again = grpolens.recompute(run, result=True)
+    assert again.reused_steps == [0, 1, 2, 3] and again.computed_steps == full.computed_steps[4:]
+    assert _same(_tables(run / "grpolens"), want)
+    assert again.metrics.equals(full.metrics)
