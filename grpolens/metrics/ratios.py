@@ -59,15 +59,14 @@ def log_ratio(b: TokenBatch, clamp: float | None = None) -> np.ndarray:
 def ratio(b: TokenBatch) -> np.ndarray:
     """e^d per token (1 where the ratio is undefined)."""
     # = e^(log_ratio(b)) token by token (e^0 = 1), from the batch's own e^(logp − old), which the
-    # top-tokens scores and other visitors use anyway: one exp pass instead of two. Its key is
-    # the one TokenBatch.ratio caches under too, so that property returns this masked ratio once
-    # it is made (what the top-tokens file has always shown); kernels mask by ratio_valid
-    # themselves, so they are right with either array.
+    # top-tokens scores and other visitors use anyway: one exp pass instead of two. Cached under
+    # a key of its own: TokenBatch.ratio stays every token's e^(logp − old), whichever family or
+    # visitor asks first (a token table never shows this 1 as a token's ratio).
     def make():
         from grpolens.metrics import kernels
 
         return kernels.masked_ratio(b.ratio, b.logp, b.old, b.mask)
-    return b.cached("ratio", make)
+    return b.cached("ratio_masked", make)
 
 
 def log_ratio_expm1(b: TokenBatch) -> np.ndarray:
@@ -108,7 +107,7 @@ def coef(b: TokenBatch, cfg: dict, clamp: float | None = None) -> np.ndarray:
 def coef_input(b: TokenBatch, cfg: dict, clamp: float | None = None) -> tuple[np.ndarray, bool]:
     """(array, masked): :func:`coef` as a kernel reads it. At token level, with no clamp that
     changes a d, :func:`ratio` and ``masked`` True (the kernel takes 1 off the ratio-valid
-    tokens itself, whichever array the batch's cache holds under "ratio"); else :func:`coef`
+    tokens itself); else :func:`coef`
     itself and ``masked`` False."""
     if is_level(cfg) == "token" and (clamp is None or ratio_abs_max(b) <= clamp):
         return ratio(b), True

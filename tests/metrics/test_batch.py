@@ -270,3 +270,18 @@ def test_columns_of_other_types_convert_as_arrow_converts_them():
     np.testing.assert_array_equal(b.cols["pos"], [0, 1, 0])
     np.testing.assert_array_equal(b.starts, [0, 2])
     np.testing.assert_array_equal(b.mask, [True, False, True])  # 0/1 integers: truth values, not bits
+
+
+def test_the_ratio_is_every_tokens_own_whichever_family_asks_first():
+    # the ratio families keep a masked ratio (1 where the ratio is undefined or the token is
+    # unmasked) for their kernels; a token table (TokenBatch.ratio) must never show that 1
+    from grpolens.metrics import ratios
+
+    rows = _seq(0, [-1.0, -2.0, -3.0], old_logp=[NAN, -2.5, -1.0], mask=[True, True, False])
+    want = np.exp(np.array([NAN, 0.5, -2.0]))
+    for first in ("family", "table"):
+        b = TokenBatch.from_arrow(_table(rows))
+        if first == "family":
+            np.testing.assert_array_equal(ratios.ratio(b), [1.0, np.exp(0.5), 1.0])
+        np.testing.assert_array_equal(b.ratio, want)
+        np.testing.assert_array_equal(ratios.ratio(b), [1.0, np.exp(0.5), 1.0])
