@@ -57,6 +57,12 @@ def recompute_cmd(
 
         from grpolens.metrics.engine import make_engine
 
+        if console is not None:
+            from grpolens.functional.jit import on_first_compile
+
+            on_first_compile(lambda: console.print(
+                "note: compiling grpolens' per-token kernels, once after an install or upgrade (about 15 s of "
+                "CPU; later runs load them from numba's cache)", style="yellow", highlight=False, markup=False))
         overrides = parse_overrides(set_)
         runner = make_engine(engine, ray_address)
         if is_weights:

@@ -41,6 +41,7 @@ F = TypeVar("F", bound=Callable)
 _OPTIONS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
 _pending: list["_Deferred"] = []  # stand-ins not yet compiled
+_first_compile: list[Callable[[], None]] = []  # on_first_compile's callbacks, until one compile happens
 _lock = threading.Lock()
 _numba: Any = None  # the module, once imported
 
@@ -53,6 +54,34 @@ def kernel(fn: F) -> F:
 def inline(fn: F) -> F:
     """``fn`` compiled to be called from kernels and inlined into them (a shared scalar formula)."""
     return _compiled(fn, dict(inline="always", **_OPTIONS))
+
+
+def on_first_compile(callback: Callable[[], None]) -> None:
+    """Have ``callback()`` called once, just before this process first compiles a kernel because
+    numba's cache has none for it: the first recompute after an install or an upgrade, which
+    compiles the engine's kernels (~15 s of CPU) where later runs load them (~0.1 s). A command
+    says so, rather than seeming to hang. Loading a cached kernel calls nothing."""
+    with _lock:
+        _first_compile.append(callback)
+
+
+def _announce_first_compile(numba) -> None:
+    """Listen for numba's compile event (sent only when no cached machine code was found) and call
+    the :func:`on_first_compile` callbacks at the first one."""
+    from numba.core import event
+
+    class FirstCompile(event.Listener):
+        def on_start(self, ev):
+            with _lock:
+                todo = list(_first_compile)
+                _first_compile.clear()
+            for callback in todo:
+                callback()
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", FirstCompile())
 
 
 def _compiled(fn, options: dict):
@@ -98,6 +127,7 @@ def _load_numba(caller: _Deferred):
             import numba
 
             _without_scipy_blas()
+            _announce_first_compile(numba)
             for d in _pending:
                 d.dispatcher = numba.njit(**d.options)(d.py_func)
             swap = {id(d): d.dispatcher for d in _pending}
