@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from grpolens.metrics.engine import READ_COLUMNS
+from tests.sample_runs import copy_sample_run
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -66,14 +67,13 @@ def test_doc_blocks_are_replaced_whole_and_rows_by_their_command(tmp_path, monke
 def test_serve_benchmark_fires_the_callbacks_the_dashboard_has(tmp_path):
     """bench_serve times the callbacks by their JSON requests; a changed callback signature (a new
     input) must fail here, not as an HTTP 500 half-way through a long benchmark."""
-    import shutil
 
     from grpolens.run import format as fmt
     from grpolens.serve.app import create_app
 
     bench = _load("bench_serve")
     run = tmp_path / "tiny"
-    shutil.copytree(BENCH.parent / "sample_runs" / "tiny", run)
+    copy_sample_run("tiny", run)
     app = create_app([run])
     client = app.server.test_client()
     step = fmt.list_steps(run, fmt.TOKENS)[1]

@@ -4,7 +4,6 @@
 """
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ PAGES_QUOTING_PARITY = [ROOT / "README.md", ROOT / "docs" / "integrations" / "tr
 
 def test_parity_count_of_the_bundled_run_is_the_one_the_docs_quote(tmp_path):
     run = tmp_path / "trl-tiny"
-    shutil.copytree(TRL_TINY, run)
+    copy_sample_run("trl-tiny", run)
     r = subprocess.run([sys.executable, "-m", "grpolens.cli", "parity", str(run)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     measured = re.findall(r"(\d+/\d+) logged values reproduced", r.stdout + r.stderr)
@@ -64,6 +63,7 @@ def test_step_count_of_the_bundled_run_is_the_one_the_docs_quote():
 # generated. A new page under docs/ is scanned without being named here.
 
 from tests.test_doc_timings import BLOCK, CODE, GENERATED_PAGES, pages, sections  # noqa: E402
+from tests.sample_runs import copy_sample_run
 
 INLINE_CODE = re.compile(r"`[^`]*`")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
@@ -350,7 +350,7 @@ def test_clip_fractions_of_the_bundled_run_are_the_ones_the_docs_quote(tmp_path)
     import grpolens
 
     run = tmp_path / "trl-tiny"
-    shutil.copytree(TRL_TINY, run)
+    copy_sample_run("trl-tiny", run)
     rows = {r["step"]: r for r in grpolens.recompute(run, write=False).to_dicts()}
     text = re.sub(r"\s+", " ", (ROOT / "docs" / "check.md").read_text(encoding="utf-8"))
     m = re.search(r"the clip fractions are 0 on every odd step.*? step (\d+) clips (\d+) of its (\d+) tokens low "

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.sample_runs import copy_sample_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
@@ -365,7 +366,7 @@ def synthetic_demo(tmp_path_factory) -> Path:
 def test_shell_snippet_runs_and_prints_what_it_shows(snippet, tmp_path, synthetic_demo):
     scratch = tmp_path / "work"
     scratch.mkdir()
-    shutil.copytree(ROOT / "sample_runs", scratch / "sample_runs")
+    copy_sample_runs(scratch / "sample_runs")
     shutil.copytree(EXAMPLES, scratch / "docs" / "examples")
     shim = tmp_path / "bin"
     shim.mkdir()

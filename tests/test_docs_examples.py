@@ -2,12 +2,12 @@
 their ``.out`` file says, and are the snippets the docs show, verbatim."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.sample_runs import copy_sample_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.sh"))
@@ -27,7 +27,7 @@ def test_example_runs(script, tmp_path):
     (shim / "grpolens").chmod(0o755)
     env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
     env["GRPOLENS_REPO"] = str(ROOT)
-    shutil.copytree(ROOT / "sample_runs", tmp_path / "sample_runs")
+    copy_sample_runs(tmp_path / "sample_runs")
     if script.name in SERVERS:
         import re
 
@@ -74,7 +74,7 @@ SHOWS_OUTPUT = {"token_metrics.py"}
 @pytest.mark.parametrize("script", PY_EXAMPLES, ids=lambda p: p.name)
 def test_python_example_prints_its_output(script, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    shutil.copytree(ROOT / "sample_runs", tmp_path / "sample_runs")  # the examples read the bundled runs
+    copy_sample_runs(tmp_path / "sample_runs")  # the examples read the bundled runs
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{script.name} failed:\n{r.stderr[-3000:]}"
     assert r.stdout == script.with_suffix(".out").read_text(), r.stdout

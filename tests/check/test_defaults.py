@@ -7,7 +7,6 @@ pass the defaults (the clean synthetic run and every injected pathology are in
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +16,14 @@ from grpolens.check import check
 from grpolens.check.evaluate import FAIL, PASS, Series, evaluate
 from grpolens.check.rules import Sustained, parse_rules
 from grpolens.errors import UserError
+from tests.sample_runs import copy_sample_run
 
 TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 
 
 def test_bundled_trl_run_passes_default_rules(tmp_path):
     run = tmp_path / "trl-tiny"
-    shutil.copytree(TRL_TINY, run)
+    copy_sample_run("trl-tiny", run)
     report = check(run)
     assert report.exit_code == 0, [(o.rule.name, o.message) for o in report.outcomes if o.failed]
     by_name = {o.rule.name: o for o in report.outcomes}

@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from grpolens.cli import main
+from tests.sample_runs import copy_sample_run
 
 TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 
@@ -20,7 +20,7 @@ TRL_TINY = Path(__file__).resolve().parents[2] / "sample_runs" / "trl-tiny"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run = tmp_path_factory.mktemp("records") / "trl-tiny"
-    shutil.copytree(TRL_TINY, run)
+    copy_sample_run("trl-tiny", run)
     main(["recompute", str(run), "-q"])
     return run
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.conftest import upload
+from tests.sample_runs import copy_sample_run
 
 pytestmark = pytest.mark.slow  # the S3 server subprocess and a synthetic run, once per session
 
@@ -24,7 +25,7 @@ def trl_remote(s3_env, tmp_path, monkeypatch):
     """sample_runs/trl-tiny (a TRL run with its tokenizer.json, and its trainer's log and state in
     RUN/grpolens/) on the server, and a local copy."""
     local = tmp_path / "trl-tiny"
-    shutil.copytree(TRL_TINY, local)
+    copy_sample_run("trl-tiny", local)
     monkeypatch.chdir(tmp_path)
     return local, upload(s3_env, local, f"trl-{tmp_path.name}")
 
@@ -340,7 +341,7 @@ def test_an_s3_runs_hub_tokenizer_comes_from_the_local_cache_not_the_bucket(s3_e
     from tests.helpers.hub_cache import hub_cache
 
     local = tmp_path / "trl-tiny"
-    shutil.copytree(TRL_TINY, local)
+    copy_sample_run("trl-tiny", local)
     cache = hub_cache(tmp_path / "hf-cache", "grpolens-test/tiny", local / "tokenizer.json")
     (local / "tokenizer.json").unlink()
     shutil.copytree(cache / "models--grpolens-test--tiny" / "snapshots", local / "grpolens-test" / "tiny")

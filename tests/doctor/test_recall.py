@@ -10,6 +10,7 @@ import pytest
 
 from grpolens.adapters.synth import PATHOLOGIES, synth_run
 from grpolens.analysis.doctor import diagnose
+from tests.sample_runs import copy_sample_run
 
 #: which detector each injection is for
 DETECTS = {"kl-spike": "kl-spike", "rollout-drift": "rollout-drift", "entropy-collapse": "entropy-collapse",
@@ -49,7 +50,7 @@ def test_each_injection_is_found_at_its_step_and_the_clean_run_is_silent(tmp_pat
 
 
 def test_the_real_trl_run_has_no_warning(tmp_path):
-    run = shutil.copytree(ROOT / "sample_runs" / "trl-tiny", tmp_path / "trl-tiny")
+    run = copy_sample_run("trl-tiny", tmp_path / "trl-tiny")
     report = diagnose(run, explain=False)
     assert _loud(report) == []
     assert report.profile == "trl"  # the run's own trainer names the settings

@@ -4,12 +4,12 @@ with exit code 2 naming the option and the close matches."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from grpolens.cli import main
+from tests.sample_runs import copy_sample_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def test_a_missing_run(capsys, tmp_path):
 
 def test_first_step_decomposes_its_value(capsys, tmp_path):
     run = tmp_path / "tiny"
-    shutil.copytree(ROOT / "sample_runs/tiny", run)
+    copy_sample_run("tiny", run)
     code, out, _ = _run(capsys, "explain", run, "--metric", "entropy", "--step", "0", "--json")
     d = json.loads(out)
     assert code == 0 and d["baseline"] == {"steps": [], "value": None} and d["delta"] == pytest.approx(d["value"])

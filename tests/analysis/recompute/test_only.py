@@ -15,6 +15,7 @@ from grpolens.analysis.recompute import recompute
 from grpolens.errors import UserError
 from grpolens.metrics.registry import PLACEHOLDER, PROFILES, REGISTRY, load_families
 from grpolens.adapters.synth import synth_run
+from tests.sample_runs import copy_sample_run
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[3] / "sample_runs"
 #: verl's rejection filters (the rs visitor) and a sequence-level veto, so those paths run too
@@ -111,7 +112,7 @@ def test_samples_without_advantages(synth, tmp_path, profile):
 
 def test_trl_run_with_generation_rounds(tmp_path):
     run = tmp_path / "trl-tiny"
-    shutil.copytree(SAMPLE_RUNS / "trl-tiny", run)
+    copy_sample_run("trl-tiny", run)
     _check_every_family(run, "trl")
 
 
