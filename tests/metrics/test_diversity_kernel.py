@@ -173,16 +173,7 @@ print("\\n".join(out))
 def test_kernels_reload_from_the_cache_with_the_same_values(tmp_path):
     """Compiled in one process, loaded from numba's cache in two more (every recompute after the
     first): the same values. A recursive numpy_sum compiled fine and crashed only on loading."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.kernel_cache import outputs_over_one_cache
 
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(root)}
-    runs = [subprocess.run([sys.executable, "-c", _RELOAD], cwd=root, env=env, capture_output=True, text=True)
-            for _ in range(3)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr[-2000:]
-    assert any((tmp_path / "cache").rglob("*.nbi")), "nothing was cached: the reloads tested nothing"
-    assert runs[0].stdout and runs[0].stdout == runs[1].stdout == runs[2].stdout
+    out = outputs_over_one_cache(_RELOAD, tmp_path / "cache")
+    assert out[0] and out[0] == out[1] == out[2]

@@ -5,14 +5,9 @@ runs from the cache, so the test compiles in one process and reloads in two more
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernel_cache import outputs_over_one_cache
 
 # every kernel-backed producer of the ratio families on one ragged batch with NaN/inf, printed exactly
 SCRIPT = """
@@ -31,10 +26,5 @@ print("\\n".join(out))
 
 @pytest.mark.timeout(300)
 def test_kernels_reload_from_the_cache_with_the_same_values(tmp_path):
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
-    runs = [subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True)
-            for _ in range(3)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr[-2000:]
-    assert any((tmp_path / "cache").rglob("*.nbi")), "nothing was cached: the reloads tested nothing"
-    assert runs[0].stdout and runs[0].stdout == runs[1].stdout == runs[2].stdout
+    out = outputs_over_one_cache(SCRIPT, tmp_path / "cache")
+    assert out[0] and out[0] == out[1] == out[2]
