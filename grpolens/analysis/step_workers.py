@@ -115,7 +115,12 @@ def map_steps(spec, steps: list[int], n: int,
         while queue or any(w.steps for w in workers):
             for w in workers:  # the workers that are ready get steps, up to IN_FLIGHT each
                 while w.ready and queue and len(w.steps) < IN_FLIGHT:
-                    w.conn.send(queue[0])
+                    try:
+                        w.conn.send(queue[0])
+                    except (BrokenPipeError, ConnectionResetError):
+                        # it ended after sending its error (still unread): that error, not a broken
+                        # pipe (an EPIPE OSError the command line would turn into a silent exit 1)
+                        raise w.last_word() from None
                     w.steps.append(queue.popleft())
             listen = {w.conn: w for w in workers if not w.declined and (not w.ready or w.steps)}
             here_now = bool(queue) and (COMPUTE_HERE or all(w.declined for w in workers))
@@ -124,8 +129,7 @@ def map_steps(spec, steps: list[int], n: int,
                 try:
                     kind, *msg = c.recv()
                 except EOFError:
-                    raise RuntimeError(f"a recompute worker process ended unexpectedly "
-                                       f"(exit code {w.proc.wait()})") from None
+                    raise w.last_word() from None
                 if kind == "ready":
                     w.ready = True
                 elif kind == "unavailable":  # this process computes the steps
@@ -180,6 +184,18 @@ class _Worker:
         conn = Connection(mine.detach())
         conn.send_bytes(payload)
         return cls(proc, conn)
+
+    def last_word(self) -> BaseException:
+        """What to raise for a worker whose pipe closed: the error it sent before it ended (read
+        from what is left in the pipe), else that it ended unexpectedly, with its exit code."""
+        try:
+            while self.conn.poll():
+                kind, *msg = self.conn.recv()
+                if kind == "error":
+                    return _rebuilt(*msg)
+        except (EOFError, OSError):
+            pass
+        return RuntimeError(f"a recompute worker process ended unexpectedly (exit code {self.proc.wait()})")
 
     def stop(self) -> None:
         """Done: the worker returns (one still starting is stopped: waiting for it gains nothing)."""

@@ -188,3 +188,36 @@ def test_the_worker_count(monkeypatch):
     monkeypatch.setenv("GRPOLENS_WORKERS", "0")
     with pytest.raises(step_workers.UserError, match="GRPOLENS_WORKERS"):
         step_workers.count(None, 100, 1 << 40)
+
+
+def _ended_worker(*messages) -> step_workers._Worker:
+    """A worker whose process has ended after sending ``messages`` down its pipe."""
+    import subprocess
+    import sys
+    from multiprocessing import Pipe
+
+    mine, theirs = Pipe()
+    for m in messages:
+        theirs.send(m)
+    theirs.close()
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    return step_workers._Worker(proc, mine)
+
+
+def test_a_worker_that_ended_after_its_error_is_raised_as_that_error():
+    # the race behind a silent exit 1: the worker sends its error and ends, and this process,
+    # dispatching before reading, meets a broken pipe; the error waiting in the pipe is the answer
+    from grpolens.errors import RunFormatError
+
+    err = RunFormatError("/x/step=00000004/rank=0000.parquet", "not a Parquet file")
+    w = _ended_worker(("done", 3, {}, None, {}), ("error", RunFormatError, err.args, dict(vars(err)), "trace"))
+    with pytest.raises((BrokenPipeError, ConnectionResetError)):
+        w.conn.send(5)  # what dispatching the next step meets
+    got = w.last_word()
+    assert isinstance(got, RunFormatError) and str(got) == str(err)
+
+
+def test_a_worker_that_ended_without_a_word_is_named_with_its_exit_code():
+    got = _ended_worker(("ready",)).last_word()
+    assert isinstance(got, RuntimeError) and "exit code 3" in str(got)
